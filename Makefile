@@ -1,0 +1,49 @@
+# One entry point per job. Everything installs into .venv from the project's own files.
+PY      ?= python3.11
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+PYTHON  := $(BIN)/python
+DATA    ?= data
+RUNS    ?= runs
+STORE   ?= model_store
+DEVICE  ?= cpu
+
+.PHONY: install data train train-classifier train-translator models test lint bench clean
+
+$(BIN)/activate:
+	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/activate
+	$(PYTHON) -m pip install --quiet --upgrade pip
+	$(PYTHON) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+data: install
+	$(PYTHON) -m export.data --data-dir $(DATA)
+
+# Default models: the figures in the README come from these exact commands (2-core CPU).
+train-classifier: install
+	$(PYTHON) -m export.train classifier --data-dir $(DATA) --out $(RUNS)/sentiment --device $(DEVICE)
+
+train-translator: install
+	$(PYTHON) -m export.train translator --data-dir $(DATA) --out $(RUNS)/en-de --device $(DEVICE)
+
+train: train-classifier train-translator
+
+# Rebuild the bundled store from scratch: data -> training -> validated export.
+models: data train
+	$(PYTHON) -m export.onnx $(RUNS)/sentiment --name sentiment --store $(STORE) --version 1 --force --data-dir $(DATA)
+	$(PYTHON) -m export.onnx $(RUNS)/en-de --name en-de --store $(STORE) --version 1 --force --data-dir $(DATA)
+
+test: install
+	$(BIN)/pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,329 @@
+"""From-scratch Transformer building blocks, the encoder-only classifier and the seq2seq translator.
+
+The translator's decoder has an explicit cache interface (self-attention K/V in and out, cross-attention
+K/V computed once from the encoder output) because that is exactly what the ONNX export exposes.
+Pre-norm residual blocks: x + f(LayerNorm(x)), with a final LayerNorm after each stack.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+NEG_INF = -1e9  # finite "minus infinity": keeps fully masked rows NaN-free in fp16 and ONNX
+
+KV = tuple[Tensor, Tensor]
+
+
+@dataclass
+class EncoderConfig:
+    vocab_size: int
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    n_layers: int = 3
+    dropout: float = 0.1
+    max_len: int = 256
+    pad_id: int = 0
+
+
+@dataclass
+class ClassifierConfig(EncoderConfig):
+    num_labels: int = 3
+    # Masked-token pre-training needs an id that never appears in text.
+    mask_id: int = 4
+
+
+@dataclass
+class TranslatorConfig(EncoderConfig):
+    n_dec_layers: int = 3
+    bos_id: int = 1
+    eos_id: int = 2
+
+
+def save_config(config: EncoderConfig, path: Path) -> None:
+    """Configs are saved beside the weights so a checkpoint rebuilds its model without code edits."""
+    kind = type(config).__name__
+    path.write_text(json.dumps({"kind": kind, **asdict(config)}, indent=2) + "\n")
+
+
+def load_config(path: Path) -> ClassifierConfig | TranslatorConfig:
+    data = json.loads(path.read_text())
+    kind = data.pop("kind")
+    classes: dict[str, type[ClassifierConfig] | type[TranslatorConfig]] = {
+        "ClassifierConfig": ClassifierConfig,
+        "TranslatorConfig": TranslatorConfig,
+    }
+    if kind not in classes:
+        raise ValueError(f"{path}: unknown model kind {kind!r}")
+    return classes[kind](**data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks
+# ---------------------------------------------------------------------------------------------
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
+    """softmax(Q Kᵀ / √d_k + bias) V, with bias 0 for allowed and NEG_INF for masked keys."""
+    d_k = q.size(-1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, T, S)
+    if bias is not None:
+        scores = scores + bias
+    return torch.softmax(scores, dim=-1) @ v  # (B, H, T, d_k)
+
+
+def padding_bias(mask: Tensor) -> Tensor:
+    """(B, S) 1/0 attention mask -> (B, 1, 1, S) additive bias."""
+    return (1.0 - mask[:, None, None, :].float()) * NEG_INF
+
+
+def causal_bias(t: int, past: int, device: torch.device) -> Tensor:
+    """(T, past+T) bias: query i (absolute position past+i) sees keys 0..past+i."""
+    q_pos = torch.arange(t, device=device)[:, None] + past
+    k_pos = torch.arange(past + t, device=device)[None, :]
+    return (k_pos > q_pos).float() * NEG_INF
+
+
+def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d))."""
+    pos = torch.arange(max_len, dtype=torch.float32)[:, None]
+    div = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(pos * div)
+    table[:, 1::2] = torch.cos(pos * div)
+    return table  # (max_len, D)
+
+
+class MultiHeadAttention(nn.Module):
+    def __init__(self, d_model: int, n_heads: int, dropout: float) -> None:
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model {d_model} is not divisible by n_heads {n_heads}")
+        self.n_heads, self.d_k = n_heads, d_model // n_heads
+        self.q_proj = nn.Linear(d_model, d_model)
+        self.k_proj = nn.Linear(d_model, d_model)
+        self.v_proj = nn.Linear(d_model, d_model)
+        self.out_proj = nn.Linear(d_model, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def split(self, x: Tensor) -> Tensor:
+        b, t, _ = x.shape
+        return x.view(b, t, self.n_heads, self.d_k).transpose(1, 2)  # (B, H, T, d_k)
+
+    def project_kv(self, x: Tensor) -> KV:
+        return self.split(self.k_proj(x)), self.split(self.v_proj(x))
+
+    def forward(self, x: Tensor, kv: KV, bias: Tensor | None) -> Tensor:
+        q = self.split(self.q_proj(x))  # (B, H, T, d_k)
+        out = attention(q, kv[0], kv[1], bias)  # (B, H, T, d_k)
+        b, _, t, _ = out.shape
+        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_k)  # (B, T, D)
+        return self.dropout(self.out_proj(out))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, d_model: int, d_ff: int, dropout: float) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(d_model, d_ff)
+        self.fc2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.fc2(self.dropout(F.gelu(self.fc1(x)))))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, c: EncoderConfig) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(c.d_model)
+        self.attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout)
+        self.norm2 = nn.LayerNorm(c.d_model)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.dropout)
+
+    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+        h = self.norm1(x)
+        x = x + self.attn(h, self.attn.project_kv(h), bias)
+        return x + self.ffn(self.norm2(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, c: EncoderConfig) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(c.d_model)
+        self.self_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout)
+        self.norm2 = nn.LayerNorm(c.d_model)
+        self.cross_attn = MultiHeadAttention(c.d_model, c.n_heads, c.dropout)
+        self.norm3 = nn.LayerNorm(c.d_model)
+        self.ffn = FeedForward(c.d_model, c.d_ff, c.dropout)
+
+    def forward(self, x: Tensor, past: KV, cross: KV, self_bias: Tensor, src_bias: Tensor) -> tuple[Tensor, KV]:
+        h = self.norm1(x)
+        k, v = self.self_attn.project_kv(h)  # (B, H, T, d_k)
+        present = (torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2))  # (B, H, P+T, d_k)
+        x = x + self.self_attn(h, present, self_bias)
+        x = x + self.cross_attn(self.norm2(x), cross, src_bias)
+        return x + self.ffn(self.norm3(x)), present
+
+
+class Embedding(nn.Module):
+    """Token embedding scaled by √d plus sinusoidal positions, starting at `offset` for cached decoding."""
+
+    def __init__(self, c: EncoderConfig) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(c.vocab_size, c.d_model, padding_idx=c.pad_id)
+        nn.init.normal_(self.tokens.weight, std=c.d_model**-0.5)
+        self.scale = math.sqrt(c.d_model)
+        self.register_buffer("pe", sinusoidal_table(c.max_len, c.d_model), persistent=False)
+        self.dropout = nn.Dropout(c.dropout)
+
+    def forward(self, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
+        t = ids.size(1)
+        pe = self.pe[offset : offset + t]  # (T, D)
+        return self.dropout(self.tokens(ids) * self.scale + pe)
+
+
+class Encoder(nn.Module):
+    def __init__(self, c: EncoderConfig, embed: Embedding | None = None) -> None:
+        super().__init__()
+        self.embed = embed or Embedding(c)
+        self.layers = nn.ModuleList(EncoderLayer(c) for _ in range(c.n_layers))
+        self.norm = nn.LayerNorm(c.d_model)
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        bias = padding_bias(mask)  # (B, 1, 1, S)
+        x = self.embed(ids)  # (B, S, D)
+        for layer in self.layers:
+            x = layer(x, bias)
+        return self.norm(x)  # (B, S, D)
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+# ---------------------------------------------------------------------------------------------
+
+
+class Classifier(nn.Module):
+    """Encoder, masked mean pooling, linear head. `mlm_logits` serves masked-token pre-training."""
+
+    def __init__(self, c: ClassifierConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.encoder = Encoder(c)
+        self.head_dropout = nn.Dropout(c.dropout)
+        self.head = nn.Linear(c.d_model, c.num_labels)
+
+    def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        x = self.encoder(ids, mask)  # (B, S, D)
+        m = mask.unsqueeze(-1).to(x.dtype)  # (B, S, 1)
+        pooled = (x * m).sum(1) / m.sum(1).clamp(min=1.0)  # (B, D)
+        return self.head(self.head_dropout(pooled))  # (B, C) logits
+
+    def mlm_logits(self, ids: Tensor, mask: Tensor) -> Tensor:
+        x = self.encoder(ids, mask)  # (B, S, D)
+        return x @ self.encoder.embed.tokens.weight.T  # (B, S, V), tied to the input embedding
+
+
+class Translator(nn.Module):
+    """Encoder-decoder with one shared embedding for source, target and the output projection."""
+
+    def __init__(self, c: TranslatorConfig) -> None:
+        super().__init__()
+        self.config = c
+        self.embed = Embedding(c)
+        self.encoder = Encoder(c, self.embed)
+        self.layers = nn.ModuleList(DecoderLayer(c) for _ in range(c.n_dec_layers))
+        self.norm = nn.LayerNorm(c.d_model)
+
+    def encode(self, src: Tensor, src_mask: Tensor) -> Tensor:
+        return self.encoder(src, src_mask)  # (B, S, D)
+
+    def cross_kv(self, memory: Tensor) -> list[KV]:
+        """Cross-attention K/V per decoder layer: computed once per request, reused at every step."""
+        return [layer.cross_attn.project_kv(memory) for layer in self.layers]
+
+    def empty_past(self, batch: int, device: torch.device | None = None) -> list[KV]:
+        c = self.config
+        shape = (batch, c.n_heads, 0, c.d_model // c.n_heads)
+        return [(torch.zeros(shape, device=device), torch.zeros(shape, device=device))] * len(self.layers)
+
+    def decode(self, tgt: Tensor, past: list[KV], cross: list[KV], src_mask: Tensor) -> tuple[Tensor, list[KV]]:
+        """Logits for T new target tokens after `past` cached positions; returns the grown cache."""
+        p = past[0][0].size(2)
+        x = self.embed(tgt, p)  # (B, T, D)
+        self_bias = causal_bias(tgt.size(1), p, tgt.device)  # (T, P+T)
+        src_bias = padding_bias(src_mask)  # (B, 1, 1, S)
+        presents = []
+        for layer, layer_past, layer_cross in zip(self.layers, past, cross, strict=True):
+            x, present = layer(x, layer_past, layer_cross, self_bias, src_bias)
+            presents.append(present)
+        logits = self.norm(x) @ self.embed.tokens.weight.T  # (B, T, V), tied projection
+        return logits, presents
+
+    def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits (B, T, V) for training: the whole target at once, no cache."""
+        memory = self.encode(src, src_mask)
+        logits, _ = self.decode(tgt_in, self.empty_past(src.size(0), src.device), self.cross_kv(memory), src_mask)
+        return logits
+
+
+@torch.no_grad()
+def greedy_uncached(model: Translator, src: Tensor, src_mask: Tensor, max_new_tokens: int) -> list[list[int]]:
+    """Reference decoding: re-run the full decoder over the whole prefix every step (no cache).
+
+    The export and engine tests compare cached decoding against this, token for token.
+    """
+    c = model.config
+    memory = model.encode(src, src_mask)
+    cross = model.cross_kv(memory)
+    b = src.size(0)
+    tgt = torch.full((b, 1), c.bos_id, dtype=torch.long, device=src.device)
+    done = torch.zeros(b, dtype=torch.bool, device=src.device)
+    for _ in range(max_new_tokens):
+        logits, _ = model.decode(tgt, model.empty_past(b, src.device), cross, src_mask)
+        nxt = logits[:, -1].argmax(-1)
+        nxt = torch.where(done, torch.full_like(nxt, c.pad_id), nxt)
+        tgt = torch.cat([tgt, nxt[:, None]], dim=1)
+        done |= nxt == c.eos_id
+        if bool(done.all()):
+            break
+    out = []
+    for row in tgt[:, 1:].tolist():
+        out.append(row[: row.index(c.eos_id)] if c.eos_id in row else row)
+    return out
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@torch.no_grad()
+def greedy_cached(model: Translator, src: Tensor, src_mask: Tensor, max_new_tokens: int) -> list[list[int]]:
+    """Batched greedy decoding with the explicit K/V cache (evaluation and the eager benchmark)."""
+    c = model.config
+    memory = model.encode(src, src_mask)
+    cross = model.cross_kv(memory)
+    b = src.size(0)
+    past = model.empty_past(b, src.device)
+    tok = torch.full((b, 1), c.bos_id, dtype=torch.long, device=src.device)
+    done = torch.zeros(b, dtype=torch.bool, device=src.device)
+    out = torch.zeros((b, 0), dtype=torch.long, device=src.device)
+    for _ in range(max_new_tokens):
+        logits, past = model.decode(tok, past, cross, src_mask)
+        nxt = logits[:, -1].argmax(-1)  # (B,)
+        nxt = torch.where(done, torch.full_like(nxt, c.eos_id), nxt)
+        out = torch.cat([out, nxt[:, None]], dim=1)
+        done |= nxt == c.eos_id
+        if bool(done.all()):
+            break
+        tok = nxt[:, None]
+    rows = []
+    for row in out.tolist():
+        rows.append(row[: row.index(c.eos_id)] if c.eos_id in row else row)
+    return rows

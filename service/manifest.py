@@ -1,0 +1,130 @@
+"""The model-version manifest: the schema both the exporter writes and the service checks at load.
+
+A version folder is self-describing: everything the runtime needs (graph IO names, special ids,
+labels, limits) comes from here, and every file is pinned by size and sha256.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MANIFEST = "manifest.json"
+SCHEMA_VERSION = 1
+
+
+class ManifestError(Exception):
+    """A model version that must not be served: missing, altered or inconsistent files."""
+
+
+class FileEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+class TensorSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    dtype: str
+    shape: list[str | int]
+
+
+class GraphSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = SCHEMA_VERSION
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    version: int = Field(ge=1)
+    task: Literal["classification", "translation"]
+    created: str
+    architecture: dict[str, int | float | str]
+    opset: int
+    # role ("model" | "encoder" | "decoder") -> IO description, shared by every variant
+    graphs: dict[str, GraphSpec]
+    # variant ("fp32" | "int8" | "fp16") -> role -> file name
+    variants: dict[str, dict[str, str]]
+    default_variant: str
+    output: Literal["logits", "logprobs"]
+    tokenizer: str
+    special_tokens: dict[str, int]
+    labels: list[str] = Field(default_factory=list)
+    max_source_tokens: int = Field(ge=1)
+    max_new_tokens: int = Field(ge=0)
+    metrics: dict[str, object] = Field(default_factory=dict)
+    data_sources: list[dict[str, str]] = Field(default_factory=list)
+    files: dict[str, FileEntry]
+
+    def variant_files(self, variant: str) -> dict[str, str]:
+        if variant not in self.variants:
+            raise ManifestError(f"{self.name}/{self.version}: no variant {variant!r} (has {sorted(self.variants)})")
+        return self.variants[variant]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def file_entry(path: Path) -> FileEntry:
+    return FileEntry(sha256=sha256_file(path), size=path.stat().st_size)
+
+
+def read_manifest(folder: Path) -> Manifest:
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise ManifestError(f"{folder}: no {MANIFEST} (an unfinished or foreign folder)")
+    try:
+        return Manifest.model_validate(json.loads(path.read_text()))
+    except (ValueError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: invalid manifest: {exc}") from exc
+
+
+def verify_folder(folder: Path) -> Manifest:
+    """Check that every listed file exists with its size and sha256, and that nothing refers outside.
+
+    File names must be plain names inside the folder: the store never follows paths out of it.
+    """
+    manifest = read_manifest(folder)
+    if manifest.version != _folder_version(folder):
+        raise ManifestError(f"{folder}: manifest says version {manifest.version}")
+    referenced = {manifest.tokenizer} | {f for v in manifest.variants.values() for f in v.values()}
+    unlisted = referenced - set(manifest.files)
+    if unlisted:
+        raise ManifestError(f"{folder}: files used but not pinned in the manifest: {sorted(unlisted)}")
+    for name, entry in manifest.files.items():
+        if "/" in name or "\\" in name or name in ("", ".", ".."):
+            raise ManifestError(f"{folder}: file name {name!r} is not a plain name")
+        path = folder / name
+        if not path.is_file():
+            raise ManifestError(f"{folder}: missing file {name}")
+        size = path.stat().st_size
+        if size != entry.size:
+            raise ManifestError(
+                f"{folder}: {name} has {size} bytes, manifest says {entry.size} (truncated or replaced)"
+            )
+        digest = sha256_file(path)
+        if digest != entry.sha256:
+            raise ManifestError(
+                f"{folder}: {name} sha256 {digest[:12]}… does not match the manifest ({entry.sha256[:12]}…)"
+            )
+    return manifest
+
+
+def _folder_version(folder: Path) -> int:
+    try:
+        return int(folder.name)
+    except ValueError as exc:
+        raise ManifestError(f"{folder}: version folders are integers") from exc

@@ -1,0 +1,408 @@
+"""Decoding driven by scripted step functions: hand-written probability tables with exact
+expected tokens and scores, a brute-force reference beam search as an oracle, and property
+tests on random tables."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import cache
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.decoding import DecodeParams, Hypothesis, _top_candidates, beam_search, greedy
+
+BOS, EOS = 0, 1
+TINY = 1e-4  # probability of every token a table does not list
+LOG_TINY = math.log(TINY)
+
+Row = tuple[int, tuple[int, ...]]  # (sentence id, tokens fed so far, BOS first)
+LogprobFn = Callable[[int, tuple[int, ...]], np.ndarray]  # (sentence, generated prefix) -> (V,)
+Table = dict[tuple[int, ...], dict[int, float]]
+
+
+class Model:
+    """A fake decoder. Its state is one (sentence, prefix) per row, gathered by `rows` exactly
+    as a real step gathers its KV cache, so wrong row bookkeeping gives wrong prefixes."""
+
+    def __init__(self, logprobs: LogprobFn, *, strict: bool = True) -> None:
+        self.logprobs = logprobs
+        self.strict = strict  # no row may continue past EOS (off when beams can die: tiny V)
+        self.rows_per_call: list[int] = []
+
+    @staticmethod
+    def initial(batch: int) -> list[Row]:
+        return [(i, ()) for i in range(batch)]
+
+    def __call__(self, tokens: np.ndarray, state: list[Row], rows: np.ndarray) -> tuple[np.ndarray, list[Row]]:
+        assert tokens.dtype == np.int64 and rows.dtype == np.int64
+        assert tokens.shape == rows.shape and tokens.size > 0
+        self.rows_per_call.append(int(rows.size))
+        new = [(state[r][0], state[r][1] + (int(t),)) for r, t in zip(rows, tokens, strict=True)]
+        for _, fed in new:
+            assert fed[0] == BOS
+            assert not self.strict or EOS not in fed
+        return np.stack([self.logprobs(sid, fed[1:]) for sid, fed in new]), new
+
+
+def table_model(*tables: Table, vocab: int = 6, strict: bool = True) -> Model:
+    """Sentence i reads tables[i]; a prefix it does not list falls back to its (-1,) entry,
+    if any. Tokens a distribution does not list get TINY."""
+
+    def logprobs(sid: int, prefix: tuple[int, ...]) -> np.ndarray:
+        table = tables[sid]
+        out = np.full(vocab, LOG_TINY)
+        for tok, p in table.get(prefix, table.get((-1,), {})).items():
+            out[tok] = math.log(p)
+        return out.astype(np.float32)
+
+    return Model(logprobs, strict=strict)
+
+
+def random_model(seed: int, vocab: int, *, ties: bool = False) -> Model:
+    """Seeded random log-softmax per (sentence, prefix); `ties` rounds logits so many tie."""
+
+    @cache
+    def logprobs(sid: int, prefix: tuple[int, ...]) -> np.ndarray:
+        logits = np.random.default_rng([seed, sid, *prefix]).normal(size=vocab) * 2.0
+        if ties:
+            logits = np.round(logits)
+        return (logits - np.logaddexp.reduce(logits)).astype(np.float32)
+
+    return Model(logprobs, strict=False)
+
+
+def only(sid: int) -> list[Row]:
+    """The initial state of sentence `sid` decoded on its own."""
+    return [(sid, ())]
+
+
+def approx(x: float) -> object:
+    return pytest.approx(x, abs=1e-6)  # tables are float32 log-probs
+
+
+def run_beam(model: Model, params: DecodeParams, limits: list[int]) -> list[list[Hypothesis]]:
+    return beam_search(model, Model.initial(len(limits)), BOS, EOS, params, limits)
+
+
+def run_greedy(model: Model, limits: list[int], lp: float = 1.0) -> list[Hypothesis]:
+    return greedy(model, Model.initial(len(limits)), BOS, EOS, limits, length_penalty=lp)
+
+
+def reference_beam(
+    logprobs: LogprobFn, sid: int, vocab: int, k: int, lp: float, limit: int, n: int
+) -> list[Hypothesis]:
+    """The contract written as plainly as possible: rank all K*V continuations with Python
+    floats, ties to the lower beam*V + token."""
+
+    def hyp(tokens: tuple[int, ...], logprob: float, length: int, done: bool) -> Hypothesis:
+        return Hypothesis(tokens, logprob, logprob / length**lp if length else logprob, done)
+
+    if limit == 0:
+        return [hyp((), 0.0, 0, False)]
+    beams: list[tuple[tuple[int, ...], float]] = [((), 0.0)]
+    out: list[Hypothesis] = []
+    n_finished = 0
+    for t in range(1, limit + 1):
+        cands = []
+        for b, (prefix, cum) in enumerate(beams):
+            row = logprobs(sid, prefix)
+            cands += [(cum + float(row[tok]), b * vocab + tok, prefix, tok) for tok in range(vocab)]
+        cands = sorted(cands, key=lambda c: (-c[0], c[1]))[: 2 * k]
+        for rank, (score, _, prefix, tok) in enumerate(cands):
+            if tok == EOS and rank < k and math.isfinite(score) and n_finished < k:
+                out.append(hyp(prefix, score, t, True))
+                n_finished += 1
+        beams = [(prefix + (tok,), score) for score, _, prefix, tok in cands if tok != EOS][:k]
+        if n_finished >= k or not beams:
+            break
+        if t == limit:
+            out += [hyp(prefix, score, t, False) for prefix, score in beams]
+    return sorted(out, key=lambda h: -h.score)[:n]
+
+
+# --- hand-written tables --------------------------------------------------------------------
+
+# Greedy takes 2 (p=.5) then must stop (EOS .4): p=.2. Beam sees 3 (.4) then EOS (.9): p=.36.
+BETTER_THAN_GREEDY: Table = {
+    (): {2: 0.5, 3: 0.4, EOS: 0.1},
+    (2,): {EOS: 0.4, 4: 0.3, 5: 0.3},
+    (3,): {EOS: 0.9, 4: 0.1},
+}
+
+# Short [2] ends with p=.6*.55=.33 (length 2); long [3, 4] with p=.4*.9*.7=.252 (length 3).
+# Unpenalised the short one wins; per token (length_penalty=1) the long one does.
+PENALTY_FLIPS: Table = {
+    (): {2: 0.6, 3: 0.4},
+    (2,): {EOS: 0.55, 5: 0.45},
+    (3,): {4: 0.9, EOS: 0.1},
+    (3, 4): {EOS: 0.7, 2: 0.3},
+    (2, 5): {EOS: 0.2, 3: 0.8},
+}
+
+# Never ends: every prefix prefers 2 (.6) over 3 (.4), EOS stays TINY.
+ENDLESS: Table = {(-1,): {2: 0.6, 3: 0.4}}
+
+L = math.log
+
+
+def test_greedy_on_table() -> None:
+    [h] = run_greedy(table_model(BETTER_THAN_GREEDY), [10])
+    assert h.tokens == (2,) and h.finished
+    assert h.logprob == approx(L(0.5) + L(0.4))
+    assert h.score == approx((L(0.5) + L(0.4)) / 2)
+
+
+def test_beam_finds_better_sequence_than_greedy() -> None:
+    params = DecodeParams(beam_size=2, length_penalty=0.0, num_hypotheses=2)
+    [[best, second]] = run_beam(table_model(BETTER_THAN_GREEDY), params, [10])
+    assert (best.tokens, best.finished) == ((3,), True)
+    assert best.logprob == approx(L(0.4) + L(0.9)) and best.score == best.logprob
+    assert (second.tokens, second.finished) == ((2,), True)
+    assert second.score == approx(L(0.5) + L(0.4))
+
+
+def test_beam_scores_with_length_penalty() -> None:
+    params = DecodeParams(beam_size=2, length_penalty=0.5, num_hypotheses=2)
+    [[best, second]] = run_beam(table_model(BETTER_THAN_GREEDY), params, [10])
+    assert best.tokens == (3,) and best.score == approx((L(0.4) + L(0.9)) / 2**0.5)
+    assert second.tokens == (2,) and second.score == approx((L(0.5) + L(0.4)) / 2**0.5)
+
+
+def test_length_penalty_changes_the_winner() -> None:
+    short, long = L(0.6) + L(0.55), L(0.4) + L(0.9) + L(0.7)
+    model = table_model(PENALTY_FLIPS)
+    [[a, b]] = run_beam(model, DecodeParams(beam_size=2, length_penalty=0.0, num_hypotheses=2), [9])
+    assert (a.tokens, a.score, b.tokens, b.score) == ((2,), approx(short), (3, 4), approx(long))
+    [[a, b]] = run_beam(model, DecodeParams(beam_size=2, length_penalty=1.0, num_hypotheses=2), [9])
+    assert (a.tokens, a.score) == ((3, 4), approx(long / 3))
+    assert (b.tokens, b.score) == ((2,), approx(short / 2))
+    assert a.logprob == approx(long) and a.finished and b.finished
+
+
+def test_max_new_tokens_cuts_unfinished_beams() -> None:
+    # Step 2 ties [2,3] with [3,2] (same probability): the lower beam wins, so beam 0 = [2,*].
+    params = DecodeParams(beam_size=2, max_new_tokens=3, length_penalty=1.0, num_hypotheses=2)
+    [[a, b]] = run_beam(table_model(ENDLESS), params, [50])  # capped by params: 3
+    assert (a.tokens, a.finished, a.logprob) == ((2, 2, 2), False, approx(3 * L(0.6)))
+    assert a.score == approx(3 * L(0.6) / 3)
+    assert (b.tokens, b.finished, b.score) == ((2, 2, 3), False, approx((2 * L(0.6) + L(0.4)) / 3))
+
+
+def test_per_sentence_max_new_tokens() -> None:
+    model = table_model(ENDLESS, ENDLESS, ENDLESS)
+    params = DecodeParams(beam_size=3, max_new_tokens=4)
+    out = run_beam(model, params, [2, 9, 0])
+    assert [h.tokens for [h] in out] == [(2, 2), (2, 2, 2, 2), ()]
+    assert not any(h.finished for [h] in out) and out[2][0].score == 0.0
+    g = run_greedy(model, [2, 5, 0])
+    assert [h.tokens for h in g] == [(2, 2), (2, 2, 2, 2, 2), ()]
+    assert g[1].logprob == approx(5 * L(0.6)) and not g[1].finished
+
+
+def test_num_hypotheses_returns_that_many_sorted() -> None:
+    model = random_model(7, vocab=20)
+    for n in range(1, 5):
+        [hyps] = run_beam(model, DecodeParams(beam_size=4, max_new_tokens=6, num_hypotheses=n), [6])
+        assert len(hyps) == n
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+
+
+def test_beam_size_one_is_greedy_on_tables() -> None:
+    for table in (BETTER_THAN_GREEDY, PENALTY_FLIPS, ENDLESS):
+        [g] = run_greedy(table_model(table), [5])
+        [[b]] = run_beam(table_model(table), DecodeParams(beam_size=1), [5])
+        assert (b.tokens, b.logprob, b.finished) == (g.tokens, g.logprob, g.finished)
+
+
+# --- batching and early exit ----------------------------------------------------------------
+
+
+def test_early_exit_makes_no_extra_step() -> None:
+    model = table_model(BETTER_THAN_GREEDY)
+    run_beam(model, DecodeParams(beam_size=2), [100])
+    assert model.rows_per_call == [1, 2]  # both beams end at step 2: nothing more runs
+    model = table_model(BETTER_THAN_GREEDY)
+    run_greedy(model, [100])
+    assert model.rows_per_call == [1, 1]  # 2, then EOS
+
+
+def test_finished_sentences_leave_the_batch() -> None:
+    model = table_model(BETTER_THAN_GREEDY, ENDLESS, ENDLESS)
+    out = run_beam(model, DecodeParams(beam_size=2), [100, 4, 3])
+    # B rows from BOS, then K per sentence; sentence 0 is done after step 2, 2 after step 3.
+    assert model.rows_per_call == [3, 6, 4, 2]
+    assert [len(h[0].tokens) for h in out] == [1, 4, 3]
+    model = table_model(BETTER_THAN_GREEDY, ENDLESS, ENDLESS)
+    run_greedy(model, [100, 4, 3])
+    assert model.rows_per_call == [3, 3, 2, 1]
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_batch_equals_singles(ties: bool) -> None:
+    limits = [5, 1, 7, 3, 6, 0, 4]
+    model = random_model(11, vocab=40, ties=ties)
+    for params in (
+        DecodeParams(beam_size=1, max_new_tokens=6),
+        DecodeParams(beam_size=3, max_new_tokens=6, length_penalty=0.6, num_hypotheses=2),
+        DecodeParams(beam_size=5, max_new_tokens=6, length_penalty=1.3, num_hypotheses=5),
+    ):
+        batch = run_beam(model, params, limits)
+        for sid, limit in enumerate(limits):
+            single = beam_search(model, only(sid), BOS, EOS, params, [limit])[0]
+            assert [h.tokens for h in batch[sid]] == [h.tokens for h in single]
+            assert [h.finished for h in batch[sid]] == [h.finished for h in single]
+            for hb, hs in zip(batch[sid], single, strict=True):
+                assert abs(hb.score - hs.score) < 1e-5 and abs(hb.logprob - hs.logprob) < 1e-5
+    batch_g = run_greedy(model, limits)
+    for sid, limit in enumerate(limits):
+        [single_g] = greedy(model, only(sid), BOS, EOS, [limit])
+        assert batch_g[sid].tokens == single_g.tokens
+        assert abs(batch_g[sid].logprob - single_g.logprob) < 1e-5
+
+
+@pytest.mark.parametrize(("vocab", "ties"), [(1500, False), (1500, True), (512, True)])
+def test_large_vocabulary_matches_reference(vocab: int, ties: bool) -> None:
+    # Exercises the strided-block threshold (V > 512, V % 512 != 0) and ties across it.
+    model = random_model(3, vocab=vocab, ties=ties)
+    params = DecodeParams(beam_size=4, max_new_tokens=5, length_penalty=1.0, num_hypotheses=4)
+    out = run_beam(model, params, [5, 5, 3])
+    for sid, limit in enumerate([5, 5, 3]):
+        assert out[sid] == reference_beam(model.logprobs, sid, vocab, 4, 1.0, limit, 4)
+
+
+@pytest.mark.parametrize("pattern", ["normal", "ties", "spread", "neg_inf"])
+@pytest.mark.parametrize(("vocab", "width", "c"), [(1500, 4, 8), (2048, 2, 4), (700, 8, 16)])
+def test_top_candidates_equal_a_full_sort(pattern: str, vocab: int, width: int, c: int) -> None:
+    """The hot-path shortcut (per-row threshold, then rank the few survivors) must give
+    exactly the c best of each sentence's width*V view, ties to the lower index."""
+    rng = np.random.default_rng(vocab + c)
+    n_sent = 3
+    logp = rng.normal(size=(n_sent * width, vocab)).astype(np.float32)
+    if pattern == "ties":
+        logp = np.round(logp)
+    elif pattern == "spread":  # the c best of each row in c different threshold blocks
+        logp = np.full_like(logp, -50.0)
+        logp[:, ::29][:, :c] = rng.normal(size=(n_sent * width, c))
+    elif pattern == "neg_inf":  # fewer finite entries than c in some rows
+        logp[:, 3:] = -np.inf
+        logp[0, :] = -np.inf
+    cum = rng.normal(size=n_sent * width).round(1)
+    score, row, tok = _top_candidates(logp, cum, width, c, pad_tok=EOS)
+    for a in range(n_sent):
+        view = (cum[a * width : (a + 1) * width, None] + logp[a * width : (a + 1) * width]).ravel()
+        best = np.lexsort((np.arange(view.size), -view))[:c]
+        finite = np.isfinite(view[best])
+        assert np.array_equal(score[a][finite], view[best][finite])
+        index = (row[a] - a * width) * vocab + tok[a]  # into the sentence's view
+        assert np.array_equal(index[finite], best[finite])
+        assert np.isneginf(score[a][~finite]).all()
+
+
+# --- property tests -------------------------------------------------------------------------
+
+
+@st.composite
+def searches(draw: st.DrawFn) -> tuple[Model, int, DecodeParams, list[int]]:
+    vocab = draw(st.integers(3, 8))
+    model = random_model(draw(st.integers(0, 2**32 - 1)), vocab, ties=draw(st.booleans()))
+    k = draw(st.integers(1, 5))
+    params = DecodeParams(
+        beam_size=k,
+        max_new_tokens=draw(st.integers(1, 6)),
+        length_penalty=draw(st.sampled_from([0.0, 0.5, 1.0, 1.7, 2.0])),
+        num_hypotheses=draw(st.integers(1, k)),
+    )
+    limits = draw(st.lists(st.integers(0, 7), min_size=1, max_size=4))
+    return model, vocab, params, limits
+
+
+@settings(max_examples=150, deadline=None)
+@given(searches())
+def test_beam_search_properties(case: tuple[Model, int, DecodeParams, list[int]]) -> None:
+    model, vocab, params, limits = case
+    out = run_beam(model, params, limits)
+    lp = params.length_penalty
+    for sid, (hyps, limit) in enumerate(zip(out, limits, strict=True)):
+        limit = min(limit, params.max_new_tokens)
+        assert 1 <= len(hyps) <= params.num_hypotheses
+        assert all(hyps[0].score >= h.score for h in hyps)
+        assert len({h.tokens for h in hyps}) == len(hyps)
+        for h in hyps:
+            length = len(h.tokens) + h.finished
+            assert length <= limit and EOS not in h.tokens
+            assert h.finished or length == limit
+            path = [*h.tokens, EOS] if h.finished else list(h.tokens)
+            logprob = sum(float(model.logprobs(sid, tuple(path[:i]))[path[i]]) for i in range(length))
+            assert h.logprob == pytest.approx(logprob, abs=1e-9)
+            assert h.score == pytest.approx(logprob / length**lp if length else 0.0, abs=1e-9)
+        assert hyps == reference_beam(model.logprobs, sid, vocab, params.beam_size, lp, limit, params.num_hypotheses)
+
+
+@settings(max_examples=100, deadline=None)
+@given(searches())
+def test_beam_size_one_is_greedy(case: tuple[Model, int, DecodeParams, list[int]]) -> None:
+    model, _, params, limits = case
+    limits = [min(n, params.max_new_tokens) for n in limits]
+    g = run_greedy(model, limits, lp=params.length_penalty)
+    b = run_beam(
+        model,
+        DecodeParams(beam_size=1, max_new_tokens=params.max_new_tokens, length_penalty=params.length_penalty),
+        limits,
+    )
+    assert [[h] for h in g] == b
+
+
+# --- validation -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"beam_size": 0}, "beam_size"),
+        ({"beam_size": 9}, "beam_size"),
+        ({"beam_size": 2.0}, "beam_size"),
+        ({"beam_size": True}, "beam_size"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"length_penalty": -0.1}, "length_penalty"),
+        ({"length_penalty": 2.5}, "length_penalty"),
+        ({"length_penalty": math.nan}, "length_penalty"),
+        ({"length_penalty": "1"}, "length_penalty"),
+        ({"num_hypotheses": 0}, "num_hypotheses"),
+        ({"beam_size": 2, "num_hypotheses": 3}, "num_hypotheses"),
+    ],
+)
+def test_decode_params_validation(kwargs: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        DecodeParams(**kwargs)  # type: ignore[arg-type]  # invalid on purpose
+
+
+def test_decode_params_defaults_are_valid() -> None:
+    p = DecodeParams()
+    assert (p.beam_size, p.max_new_tokens, p.length_penalty, p.num_hypotheses) == (4, 128, 1.0, 1)
+
+
+def test_beam_search_batch_size_argument() -> None:
+    model = table_model(ENDLESS, ENDLESS)
+    params = DecodeParams(beam_size=2, max_new_tokens=3)
+    by_size = beam_search(model, Model.initial(2), BOS, EOS, params, batch_size=2)
+    assert by_size == run_beam(model, params, [3, 3])
+    with pytest.raises(ValueError, match="max_new_tokens or batch_size"):
+        beam_search(model, Model.initial(2), BOS, EOS, params)
+    with pytest.raises(ValueError, match="batch_size"):
+        beam_search(model, Model.initial(2), BOS, EOS, params, [3, 3], batch_size=3)
+    with pytest.raises(ValueError, match=">= 0"):
+        beam_search(model, Model.initial(2), BOS, EOS, params, [3, -1])
+
+
+def test_step_returning_wrong_rows_is_an_error() -> None:
+    def bad_step(tokens: np.ndarray, state: None, rows: np.ndarray) -> tuple[np.ndarray, None]:
+        return np.zeros((rows.size + 1, 5), np.float32), None
+
+    with pytest.raises(ValueError, match="shape"):
+        greedy(bad_step, None, BOS, EOS, [3])
+    with pytest.raises(ValueError, match="shape"):
+        beam_search(bad_step, None, BOS, EOS, DecodeParams(), [3])

@@ -1,0 +1,194 @@
+"""ONNX export: documented IO, parity with PyTorch, variants, manifest integrity, --force."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from export import onnx as exporter
+from export.model import Classifier, Translator
+from export.train import save_checkpoint
+from service.manifest import ManifestError, read_manifest, verify_folder
+from tests.conftest import LABELS, sentences
+
+
+def graph_dims(path: Path) -> dict[str, list[str | int]]:
+    proto = onnx.load(str(path))
+    dims = {}
+    for v in list(proto.graph.input) + list(proto.graph.output):
+        dims[v.name] = [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim]
+    return dims
+
+
+def test_translator_graphs_have_documented_names_and_dynamic_axes(tiny_store: Path) -> None:
+    m = read_manifest(tiny_store / "tiny-mt" / "1")
+    n = m.architecture["n_dec_layers"]
+    enc = graph_dims(tiny_store / "tiny-mt" / "1" / "encoder.onnx")
+    dec = graph_dims(tiny_store / "tiny-mt" / "1" / "decoder.onnx")
+    assert list(enc) == ["input_ids", "attention_mask", "last_hidden_state"] + exporter.kv_names("cross_key_values", n)
+    assert enc["input_ids"] == ["batch", "source"]
+    assert enc["cross_key_values.0.key"] == ["batch", 4, "source", 8]
+    assert dec["input_ids"] == ["batch", 1]
+    assert dec["past_key_values.1.value"] == ["batch", 4, "past", 8]
+    assert dec["present.0.key"] == ["batch", 4, "past_plus_one", 8]
+    assert dec["logprobs"] == ["batch", m.architecture["vocab_size"]]
+    for role in ("encoder", "decoder"):
+        spec = m.graphs[role]
+        assert [t.name for t in spec.inputs + spec.outputs] == list(enc if role == "encoder" else dec)
+
+
+def test_classifier_graph_io(tiny_store: Path) -> None:
+    dims = graph_dims(tiny_store / "tiny-clf" / "1" / "model.onnx")
+    assert dims == {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"], "logits": ["batch", 3]}
+
+
+def test_manifest_records_parity_and_every_file(tiny_store: Path) -> None:
+    mt = verify_folder(tiny_store / "tiny-mt" / "1")
+    assert mt.metrics["fp32_max_abs_diff"] <= exporter.FP32_TOL
+    assert mt.metrics["greedy_identical_rate"] == 1.0
+    assert mt.metrics["greedy_parity_sentences"] >= 100
+    assert mt.metrics["int8_max_abs_diff"] <= exporter.INT8_LOGIT_TOL
+    assert mt.metrics["fp16_max_abs_diff"] <= exporter.FP16_TOL
+    assert set(mt.files) == {p.name for p in (tiny_store / "tiny-mt" / "1").iterdir()} - {"manifest.json"}
+    assert mt.special_tokens == {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "mask_id": 4}
+    clf = verify_folder(tiny_store / "tiny-clf" / "1")
+    assert clf.labels == LABELS and clf.output == "logits" and clf.task == "classification"
+
+
+def test_single_file_models_only(tiny_store: Path) -> None:
+    for path in (tiny_store / "tiny-mt" / "1").glob("*.onnx"):
+        proto = onnx.load(str(path), load_external_data=False)
+        assert all(t.data_location != onnx.TensorProto.EXTERNAL for t in proto.graph.initializer)
+
+
+def test_int8_classifier_agrees_with_fp32(
+    tiny_store: Path, tiny_classifier: Classifier, tiny_tokenizer: Tokenizer
+) -> None:
+    seqs = [e.ids for e in tiny_tokenizer.encode_batch(sentences(64, seed=3))]
+    ids, mask = exporter.pad_batch(seqs)
+    fp32 = exporter.session(tiny_store / "tiny-clf" / "1" / "model.onnx").run(
+        None, {"input_ids": ids, "attention_mask": mask}
+    )[0]
+    int8 = exporter.session(tiny_store / "tiny-clf" / "1" / "model.int8.onnx").run(
+        None, {"input_ids": ids, "attention_mask": mask}
+    )[0]
+    assert np.abs(fp32 - int8).max() <= exporter.INT8_LOGIT_TOL
+    assert (fp32.argmax(-1) == int8.argmax(-1)).mean() >= 0.9
+
+
+def copy_version(tiny_store: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "store" / "tiny-mt" / "1"
+    shutil.copytree(tiny_store / "tiny-mt" / "1", dst)
+    return dst
+
+
+def test_wrong_sha256_is_detected(tiny_store: Path, tmp_path: Path) -> None:
+    folder = copy_version(tiny_store, tmp_path)
+    data = bytearray((folder / "decoder.onnx").read_bytes())
+    data[len(data) // 2] ^= 0xFF  # same size, different content
+    (folder / "decoder.onnx").write_bytes(bytes(data))
+    with pytest.raises(ManifestError, match=r"decoder.onnx sha256 .* does not match"):
+        verify_folder(folder)
+
+
+def test_truncated_onnx_is_detected(tiny_store: Path, tmp_path: Path) -> None:
+    folder = copy_version(tiny_store, tmp_path)
+    data = (folder / "encoder.onnx").read_bytes()
+    (folder / "encoder.onnx").write_bytes(data[: len(data) // 3])
+    with pytest.raises(ManifestError, match=r"encoder.onnx has \d+ bytes, manifest says \d+ \(truncated"):
+        verify_folder(folder)
+
+
+def test_missing_file_is_detected(tiny_store: Path, tmp_path: Path) -> None:
+    folder = copy_version(tiny_store, tmp_path)
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(ManifestError, match="missing file tokenizer.json"):
+        verify_folder(folder)
+
+
+def test_missing_manifest_and_path_like_names_are_rejected(tiny_store: Path, tmp_path: Path) -> None:
+    folder = copy_version(tiny_store, tmp_path)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["files"]["../escape.onnx"] = manifest["files"]["encoder.onnx"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ManifestError, match="not a plain name"):
+        verify_folder(folder)
+    (folder / "manifest.json").unlink()
+    with pytest.raises(ManifestError, match="no manifest.json"):
+        verify_folder(folder)
+
+
+def test_existing_version_needs_force(tmp_path: Path, tiny_classifier: Classifier, tiny_tokenizer: Tokenizer) -> None:
+    texts = sentences(20, seed=5)
+    kwargs = dict(validation_texts=texts, labels=LABELS, variants=("fp32",), log=lambda _: None)
+    first = exporter.export_model(tiny_classifier, tiny_tokenizer, tmp_path, "clf", **kwargs)
+    assert first == tmp_path / "clf" / "1"
+    created = read_manifest(first).created
+    with pytest.raises(exporter.ExportError, match="exists; pass --force"):
+        exporter.export_model(tiny_classifier, tiny_tokenizer, tmp_path, "clf", 1, **kwargs)
+    assert read_manifest(first).created == created  # untouched
+    again = exporter.export_model(tiny_classifier, tiny_tokenizer, tmp_path, "clf", 1, force=True, **kwargs)
+    verify_folder(again)
+    nxt = exporter.export_model(tiny_classifier, tiny_tokenizer, tmp_path, "clf", **kwargs)
+    assert nxt.name == "2"
+
+
+def test_failed_validation_leaves_nothing_behind(
+    tmp_path: Path, tiny_translator: Translator, tiny_tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(exporter, "FP32_TOL", 0.0)  # no export can pass a zero tolerance
+    with pytest.raises(exporter.ExportError, match="differs from PyTorch"):
+        exporter.export_model(
+            tiny_translator, tiny_tokenizer, tmp_path, "mt", validation_texts=sentences(120), log=lambda _: None
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_too_few_parity_sentences_is_an_error(
+    tmp_path: Path, tiny_translator: Translator, tiny_tokenizer: Tokenizer
+) -> None:
+    with pytest.raises(exporter.ExportError, match="at least 100"):
+        exporter.export_model(
+            tiny_translator, tiny_tokenizer, tmp_path, "mt", validation_texts=sentences(10), log=lambda _: None
+        )
+
+
+def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
+    tmp_path: Path, tiny_translator: Translator, tiny_tokenizer: Tokenizer
+) -> None:
+    ckpt = tmp_path / "ckpt"
+    save_checkpoint(tiny_translator, tiny_translator.config, tiny_tokenizer, ckpt)
+    data = tmp_path / "data" / "translation"
+    data.mkdir(parents=True)
+    rows = [{"en": s, "de": s, "source": "test"} for s in sentences(110, seed=11)]
+    (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    store = tmp_path / "store"
+    args = [
+        str(ckpt),
+        "--name",
+        "mt",
+        "--store",
+        str(store),
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--variants",
+        "fp32",
+    ]
+    assert exporter.main(args) == 0
+    m = verify_folder(store / "mt" / "1")
+    assert "bleu" in m.metrics["test_fp32_greedy"]
+    assert exporter.main([*args, "--version", "1"]) == 1  # exists, no --force
+    assert exporter.main([*args, "--version", "1", "--force"]) == 0
+    # the reloaded checkpoint is the same model: same weights, same greedy output
+    from export.train import load_checkpoint
+
+    reloaded, _ = load_checkpoint(ckpt)
+    for k, v in tiny_translator.state_dict().items():
+        assert torch.equal(v, reloaded.state_dict()[k]), k
