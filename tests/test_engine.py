@@ -1,0 +1,173 @@
+"""The inference engine over real ONNX Runtime sessions of tiny exported models."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tokenizers import Tokenizer
+
+from export.model import Classifier, Translator, greedy_uncached
+from export.train import pad
+from service import registry, runtime
+from service.decoding import DecodeParams
+from service.engine import ClassifierEngine, LoadOptions, TranslatorEngine, load_engine
+from service.engine import pad as engine_pad
+from service.errors import InputTooLong, InvalidInput
+from tests.conftest import sentences
+
+
+@pytest.fixture(scope="module")
+def entries(tiny_store: Path) -> dict[str, registry.StoreEntry]:
+    return registry.newest(registry.scan(tiny_store))
+
+
+@pytest.fixture(scope="module")
+def mt(entries: dict[str, registry.StoreEntry]) -> TranslatorEngine:
+    engine = load_engine(entries["tiny-mt"], LoadOptions(threads=1))
+    assert isinstance(engine, TranslatorEngine)
+    return engine
+
+
+@pytest.fixture(scope="module")
+def clf(entries: dict[str, registry.StoreEntry]) -> ClassifierEngine:
+    engine = load_engine(entries["tiny-clf"], LoadOptions(threads=1))
+    assert isinstance(engine, ClassifierEngine)
+    return engine
+
+
+def test_engine_greedy_equals_pytorch_uncached(mt: TranslatorEngine, tiny_translator: Translator) -> None:
+    texts = sentences(40, seed=21)
+    seqs = mt.encode(texts)
+    got = mt.translate_ids(seqs, DecodeParams(beam_size=1, max_new_tokens=24))
+    src, mask = pad(seqs)
+    ref = greedy_uncached(tiny_translator, src, mask, 24)
+    assert [list(h[0].tokens) for h in got] == ref
+
+
+def test_beam_size_one_equals_greedy_through_the_engine(mt: TranslatorEngine) -> None:
+    from service.decoding import beam_search
+
+    seqs = mt.encode(sentences(12, seed=22))
+    via_greedy = mt.translate_ids(seqs, DecodeParams(beam_size=1, max_new_tokens=20))
+    ids, mask = engine_pad(seqs)
+    params = DecodeParams(beam_size=1, max_new_tokens=20)
+    via_beam = beam_search(mt.rt.step, mt.rt.encode(ids, mask), mt.bos_id, mt.eos_id, params, batch_size=len(seqs))
+    assert [h[0].tokens for h in via_greedy] == [h[0].tokens for h in via_beam]
+    assert np.allclose([h[0].logprob for h in via_greedy], [h[0].logprob for h in via_beam], atol=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_batch_equals_single_runs(mt: TranslatorEngine, beam: int) -> None:
+    seqs = mt.encode(sentences(10, seed=23))
+    params = DecodeParams(beam_size=beam, max_new_tokens=20, num_hypotheses=min(2, beam))
+    batched = mt.translate_ids(seqs, params)
+    for s, b in zip(seqs, batched, strict=True):
+        single = mt.translate_ids([s], params)[0]
+        assert [h.tokens for h in single] == [h.tokens for h in b]
+        assert np.allclose([h.score for h in single], [h.score for h in b], atol=1e-5)
+
+
+def test_beam_search_scores_are_consistent(mt: TranslatorEngine) -> None:
+    seqs = mt.encode(sentences(6, seed=24))
+    out = mt.translate_ids(seqs, DecodeParams(beam_size=4, max_new_tokens=16, num_hypotheses=4, length_penalty=1.0))
+    greedy = mt.translate_ids(seqs, DecodeParams(beam_size=1, max_new_tokens=16, length_penalty=1.0))
+    for hyps, g in zip(out, greedy, strict=True):
+        assert len(hyps) == 4
+        scores = [h.score for h in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert hyps[0].score >= g[0].score - 1e-6  # beam never returns worse than greedy's hypothesis
+        for h in hyps:
+            length = len(h.tokens) + (1 if h.finished else 0)
+            assert h.score == pytest.approx(h.logprob / length, abs=1e-6)
+
+
+def test_translate_returns_text(mt: TranslatorEngine) -> None:
+    out = mt.translate(["The cat sees a dog."], DecodeParams(beam_size=2, max_new_tokens=8, num_hypotheses=2))
+    assert len(out) == 1 and len(out[0]) == 2 and all(isinstance(t.text, str) for t in out[0])
+
+
+def test_limits_are_enforced(mt: TranslatorEngine, clf: ClassifierEngine) -> None:
+    with pytest.raises(InputTooLong, match="accepts at most 23"):
+        mt.encode(["cat " * 40])
+    with pytest.raises(InputTooLong, match="texts\\[1\\]"):
+        clf.encode(["fine", "dog " * 40])
+    with pytest.raises(InvalidInput, match="at most 24"):
+        mt.translate_ids(mt.encode(["cat"]), DecodeParams(max_new_tokens=25))
+
+
+def test_classifier_matches_pytorch_and_pads_to_longest(clf: ClassifierEngine, tiny_classifier: Classifier) -> None:
+    texts = sentences(9, seed=25)
+    seqs = clf.encode(texts)
+    probs = clf.classify_ids(seqs)
+    ids, mask = pad(seqs)
+    with torch.no_grad():
+        ref = torch.softmax(tiny_classifier(ids, mask), -1).numpy()
+    assert np.abs(probs - ref).max() < 1e-5
+    preds = clf.predict(texts)
+    assert [p.label for p in preds] == [clf.labels[i] for i in ref.argmax(-1)]
+    assert all(abs(sum(p.scores.values()) - 1) < 1e-6 for p in preds)
+    # the same text alone and inside a batch with a much longer one gives the same probabilities
+    alone = clf.classify_ids([seqs[0]])
+    together = clf.classify_ids([seqs[0], [5] * 30])
+    assert np.abs(alone[0] - together[0]).max() < 1e-5
+
+
+def test_int8_and_fp16_variants_load(entries: dict[str, registry.StoreEntry], clf: ClassifierEngine) -> None:
+    texts = sentences(30, seed=26)
+    base = clf.classify_ids(clf.encode(texts))
+    for variant in ("int8", "fp16"):
+        engine = load_engine(entries["tiny-clf"], LoadOptions(threads=1, variant=variant))
+        assert engine.variant == variant
+        assert isinstance(engine, ClassifierEngine)
+        assert np.abs(engine.classify_ids(engine.encode(texts)) - base).max() < 0.05
+    mt8 = load_engine(entries["tiny-mt"], LoadOptions(threads=1, variant="int8"))
+    assert isinstance(mt8, TranslatorEngine)
+    assert len(mt8.translate(["The cat."], DecodeParams(beam_size=2, max_new_tokens=5))) == 1
+
+
+def test_unknown_variant_falls_back_to_default(entries: dict[str, registry.StoreEntry]) -> None:
+    assert load_engine(entries["tiny-clf"], LoadOptions(threads=1, variant="bf16")).variant == "fp32"
+
+
+def test_registry_reports_a_corrupted_version(tiny_store: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(tiny_store / "tiny-clf", store / "tiny-clf")
+    shutil.copytree(tiny_store / "tiny-clf" / "1", store / "tiny-clf" / "2")
+    manifest = json.loads((store / "tiny-clf" / "2" / "manifest.json").read_text())
+    manifest["version"] = 2
+    (store / "tiny-clf" / "2" / "manifest.json").write_text(json.dumps(manifest))
+    (store / "tiny-clf" / "2" / "model.onnx").write_bytes(b"not a model")
+    newest = registry.newest(registry.scan(store))
+    entry = newest["tiny-clf"]
+    assert entry.version == 2 and entry.manifest is None
+    assert entry.error is not None and "model.onnx" in entry.error
+
+
+def test_cpu_quota_reads_cgroup_limits(tmp_path: Path) -> None:
+    affinity = runtime.cpu_quota(tmp_path / "none")
+    assert affinity >= 1
+    (tmp_path / "v2").mkdir()
+    (tmp_path / "v2" / "cpu.max").write_text("150000 100000\n")
+    assert runtime.cpu_quota(tmp_path / "v2") == min(affinity, 2)
+    (tmp_path / "v2" / "cpu.max").write_text("max 100000\n")
+    assert runtime.cpu_quota(tmp_path / "v2") == affinity
+    (tmp_path / "v1" / "cpu").mkdir(parents=True)
+    (tmp_path / "v1" / "cpu" / "cpu.cfs_quota_us").write_text("50000")
+    (tmp_path / "v1" / "cpu" / "cpu.cfs_period_us").write_text("100000")
+    assert runtime.cpu_quota(tmp_path / "v1") == 1
+
+
+def test_providers_fall_back_to_cpu() -> None:
+    assert runtime.resolve_providers(["cuda", "cpu"])[-1] == "CPUExecutionProvider"
+    assert runtime.resolve_providers(["no-such-provider"]) == ["CPUExecutionProvider"]
+
+
+def test_tokenizer_file_is_the_one_pinned(tiny_store: Path, tiny_tokenizer: Tokenizer) -> None:
+    entry = registry.newest(registry.scan(tiny_store))["tiny-mt"]
+    data = registry.read_pinned(entry, "tokenizer.json")
+    assert Tokenizer.from_str(data.decode()).encode("The cat.").ids == tiny_tokenizer.encode("The cat.").ids
