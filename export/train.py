@@ -159,9 +159,10 @@ def run_loop(
         opt.step()
         units += n_units
         step += 1
+        loss_value = loss.item()
         history.step.append(step)
-        history.train_loss.append(float(loss))
-        bar.set_postfix(loss=f"{float(loss):.3f}", per_s=f"{units / (time.perf_counter() - t0):.0f}", refresh=False)
+        history.train_loss.append(loss_value)
+        bar.set_postfix(loss=f"{loss_value:.3f}", per_s=f"{units / (time.perf_counter() - t0):.0f}", refresh=False)
         bar.update(1)
         if step % cfg.eval_every == 0 or step == total:
             model.eval()

@@ -1,0 +1,105 @@
+"""Training pieces: schedule, masking, metrics, checkpoint averaging, and both CLIs end to end."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from export import metrics, train
+from export.model import ClassifierConfig
+from tests.conftest import sentences
+
+
+def test_lr_schedule_warms_up_then_decays() -> None:
+    f = [train.lr_factor(s, warmup=10, total=110) for s in range(110)]
+    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
+    assert f[10] == pytest.approx(1.0) and f[-1] == pytest.approx(1 - 0.95 * 99 / 100)
+    assert all(a >= b for a, b in zip(f[10:], f[11:], strict=False))
+
+
+def test_mask_tokens_only_touches_real_tokens() -> None:
+    cfg = ClassifierConfig(vocab_size=100)
+    ids = torch.randint(5, 100, (64, 40))
+    ids[:, 30:] = 0
+    mask = (ids != 0).long()
+    inputs, labels = train.mask_tokens(ids, mask, cfg, torch.Generator().manual_seed(0))
+    targets = labels != -100
+    assert not targets[:, 30:].any()
+    assert 0.12 < targets[:, :30].float().mean().item() < 0.18
+    assert torch.equal(labels[targets], ids[targets])
+    masked = inputs == cfg.mask_id
+    assert masked[targets].float().mean().item() == pytest.approx(0.8, abs=0.05)
+    assert torch.equal(inputs[~targets], ids[~targets])
+
+
+def test_macro_f1_and_per_source_report() -> None:
+    gold = [0, 0, 1, 1, 2, 2]
+    pred = [0, 1, 1, 1, 2, 0]
+    # class 0: tp1 fp1 fn1 -> 0.5; class 1: tp2 fp1 fn0 -> 0.8; class 2: tp1 fp0 fn1 -> 2/3
+    assert metrics.macro_f1(gold, pred, 3) == pytest.approx((0.5 + 0.8 + 2 / 3) / 3)
+    rep = metrics.classification_report(gold, pred, ["a", "a", "b", "b", "b", "a"], 3)
+    assert rep["all"]["accuracy"] == pytest.approx(4 / 6)
+    assert rep["a"]["n"] == 3 and rep["a"]["accuracy"] == pytest.approx(1 / 3)
+    assert rep["b"]["accuracy"] == pytest.approx(1.0)
+
+
+def test_bleu_chrf_perfect_and_poor() -> None:
+    refs = ["Die Datei wurde gespeichert.", "Fenster schließen"]
+    assert metrics.bleu_chrf(refs, refs) == {"bleu": 100.0, "chrf": 100.0}
+    poor = metrics.bleu_chrf(["Hallo", "Welt"], refs)
+    assert poor["bleu"] < 10 and poor["chrf"] < 30
+
+
+def test_average_states_is_the_mean() -> None:
+    a = {"w": torch.tensor([1.0, 2.0])}
+    b = {"w": torch.tensor([3.0, 6.0])}
+    assert torch.equal(train.average_states([a, b])["w"], torch.tensor([2.0, 4.0]))
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("data")
+    labels = ["negative", "neutral", "positive"]
+    for seed, (split, n) in enumerate((("train", 120), ("valid", 30), ("test", 30))):
+        texts = sentences(n, seed=100 + seed)
+        write_jsonl(
+            root / "sentiment" / f"{split}.jsonl",
+            [{"text": t, "label": labels[len(t) % 3], "source": f"src{i % 2}"} for i, t in enumerate(texts)],
+        )
+        write_jsonl(root / "translation" / f"{split}.jsonl", [{"en": t, "de": t.upper(), "source": "x"} for t in texts])
+    return root
+
+
+TINY = ["--vocab-size", "120", "--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "1", "--max-len", "32"]
+
+
+def test_classifier_cli_writes_checkpoint_report_and_curves(tiny_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "clf"
+    args = ["classifier", "--data-dir", str(tiny_data), "--out", str(out), "--steps", "12", "--pretrain-steps", "10"]
+    train.main([*args, *TINY, "--eval-every", "4", "--batch-tokens", "400"])
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["test"]) == {"all", "src0", "src1"}
+    assert 0 <= report["test"]["all"]["accuracy"] <= 1 and "macro_f1" in report["vader_test"]["all"]
+    assert report["curves"]["mlm"]["eval_name"] == "mlm_acc" and len(report["curves"]["classifier"]["step"]) >= 1
+    assert (out / "curves.png").stat().st_size > 1000
+    model, tok = train.load_checkpoint(out)
+    assert tok.token_to_id("<mask>") == 4 and model.config.num_labels == 3
+
+
+def test_translator_cli_writes_checkpoint_and_scores(tiny_data: Path, tmp_path: Path) -> None:
+    out = tmp_path / "mt"
+    args = ["translator", "--data-dir", str(tiny_data), "--out", str(out), "--steps", "12", "--warmup", "3"]
+    train.main([*args, *TINY, "--eval-every", "4", "--batch-tokens", "400", "--average-last", "2"])
+    report = json.loads((out / "report.json").read_text())
+    assert set(report["test_greedy"]) == {"bleu", "chrf"} and report["steps_run"] == 12
+    model, _ = train.load_checkpoint(out)
+    # the tied embedding is stored once and re-tied at load
+    assert model.encoder.embed is model.embed
