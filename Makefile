@@ -8,7 +8,7 @@ RUNS    ?= runs
 STORE   ?= model_store
 DEVICE  ?= cpu
 
-.PHONY: install data train train-classifier train-translator models test lint bench clean
+.PHONY: install data train train-classifier train-translator models test lint bench bench-engine clean
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -44,6 +44,17 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# Engine benchmark (a report, not a test): tokens/s against CTranslate2, HF generate and PyTorch eager.
+# Run it on an otherwise idle machine; it writes bench/results/engine.json and prints a markdown table.
+$(VENV)/.bench-installed: pyproject.toml | $(VENV)/.installed
+	$(PYTHON) -m pip install --quiet -e '.[dev,bench]'
+	touch $@
+
+bench: $(VENV)/.bench-installed
+	$(PYTHON) bench/engine.py
+
+bench-engine: bench
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,655 @@
+"""Engine benchmark: our ONNX Runtime engine against CTranslate2, HF transformers and PyTorch eager.
+
+    make bench                      # installs .[bench], runs everything, writes bench/results/engine.json
+    python bench/engine.py --tiny   # seconds-long smoke run on a tiny shape
+
+A report, not a test. Every tool gets the same random-weight model shape (d_model 256, 4 heads,
+FFN 1024, 3+3 layers, vocab 8000), the same source ids (24 tokens per sentence), exactly 24 new
+tokens per sentence and the same thread count; each case is warmed up, then timed until it has
+both `--min-runs` runs and `--min-time` seconds, and the median is reported. Throughput counts
+the output tokens of the best hypothesis only: batch × 24 for every tool and beam size.
+
+- ours:      service.runtime.TranslatorRuntime + service.decoding on graphs from export.onnx.export_graphs
+             of export.model.Translator (pre-norm, GELU). EOS id -1, which no step can produce.
+- ct2:       CTranslate2 fp32 on a transformers MarianMTModel of the same shape (GELU, post-norm: Marian
+             has no pre-norm option; the FLOP count differs by one LayerNorm per stack), converted
+             offline with a stand-in vocabulary. min/max_decoding_length force the length.
+- hf:        the same Marian model, `generate` with use_cache, min_new_tokens = max_new_tokens.
+- torch:     our Translator in PyTorch eager with its K/V cache: export.model.greedy_cached, and a
+             small cached beam below (no EOS bookkeeping: no EOS is ever produced here).
+- uncached:  our engine's decoding over a full-sequence decoder graph re-run on the growing prefix.
+Also: the classifier (ORT fp32 / int8 vs PyTorch eager) and achieved GFLOP/s against a measured
+ORT MatMul ceiling.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from export.model import (
+    Classifier,
+    ClassifierConfig,
+    Translator,
+    TranslatorConfig,
+    causal_bias,
+    greedy_cached,
+    padding_bias,
+)
+from export.onnx import OPSET, export_graphs, kv_names, make_int8
+from service import runtime
+from service.decoding import DecodeParams, beam_search, greedy
+
+TOOLS = ("ours", "ct2", "hf", "torch", "uncached", "classifier", "matmul")
+NEVER = -1  # an EOS id no step can produce: every tool generates exactly `new_tokens`
+BOS = 1
+
+
+@dataclass(frozen=True)
+class Shape:
+    vocab: int = 8000
+    d_model: int = 256
+    heads: int = 4
+    ffn: int = 1024
+    enc_layers: int = 3
+    dec_layers: int = 3
+    src_len: int = 24
+    new_tokens: int = 24
+    clf_len: int = 32
+
+
+TINY = Shape(vocab=500, d_model=64, heads=4, ffn=128, enc_layers=1, dec_layers=1, src_len=8, new_tokens=8, clf_len=8)
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+    min_runs: int
+    min_time: float
+    warmup: int = 2
+    max_runs: int = 200
+
+
+def median_seconds(fn: Callable[[], object], t: Timing) -> tuple[float, int]:
+    """Warm-up runs, then runs until both min_runs and min_time are reached; (median, runs)."""
+    for _ in range(t.warmup):
+        fn()
+    times: list[float] = []
+    start = time.perf_counter()
+    while len(times) < t.max_runs and (len(times) < t.min_runs or time.perf_counter() - start < t.min_time):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), len(times)
+
+
+# ---------------------------------------------------------------------------------------------
+# FLOPs (2 per multiply-add): the work any tool must do, used for GFLOP/s and the ceilings
+# ---------------------------------------------------------------------------------------------
+
+
+def translate_flops(s: Shape, batch: int, beam: int) -> float:
+    d, f, v, src = s.d_model, s.ffn, s.vocab, s.src_len
+    enc_tok = s.enc_layers * (4 * d * d + 2 * d * f) + s.dec_layers * 2 * d * d  # + cross K/V
+    enc = batch * (src * enc_tok + s.enc_layers * 2 * src * src * d)
+    dec = 0
+    for i in range(s.new_tokens):
+        rows = batch if i == 0 else batch * beam  # the first step runs from BOS, one row per sentence
+        layer = 6 * d * d + 2 * d * f + 2 * (i + 1) * d + 2 * src * d  # projections, FFN, self/cross attention
+        dec += rows * (s.dec_layers * layer + d * v)
+    return 2.0 * (enc + dec)
+
+
+def classifier_flops(s: Shape, batch: int) -> float:
+    d, f, n = s.d_model, s.ffn, s.clf_len
+    return 2.0 * batch * s.enc_layers * (n * (4 * d * d + 2 * d * f) + 2 * n * n * d)
+
+
+# ---------------------------------------------------------------------------------------------
+# Our models: random weights, exported with export.onnx.export_graphs
+# ---------------------------------------------------------------------------------------------
+
+
+def our_translator(s: Shape) -> Translator:
+    torch.manual_seed(0)
+    cfg = TranslatorConfig(
+        vocab_size=s.vocab,
+        d_model=s.d_model,
+        n_heads=s.heads,
+        d_ff=s.ffn,
+        n_layers=s.enc_layers,
+        n_dec_layers=s.dec_layers,
+        dropout=0.0,
+        max_len=256,
+        bos_id=BOS,
+        eos_id=NEVER,
+    )
+    return Translator(cfg).eval()
+
+
+class FullDecoderGraph(nn.Module):
+    """Uncached decoding: the whole prefix every step (empty past), log-probs of the last position only."""
+
+    def __init__(self, model: Translator) -> None:
+        super().__init__()
+        self.model = model
+        self.n = len(model.layers)
+
+    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, *cross_kv: Tensor) -> Tensor:
+        m = self.model
+        cross = [(cross_kv[2 * i], cross_kv[2 * i + 1]) for i in range(self.n)]
+        past = m.empty_past(input_ids.size(0))
+        x = m.embed(input_ids, 0)  # (B, T, D)
+        self_bias = causal_bias(input_ids.size(1), 0, input_ids.device)  # (T, T)
+        src_bias = padding_bias(encoder_attention_mask)  # (B, 1, 1, S)
+        for layer, layer_past, layer_cross in zip(m.layers, past, cross, strict=True):
+            x, _ = layer(x, layer_past, layer_cross, self_bias, src_bias)
+        logits = m.norm(x[:, -1]) @ m.embed.tokens.weight.T  # (B, V): the projection on the last position only
+        return torch.log_softmax(logits, dim=-1)
+
+
+def export_full_decoder(model: Translator, path: Path) -> None:
+    n = len(model.layers)
+    ids = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
+    mask = (ids != 0).long()
+    with torch.no_grad():
+        cross = [t for kv in model.cross_kv(model.encode(ids, mask)) for t in kv]
+    names = kv_names("cross_key_values", n)
+    axes = {"input_ids": {0: "batch", 1: "length"}, "encoder_attention_mask": {0: "batch", 1: "source"}}
+    axes.update({name: {0: "batch", 2: "source"} for name in names})
+    axes["logprobs"] = {0: "batch"}
+    torch.onnx.export(
+        FullDecoderGraph(model).eval(),
+        (torch.tensor([[1, 11, 12], [1, 13, 14]]), mask, *cross),
+        str(path),
+        input_names=["input_ids", "encoder_attention_mask", *names],
+        output_names=["logprobs"],
+        dynamic_axes=axes,
+        opset_version=OPSET,
+        dynamo=False,
+    )
+
+
+@dataclass
+class PrefixState:
+    prefix: np.ndarray  # (R, t) BOS + generated tokens
+    cross: list[np.ndarray]  # 2L arrays (R, H, S, d_k)
+    mask: np.ndarray  # (R, S)
+
+
+class UncachedStep:
+    """A StepFn re-running the full decoder graph on the growing prefix."""
+
+    def __init__(self, encoder: runtime.ort.InferenceSession, full: runtime.ort.InferenceSession, n: int) -> None:
+        self.encoder, self.full = encoder, full
+        self.cross_names = kv_names("cross_key_values", n)
+
+    def encode(self, ids: np.ndarray, mask: np.ndarray) -> PrefixState:
+        cross = self.encoder.run(self.cross_names, {"input_ids": ids, "attention_mask": mask})
+        return PrefixState(np.zeros((ids.shape[0], 0), np.int64), cross, mask)
+
+    def step(self, tokens: np.ndarray, state: PrefixState, rows: np.ndarray) -> tuple[np.ndarray, PrefixState]:
+        prefix = np.concatenate([state.prefix[rows], tokens.reshape(-1, 1).astype(np.int64)], axis=1)
+        cross = [np.take(c, rows, axis=0) for c in state.cross]
+        mask = state.mask[rows]
+        feed = {"input_ids": prefix, "encoder_attention_mask": mask, **dict(zip(self.cross_names, cross, strict=True))}
+        logp = self.full.run(["logprobs"], feed)[0]
+        return logp, PrefixState(prefix, cross, mask)
+
+
+def decode_ours(
+    encode: Callable[[np.ndarray, np.ndarray], object], step: Callable, ids: np.ndarray, beam: int, new: int
+) -> list[tuple[int, ...]]:
+    """What TranslatorEngine.translate_ids does, with an EOS id that never occurs."""
+    mask = np.ones_like(ids)
+    state = encode(ids, mask)
+    limits = [new] * ids.shape[0]
+    if beam == 1:
+        return [h.tokens for h in greedy(step, state, BOS, NEVER, limits)]
+    params = DecodeParams(beam_size=beam, max_new_tokens=new)
+    return [h[0].tokens for h in beam_search(step, state, BOS, NEVER, params, limits)]
+
+
+# ---------------------------------------------------------------------------------------------
+# PyTorch eager, our model
+# ---------------------------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def torch_beam_cached(model: Translator, src: Tensor, mask: Tensor, k: int, new: int) -> Tensor:
+    """Cached beam search (flat B*K rows, top-k over a (B, K*V) view); best hypothesis (B, new)."""
+    b, v = src.size(0), model.config.vocab_size
+    cross = model.cross_kv(model.encode(src, mask))
+    tok = torch.full((b, 1), BOS, dtype=torch.long)
+    logits, past = model.decode(tok, model.empty_past(b), cross, mask)
+    cum, idx = torch.log_softmax(logits[:, -1], -1).topk(k)  # (B, K) from the single BOS row
+    rows = torch.arange(b).repeat_interleave(k)
+    cross = [(ck[rows], cv[rows]) for ck, cv in cross]
+    mask = mask[rows]
+    past = [(pk[rows], pv[rows]) for pk, pv in past]
+    tok = idx.reshape(-1, 1)  # (B*K, 1)
+    hist = tok
+    cum = cum.reshape(-1)
+    for _ in range(new - 1):
+        logits, past = model.decode(tok, past, cross, mask)
+        scores = torch.log_softmax(logits[:, -1], -1) + cum[:, None]  # (B*K, V)
+        cum, idx = scores.view(b, k * v).topk(k)  # (B, K)
+        rows = (torch.arange(b)[:, None] * k + idx // v).reshape(-1)  # (B*K,) source row of each beam
+        tok = (idx % v).reshape(-1, 1)
+        past = [(pk[rows], pv[rows]) for pk, pv in past]
+        hist = torch.cat([hist[rows], tok], dim=1)
+        cum = cum.reshape(-1)
+    return hist.view(b, k, -1)[:, 0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Marian: HF transformers and CTranslate2
+# ---------------------------------------------------------------------------------------------
+
+
+def marian_model(s: Shape):  # type: ignore[no-untyped-def]
+    from transformers import MarianConfig, MarianMTModel
+
+    torch.manual_seed(0)
+    # Marian's vocabulary ends with <pad> (the decoder start); CTranslate2 drops it, leaving s.vocab.
+    cfg = MarianConfig(
+        vocab_size=s.vocab + 1,
+        d_model=s.d_model,
+        encoder_layers=s.enc_layers,
+        decoder_layers=s.dec_layers,
+        encoder_attention_heads=s.heads,
+        decoder_attention_heads=s.heads,
+        encoder_ffn_dim=s.ffn,
+        decoder_ffn_dim=s.ffn,
+        activation_function="gelu",
+        max_position_embeddings=256,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        scale_embedding=True,
+        pad_token_id=s.vocab,
+        decoder_start_token_id=s.vocab,
+        eos_token_id=2,
+        bos_token_id=BOS,
+        forced_eos_token_id=None,
+    )
+    return MarianMTModel(cfg).eval()
+
+
+def stand_in_vocab(s: Shape) -> list[str]:
+    tokens = [f"t{i}" for i in range(s.vocab)] + ["<pad>"]
+    tokens[0], tokens[1], tokens[2], tokens[3] = "<blank>", "<unk>", "</s>", "<s>"
+    return tokens
+
+
+def convert_ct2(model_dir: Path, out: Path, s: Shape) -> None:
+    """The converter wants a tokenizer only for its vocabulary and special tokens: give it a stand-in."""
+    from ctranslate2.converters import TransformersConverter
+
+    class StandIn:
+        eos_token, unk_token = "</s>", "<unk>"
+
+        def get_vocab(self) -> dict[str, int]:
+            return {t: i for i, t in enumerate(stand_in_vocab(s))}
+
+    class OfflineConverter(TransformersConverter):
+        def load_tokenizer(self, tokenizer_class, model_name_or_path, **kwargs):  # type: ignore[no-untyped-def]
+            return StandIn()
+
+    OfflineConverter(str(model_dir)).convert(str(out), quantization="float32", force=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# ORT MatMul ceiling
+# ---------------------------------------------------------------------------------------------
+
+
+def matmul_ceiling(threads: int, m: int, k: int, n: int, timing: Timing) -> float:
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((k, n)).astype(np.float32), "W")
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["A", "W"], ["Y"])],
+        "matmul",
+        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [m, n])],
+        [w],
+    )
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    sess = runtime.make_session(proto.SerializeToString(), ["CPUExecutionProvider"], threads)
+    a = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
+    sec, _ = median_seconds(lambda: sess.run(["Y"], {"A": a}), timing)
+    return 2.0 * m * k * n / sec / 1e9
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+
+def contention() -> dict[str, object]:
+    """Other processes on the CPU make every number here meaningless: record them."""
+    try:
+        procs = subprocess.run(["pgrep", "-af", "export.train"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        procs = ""
+    return {"loadavg_1m": os.getloadavg()[0], "training_processes": [p for p in procs.splitlines() if p]}
+
+
+class Bench:
+    """One run: the shape, the timing rule, the shared inputs and the rows measured so far."""
+
+    def __init__(self, s: Shape, threads: int, timing: Timing, batches: list[int], beams: list[int]) -> None:
+        self.s, self.threads, self.timing, self.batches, self.beams = s, threads, timing, batches, beams
+        rng = np.random.default_rng(0)
+        self.inputs = {b: rng.integers(5, s.vocab, size=(b, s.src_len), dtype=np.int64) for b in batches}
+        self.clf_inputs = {b: rng.integers(5, s.vocab, size=(b, s.clf_len), dtype=np.int64) for b in batches}
+        self.rows: list[dict[str, object]] = []
+        self.clf_rows: list[dict[str, object]] = []
+        self.tmp = Path(tempfile.mkdtemp(prefix="bench-engine-"))
+
+    def session(self, path: Path) -> runtime.ort.InferenceSession:
+        return runtime.make_session(path.read_bytes(), ["CPUExecutionProvider"], self.threads)
+
+    def record(self, tool: str, batch: int, beam: int, fn: Callable[[], object]) -> None:
+        out = fn()
+        lens = {len(r) for r in out}  # type: ignore[attr-defined]
+        if len(out) != batch or lens != {self.s.new_tokens}:  # type: ignore[arg-type]
+            raise RuntimeError(f"{tool}: expected {batch} rows of {self.s.new_tokens} tokens, got lengths {lens}")
+        sec, n = median_seconds(fn, self.timing)
+        tps = batch * self.s.new_tokens / sec
+        gflops = translate_flops(self.s, batch, beam) / sec / 1e9
+        row = {"tool": tool, "batch": batch, "beam": beam, "seconds": sec, "runs": n, "tokens_per_s": tps}
+        self.rows.append({**row, "gflops": gflops})
+        print(
+            f"  {tool:<9} batch {batch:>3} beam {beam}: {tps:>8.0f} tokens/s {sec * 1e3:8.2f} ms "
+            f"{gflops:6.1f} GFLOP/s ({n} runs)",
+            flush=True,
+        )
+
+    def cases(self) -> list[tuple[int, int]]:
+        return [(beam, b) for beam in self.beams for b in self.batches]
+
+    def ours(self, tools: set[str]) -> float:
+        """This engine cached and uncached, and our model in PyTorch eager; returns greedy parity."""
+        s = self.s
+        model = our_translator(s)
+        export_graphs(model, self.tmp)
+        export_full_decoder(model, self.tmp / "decoder_full.onnx")
+        enc = self.session(self.tmp / "encoder.onnx")
+        rt = runtime.TranslatorRuntime(enc, self.session(self.tmp / "decoder.onnx"), s.dec_layers)
+        unc = UncachedStep(enc, self.session(self.tmp / "decoder_full.onnx"), s.dec_layers)
+        # sanity: our engine and PyTorch eager decode the same model to the same greedy tokens
+        ids = self.inputs[max(self.batches)]
+        mine = decode_ours(rt.encode, rt.step, ids, 1, s.new_tokens)
+        ref = greedy_cached(model, torch.from_numpy(ids), torch.ones_like(torch.from_numpy(ids)), s.new_tokens)
+        parity = sum(list(a) == b for a, b in zip(mine, ref, strict=True)) / len(ref)
+        print(f"greedy parity, this engine vs PyTorch: {parity:.0%} of {len(ref)} sentences identical")
+        for beam, b in self.cases():
+            ids = self.inputs[b]
+            t_ids, t_mask = torch.from_numpy(ids), torch.ones((b, s.src_len), dtype=torch.long)
+            if "ours" in tools:
+                self.record("ours", b, beam, partial(decode_ours, rt.encode, rt.step, ids, beam, s.new_tokens))
+            if "uncached" in tools:
+                self.record("uncached", b, beam, partial(decode_ours, unc.encode, unc.step, ids, beam, s.new_tokens))
+            if "torch" in tools:
+                if beam == 1:
+                    self.record("torch", b, beam, partial(greedy_cached, model, t_ids, t_mask, s.new_tokens))
+                else:
+                    self.record("torch", b, beam, partial(torch_beam_cached, model, t_ids, t_mask, beam, s.new_tokens))
+        return parity
+
+    def marian(self, tools: set[str]) -> None:
+        """CTranslate2 and HF generate on one random Marian model of the same shape."""
+        s = self.s
+        model = marian_model(s)
+        model.save_pretrained(self.tmp / "marian")
+        vocab = stand_in_vocab(s)
+        if "ct2" in tools:
+            import ctranslate2
+
+            convert_ct2(self.tmp / "marian", self.tmp / "ct2", s)
+            translator = ctranslate2.Translator(
+                str(self.tmp / "ct2"), device="cpu", compute_type="float32", inter_threads=1, intra_threads=self.threads
+            )
+
+        def ct2(src: list[list[str]], beam: int) -> list[list[str]]:
+            res = translator.translate_batch(
+                src,
+                beam_size=beam,
+                max_decoding_length=s.new_tokens,
+                min_decoding_length=s.new_tokens,
+                max_batch_size=0,
+                num_hypotheses=1,
+            )
+            return [r.hypotheses[0] for r in res]
+
+        @torch.inference_mode()
+        def hf(ids: Tensor, mask: Tensor, beam: int) -> list[list[int]]:
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=s.new_tokens,
+                min_new_tokens=s.new_tokens,
+                num_beams=beam,
+                do_sample=False,
+                use_cache=True,
+            )
+            return out[:, 1:].tolist()  # without the decoder start token
+
+        for beam, b in self.cases():
+            ids = self.inputs[b]
+            if "ct2" in tools:
+                self.record("ct2", b, beam, partial(ct2, [[vocab[i] for i in row] for row in ids.tolist()], beam))
+            if "hf" in tools:
+                t_ids, t_mask = torch.from_numpy(ids), torch.ones((b, s.src_len), dtype=torch.long)
+                self.record("hf", b, beam, partial(hf, t_ids, t_mask, beam))
+
+    def classifier(self) -> None:
+        s = self.s
+        print(f"classifier: sequence {s.clf_len}")
+        torch.manual_seed(1)
+        cfg = ClassifierConfig(
+            vocab_size=s.vocab, d_model=s.d_model, n_heads=s.heads, d_ff=s.ffn, n_layers=s.enc_layers, dropout=0.0
+        )
+        clf = Classifier(cfg).eval()
+        folder = self.tmp / "clf"
+        folder.mkdir()
+        export_graphs(clf, folder)
+        make_int8(folder / "model.onnx", folder / "model.int8.onnx")
+        fp32, int8 = self.session(folder / "model.onnx"), self.session(folder / "model.int8.onnx")
+        eager = torch.inference_mode()(clf)
+        for b in self.batches:
+            ids = self.clf_inputs[b]
+            mask = np.ones_like(ids)
+            fns: dict[str, Callable[[], object]] = {
+                "ort-fp32": partial(runtime.run_classifier, fp32, ids, mask),
+                "ort-int8": partial(runtime.run_classifier, int8, ids, mask),
+                "torch": partial(eager, torch.from_numpy(ids), torch.from_numpy(mask)),
+            }
+            for name, fn in fns.items():
+                sec, n = median_seconds(fn, self.timing)
+                gflops = classifier_flops(s, b) / sec / 1e9
+                row = {"tool": name, "batch": b, "seconds": sec, "runs": n, "sequences_per_s": b / sec}
+                self.clf_rows.append({**row, "gflops": gflops})
+                print(f"  {name:<9} batch {b:>3}: {b / sec:>9.0f} sequences/s {sec * 1e3:8.3f} ms", flush=True)
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    s = TINY if args.tiny else Shape()
+    s = replace(s, new_tokens=args.new_tokens or s.new_tokens, src_len=args.src_len or s.src_len)
+    torch.set_num_threads(args.threads)
+    tools = set(args.only.split(",")) if args.only else set(TOOLS)
+    if unknown := tools - set(TOOLS):
+        raise SystemExit(f"unknown --only entries {sorted(unknown)}; choose from {','.join(TOOLS)}")
+    bench = Bench(
+        s,
+        args.threads,
+        Timing(args.min_runs, args.min_time, args.warmup),
+        [int(x) for x in args.batches.split(",")],
+        [int(x) for x in args.beams.split(",")],
+    )
+    results: dict[str, object] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "shape": asdict(s),
+        "threads": args.threads,
+        "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()},
+        "versions": _versions(),
+        "contention_start": contention(),
+    }
+    print(f"translation: {s.src_len} source tokens, {s.new_tokens} new tokens, {args.threads} threads")
+    if tools & {"ours", "uncached", "torch"}:
+        results["parity_ours_vs_torch"] = bench.ours(tools)
+    if tools & {"ct2", "hf"}:
+        bench.marian(tools)
+    if "classifier" in tools:
+        bench.classifier()
+    results["translation"], results["classifier"] = bench.rows, bench.clf_rows
+    if "matmul" in tools:
+        big = 256 if args.tiny else 2048
+        results["matmul_gflops"] = {
+            f"{big}x{big}x{big}": matmul_ceiling(args.threads, big, big, big, bench.timing),
+            f"32x{s.d_model}x{s.ffn} (a decode step's FFN)": matmul_ceiling(
+                args.threads, 32, s.d_model, s.ffn, bench.timing
+            ),
+        }
+        print(f"ORT MatMul GFLOP/s: {results['matmul_gflops']}")
+    results["contention_end"] = contention()
+    shutil.rmtree(bench.tmp, ignore_errors=True)
+    return results
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for pkg in ("onnxruntime", "torch", "numpy", "ctranslate2", "transformers"):
+        try:
+            out[pkg] = version(pkg)
+        except PackageNotFoundError:
+            out[pkg] = "-"
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+
+def markdown(results: dict[str, object]) -> str:
+    s = Shape(**results["shape"])  # type: ignore[arg-type]
+    rows: list[dict] = results["translation"]  # type: ignore[assignment]
+    by = {(r["tool"], r["batch"], r["beam"]): r for r in rows}
+    cases = sorted({(r["beam"], r["batch"]) for r in rows})
+    tools = [t for t in ("ours", "ct2", "hf", "torch", "uncached") if any(r["tool"] == t for r in rows)]
+    names = {
+        "ours": "this engine (ORT, cached)",
+        "ct2": "CTranslate2 fp32",
+        "hf": "HF transformers generate",
+        "torch": "PyTorch eager (cached)",
+        "uncached": "this engine, uncached graph",
+    }
+    peak = max((results.get("matmul_gflops") or {0: 0.0}).values())  # type: ignore[union-attr]
+    head = [f"{'greedy' if beam == 1 else f'beam {beam}'}, batch {b}" for beam, b in cases]
+    out = [
+        f"Tokens/s (output tokens of the best hypothesis; ×CTranslate2 in brackets); {s.src_len} source and "
+        f"{s.new_tokens} new tokens per sentence, {results['threads']} threads, {results['machine']['cpu']}.",  # type: ignore[index]
+        "",
+        "| tool | " + " | ".join(head) + " |",
+        "|---|" + "---:|" * len(head),
+    ]
+    for t in tools:
+        cells = []
+        for beam, b in cases:
+            r, ref = by.get((t, b, beam)), by.get(("ct2", b, beam))
+            if r is None:
+                cells.append("–")
+                continue
+            ratio = f" ({r['tokens_per_s'] / ref['tokens_per_s']:.2f}×)" if ref and t != "ct2" else ""
+            cells.append(f"{r['tokens_per_s']:,.0f}{ratio}")
+        out.append(f"| {names[t]} | " + " | ".join(cells) + " |")
+    if peak:
+        cells = [f"{peak * 1e9 * s.new_tokens * b / translate_flops(s, b, beam):,.0f}" for beam, b in cases]
+        out.append(f"| ceiling at {peak:.0f} GFLOP/s (ORT MatMul) | " + " | ".join(cells) + " |")
+        cells = [f"{by[('ours', b, beam)]['gflops']:.0f}" if ("ours", b, beam) in by else "–" for beam, b in cases]
+        out.append("| this engine, achieved GFLOP/s | " + " | ".join(cells) + " |")
+    clf: list[dict] = results.get("classifier") or []  # type: ignore[assignment]
+    if clf:
+        batches = sorted({r["batch"] for r in clf})
+        cb = {(r["tool"], r["batch"]): r for r in clf}
+        out += ["", f"Classifier, sequences/s (×PyTorch eager), sequence {s.clf_len}:", ""]
+        out += ["| tool | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---:|" * len(batches)]
+        for t in ("ort-fp32", "ort-int8", "torch"):
+            cells = []
+            for b in batches:
+                r, ref = cb.get((t, b)), cb.get(("torch", b))
+                ratio = f" ({r['sequences_per_s'] / ref['sequences_per_s']:.2f}×)" if r and ref and t != "torch" else ""
+                cells.append(f"{r['sequences_per_s']:,.0f}{ratio}" if r else "–")
+            out.append(f"| {t} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="bench/engine.py", description=__doc__.split("\n")[0])
+    p.add_argument("--tiny", action="store_true", help="tiny shape, for a smoke run")
+    p.add_argument("--only", default="", help="comma list of " + ",".join(TOOLS))
+    p.add_argument("--batches", default="1,32")
+    p.add_argument("--beams", default="1,4")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--src-len", type=int, default=0)
+    p.add_argument("--new-tokens", type=int, default=0)
+    p.add_argument("--min-runs", type=int, default=7)
+    p.add_argument("--min-time", type=float, default=2.0, help="seconds of timed runs per case, at least")
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "engine.json")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    results = run(args)
+    table = markdown(results)
+    results["markdown"] = table
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
+    busy = results["contention_start"]["training_processes"] or results["contention_end"]["training_processes"]  # type: ignore[index]
+    print("\n" + table + "\n")
+    if busy:
+        print("WARNING: training processes shared the CPU during this run; the numbers are contended.")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
