@@ -8,7 +8,8 @@ engine.translate(["Open file"], params)  # TranslatorEngine
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -94,8 +95,9 @@ class ClassifierEngine:
         return self.to_predictions(self.classify_ids(self.encode(texts)))
 
     def warmup(self) -> None:
+        top = self.manifest.max_source_tokens  # a model with short positions cannot take longer rows
         for n, length in ((1, 8), (8, 24), (32, 48)):
-            self.classify_ids([[5] * length] * n)
+            self.classify_ids([[5] * min(length, top)] * n)
 
 
 class TranslatorEngine:
@@ -111,19 +113,33 @@ class TranslatorEngine:
         return self.codec.encode(texts)
 
     def translate_ids(
-        self, seqs: Sequence[Sequence[int]], params: DecodeParams, max_new_tokens: Sequence[int] | None = None
+        self,
+        seqs: Sequence[Sequence[int]],
+        params: DecodeParams,
+        max_new_tokens: Sequence[int] | None = None,
+        timer: Callable[[str, float], None] | None = None,
     ) -> list[list[Hypothesis]]:
-        """Decodes a batch: one encoder run, then cached decoder steps; finished sentences leave early."""
+        """Decodes a batch: one encoder run, then cached decoder steps; finished sentences leave early.
+
+        `timer(stage, seconds)`, when given, receives the "encode" and "decode" wall times.
+        """
         if params.max_new_tokens > self.max_new_tokens:
             raise InvalidInput(f"max_new_tokens must be at most {self.max_new_tokens} for this model")
         limits = list(max_new_tokens) if max_new_tokens is not None else [params.max_new_tokens] * len(seqs)
         limits = [min(m, params.max_new_tokens) for m in limits]
         ids, mask = pad(seqs, self.pad_id)
+        t0 = time.perf_counter()
         state = self.rt.encode(ids, mask)
+        t1 = time.perf_counter()
         if params.beam_size == 1:
-            hyps = greedy(self.rt.step, state, self.bos_id, self.eos_id, limits, length_penalty=params.length_penalty)
-            return [[h] for h in hyps]
-        return beam_search(self.rt.step, state, self.bos_id, self.eos_id, params, limits)
+            best = greedy(self.rt.step, state, self.bos_id, self.eos_id, limits, length_penalty=params.length_penalty)
+            hyps = [[h] for h in best]
+        else:
+            hyps = beam_search(self.rt.step, state, self.bos_id, self.eos_id, params, limits)
+        if timer is not None:
+            timer("encode", t1 - t0)
+            timer("decode", time.perf_counter() - t1)
+        return hyps
 
     def to_translations(self, hyps: Sequence[Sequence[Hypothesis]]) -> list[list[Translation]]:
         return [[Translation(self.codec.decode(h.tokens), h.score, h.logprob) for h in row] for row in hyps]
@@ -132,8 +148,10 @@ class TranslatorEngine:
         return self.to_translations(self.translate_ids(self.encode(texts), params or DecodeParams()))
 
     def warmup(self) -> None:
+        top = self.manifest.max_source_tokens - 1  # room for the EOS every source ends with
         for n, length, beam in ((1, 8, 1), (4, 16, 4), (16, 24, 4), (32, 24, 1)):
-            self.translate_ids([[5] * length + [self.eos_id]] * n, DecodeParams(beam_size=beam, max_new_tokens=4))
+            seqs = [[5] * min(length, top) + [self.eos_id]] * n
+            self.translate_ids(seqs, DecodeParams(beam_size=beam, max_new_tokens=min(4, self.max_new_tokens)))
 
 
 Engine = ClassifierEngine | TranslatorEngine
