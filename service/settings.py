@@ -1,0 +1,71 @@
+"""Service settings: the only reader of environment variables (prefix ``SERVE_``), validated at start-up.
+
+`python -m service` builds one `Settings()` and passes it to `create_app(settings)`; tests build
+their own with keyword arguments. Nothing reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import DirectoryPath, Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SERVE_", extra="forbid", frozen=True)
+
+    # server
+    host: str = Field(default="127.0.0.1", description="bind address (the container sets 0.0.0.0)")
+    port: int = Field(default=8000, ge=0, le=65535, description="TCP port (0: any free port)")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # models
+    model_store: DirectoryPath = Field(default=DirectoryPath("model_store"), description="model store folder")
+    variant: Literal["fp32", "int8", "fp16"] | None = Field(
+        default=None, description="model variant; unset: each default"
+    )
+    providers: str = Field(default="cpu", description="ONNX Runtime providers in order, comma-separated (cuda,cpu)")
+    threads: int = Field(
+        default=0, ge=0, le=256, description="intra-op threads per model; 0: the container's CPU quota"
+    )
+    default_classifier: str | None = Field(default=None, description="model used by /predict without `model`")
+    default_translator: str | None = Field(default=None, description="model used by /translate without `model`")
+    # batching
+    max_batch_size: int = Field(default=32, ge=1, le=1024, description="items (texts) per batch")
+    max_batch_tokens: int = Field(default=8192, ge=1, description="padded tokens per batch (rows x longest x beams)")
+    max_wait_ms: float = Field(default=1.0, ge=0, le=1000, description="a batch closes this long after its first item")
+    max_queue: int = Field(default=512, ge=1, description="queued items per model before 429")
+    request_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="deadline per request (504 when passed)")
+    drain_timeout_s: float = Field(
+        default=30.0, ge=0, le=3600, description="shutdown: time for admitted work to finish"
+    )
+    drain_grace_s: float = Field(default=0.0, ge=0, le=600, description="SIGTERM: answer 503 this long before draining")
+    # request limits
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, description="request body size (413 above)")
+    max_texts: int = Field(default=64, ge=1, le=4096, description="texts per request (413 above)")
+    max_text_chars: int = Field(default=2000, ge=1, description="characters per text (413 above)")
+
+    @field_validator("providers")
+    @classmethod
+    def _providers_not_empty(cls, value: str) -> str:
+        if not [p for p in value.split(",") if p.strip()]:
+            raise ValueError("name at least one execution provider, e.g. cpu")
+        return value
+
+    @model_validator(mode="after")
+    def _queue_holds_a_request(self) -> Settings:
+        if self.max_queue < self.max_texts:
+            raise ValueError(f"max_queue ({self.max_queue}) must be at least max_texts ({self.max_texts})")
+        return self
+
+    @property
+    def provider_list(self) -> tuple[str, ...]:
+        return tuple(p.strip() for p in self.providers.split(",") if p.strip())
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """`SERVE_*` variables that name no setting (a typo would otherwise be ignored silently)."""
+    prefix = Settings.model_config.get("env_prefix", "")
+    known = {(prefix + name).upper() for name in Settings.model_fields}
+    return sorted(k for k in environ if k.upper().startswith(prefix) and k.upper() not in known)
