@@ -1,0 +1,293 @@
+"""Dynamic batching: an asyncio queue of (item, future) drained by one task. Knows nothing about models.
+
+A batch starts with the oldest waiting item and closes when `max_batch_size` items of the same
+key are waiting or `max_wait_s` after that oldest item arrived. From the waiting items with the
+oldest item's key it takes those closest in size to it (size ~ tokens), as long as the padded
+cost ``len(batch) * max(size)`` stays within `max_batch_cost`; the rest stay queued in arrival
+order. So one batch never mixes keys (e.g. decoding parameters), padding stays small, and every
+item is eventually the oldest one, so nothing starves.
+
+`run_batch(items) -> results` is synchronous model work: it runs in `executor` (a worker thread),
+never on the event loop. A failing batch sets its exception on the futures of that batch only.
+An item whose deadline passes while queued is dropped before it runs (`DeadlineExceeded`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from service.errors import DeadlineExceeded, NotReady, QueueFull, ShuttingDown
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class BatchObserver(Protocol):
+    """Hooks for metrics; called on the event loop."""
+
+    def queue_depth(self, depth: int) -> None: ...
+
+    def batch_started(self, size: int, queue_waits: Sequence[float]) -> None: ...
+
+
+class _NoObserver:
+    def queue_depth(self, depth: int) -> None:
+        pass
+
+    def batch_started(self, size: int, queue_waits: Sequence[float]) -> None:
+        pass
+
+
+@dataclass(eq=False)
+class _Pending(Generic[T, R]):
+    item: T
+    future: asyncio.Future[R]
+    key: Hashable
+    size: int
+    enqueued: float  # time.monotonic()
+    deadline: float | None
+    started: bool = field(default=False)
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_batch_size: int = 32
+    max_wait_s: float = 0.001
+    max_queue: int = 512
+    max_batch_cost: int = 8192  # padded size units per batch; one oversized item still runs alone
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.max_queue < 1 or self.max_batch_cost < 1 or self.max_wait_s < 0:
+            raise ValueError(f"invalid batch limits {self}")
+
+
+class DynamicBatcher(Generic[T, R]):
+    def __init__(
+        self,
+        name: str,
+        run_batch: Callable[[list[T]], Sequence[R]],
+        limits: BatchLimits,
+        *,
+        key: Callable[[T], Hashable] = lambda _: None,
+        size: Callable[[T], int] = lambda _: 1,
+        executor: Executor | None = None,
+        observer: BatchObserver | None = None,
+    ) -> None:
+        self.name, self.run_batch, self.limits = name, run_batch, limits
+        self._key, self._size, self._executor = key, size, executor
+        self._observer = observer or _NoObserver()
+        self._queue: asyncio.Queue[_Pending[T, R]] = asyncio.Queue()
+        self._waiting: list[_Pending[T, R]] = []  # taken off the queue, not yet run; arrival order
+        self._getter: asyncio.Task[_Pending[T, R]] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False
+        self._current: list[_Pending[T, R]] = []  # the batch now running
+        self._running = 0
+        self.batches = 0  # executed batches (for tests and logs)
+
+    # -- client side -------------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        """Items queued and not yet running."""
+        return self._queue.qsize() + len(self._waiting)
+
+    @property
+    def in_flight(self) -> int:
+        """Items admitted and not yet finished: queued or running."""
+        return self.depth + self._running
+
+    async def submit(self, item: T, deadline: float | None = None) -> R:
+        """The result for one item; raises QueueFull, ShuttingDown, DeadlineExceeded or the batch's error."""
+        return (await self.submit_many([item], deadline))[0]
+
+    async def submit_many(self, items: Sequence[T], deadline: float | None = None) -> list[R]:
+        """Results in input order for items admitted together (all or none: QueueFull).
+
+        The items may run in different batches, mixed with other callers' items. The first
+        failure fails the call and withdraws its items that have not run yet.
+        """
+        if self._closing:
+            raise ShuttingDown(f"model {self.name} is shutting down")
+        if self._task is None:
+            raise NotReady(f"model {self.name} is not started")
+        if self.depth + len(items) > self.limits.max_queue:
+            raise QueueFull(f"model {self.name} has {self.depth} of {self.limits.max_queue} items queued; retry later")
+        now = time.monotonic()
+        if deadline is not None and deadline <= now:
+            raise DeadlineExceeded("the request deadline passed before it was queued")
+        loop = asyncio.get_running_loop()
+        pending = [
+            _Pending(item, loop.create_future(), self._key(item), max(1, self._size(item)), now, deadline)
+            for item in items
+        ]
+        for p in pending:
+            self._queue.put_nowait(p)
+        self._observer.queue_depth(self.depth)
+        futures = [p.future for p in pending]
+        try:
+            if deadline is None:
+                return list(await asyncio.gather(*futures))
+            return list(await asyncio.wait_for(asyncio.gather(*futures), deadline - now))
+        except TimeoutError:
+            where = "while running" if any(p.started for p in pending) else "while queued"
+            raise DeadlineExceeded(f"the request deadline passed {where}") from None
+        finally:
+            for f in futures:
+                if not f.done():
+                    f.cancel()  # withdrawn: the loop skips it
+                elif not f.cancelled():
+                    f.exception()  # retrieved: no "exception was never retrieved" noise
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
+
+    async def close(self, timeout: float) -> None:
+        """Stops admitting; admitted items still run for up to `timeout` s; the rest fail with ShuttingDown."""
+        self._closing = True
+        if self._task is None:
+            return
+        if self._getter is not None:
+            self._getter.cancel()  # the loop may be blocked on an empty queue
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
+        except TimeoutError:
+            log.warning("batcher %s: %d items unfinished after %.1f s", self.name, self.in_flight, timeout)
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        finally:
+            if self._getter is not None:
+                self._getter.cancel()
+            leftovers = self._current + self._waiting + [self._queue.get_nowait() for _ in range(self._queue.qsize())]
+            self._waiting, self._current, self._running = [], [], 0
+            for p in leftovers:
+                if not p.future.done():
+                    p.future.set_exception(ShuttingDown(f"model {self.name} shut down before this item ran"))
+            self._observer.queue_depth(self.depth)
+
+    # -- the one task ------------------------------------------------------------------------
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                if await self._step():
+                    return
+            except Exception:  # a bug here must not leave futures hanging forever
+                log.exception("batcher %s: failed to form a batch", self.name)
+                for p in self._waiting:
+                    if not p.future.done():
+                        p.future.set_exception(RuntimeError("internal batching error"))
+                self._waiting = []
+
+    async def _step(self) -> bool:
+        """Forms and runs one batch; True when closed and nothing is left."""
+        while True:
+            self._take_queued()
+            self._drop_dead()
+            if self._waiting:
+                break
+            if self._closing and self._queue.empty():
+                return True
+            await self._receive(None)
+        first = self._waiting[0]
+        close_at = first.enqueued + self.limits.max_wait_s
+        while not self._full(first.key) and (left := close_at - time.monotonic()) > 0:
+            if not await self._receive(left):
+                break
+        self._drop_dead()
+        batch = self._select()
+        if batch:
+            await self._run(batch)
+        return False
+
+    async def _receive(self, timeout: float | None) -> bool:
+        """Waits for one more queued item (without losing it on timeout); False on timeout."""
+        if self._getter is None:
+            self._getter = asyncio.ensure_future(self._queue.get())
+        done, _ = await asyncio.wait({self._getter}, timeout=timeout)
+        if not done:
+            return False
+        if self._getter.cancelled():  # close() woke us up
+            self._getter = None
+            return False
+        self._waiting.append(self._getter.result())
+        self._getter = None
+        self._take_queued()
+        return True
+
+    def _take_queued(self) -> None:
+        while not self._queue.empty():
+            self._waiting.append(self._queue.get_nowait())
+
+    def _drop_dead(self) -> None:
+        """Removes items nobody awaits (timed out, cancelled) and fails those whose deadline passed."""
+        now = time.monotonic()
+        keep = []
+        for p in self._waiting:
+            if p.future.done():
+                continue
+            if p.deadline is not None and p.deadline <= now:
+                p.future.set_exception(DeadlineExceeded("the request deadline passed while queued"))
+                continue
+            keep.append(p)
+        if len(keep) != len(self._waiting):
+            self._waiting = keep
+            self._observer.queue_depth(self.depth)
+
+    def _full(self, key: Hashable) -> bool:
+        return sum(1 for p in self._waiting if p.key == key) >= self.limits.max_batch_size
+
+    def _select(self) -> list[_Pending[T, R]]:
+        """The oldest item plus the same-key items closest to it in size, within size and cost limits."""
+        if not self._waiting:
+            return []
+        first = self._waiting[0]
+        same = [p for p in self._waiting[1:] if p.key == first.key]
+        same.sort(key=lambda p: abs(p.size - first.size))  # stable: ties keep arrival order
+        chosen, longest = [first], first.size
+        for p in same:
+            if len(chosen) >= self.limits.max_batch_size:
+                break
+            if (len(chosen) + 1) * max(longest, p.size) <= self.limits.max_batch_cost:
+                chosen.append(p)
+                longest = max(longest, p.size)
+        taken = set(map(id, chosen))
+        self._waiting = [p for p in self._waiting if id(p) not in taken]
+        return chosen
+
+    async def _run(self, batch: list[_Pending[T, R]]) -> None:
+        now = time.monotonic()
+        for p in batch:
+            p.started = True
+        self._running, self._current = len(batch), batch
+        self._observer.batch_started(len(batch), [now - p.enqueued for p in batch])
+        self.batches += 1
+        items = [p.item for p in batch]
+        try:
+            results = await asyncio.get_running_loop().run_in_executor(self._executor, self.run_batch, items)
+            if len(results) != len(batch):
+                raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch)} items")
+        except Exception as exc:  # a failing batch fails its own items only
+            for p in batch:
+                if not p.future.done():
+                    p.future.set_exception(exc)
+        else:
+            for p, r in zip(batch, results, strict=True):
+                if not p.future.done():
+                    p.future.set_result(r)
+        finally:
+            self._running, self._current = 0, []
+            self._observer.queue_depth(self.depth)

@@ -1,0 +1,182 @@
+"""DynamicBatcher with a deterministic fake model (y = 2x + 1): no ONNX, no HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from service.batching import BatchLimits, DynamicBatcher
+from service.errors import DeadlineExceeded, QueueFull, ShuttingDown
+
+
+class Model:
+    """Records every batch it runs; fails a batch holding a negative item."""
+
+    def __init__(self) -> None:
+        self.batches: list[list[int]] = []
+        self.threads: set[str] = set()
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def __call__(self, items: list[int]) -> list[int]:
+        self.gate.wait(10)
+        self.threads.add(threading.current_thread().name)
+        self.batches.append(list(items))
+        if any(x < 0 for x in items):
+            raise ValueError("negative input")
+        return [2 * x + 1 for x in items]
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(asyncio.wait_for(coro, 20))
+
+
+def make(model: Model, **limits: float) -> DynamicBatcher[int, int]:
+    kw = {"max_batch_size": 8, "max_wait_s": 0.05, "max_queue": 64, "max_batch_cost": 10_000} | limits
+    executor = ThreadPoolExecutor(1, thread_name_prefix="fake-model")
+    return DynamicBatcher("fake", model, BatchLimits(**kw), size=lambda x: abs(x) % 100 + 1, executor=executor)  # type: ignore[arg-type]
+
+
+def test_concurrent_items_are_batched_with_exact_answers_in_order() -> None:
+    model = Model()
+
+    async def main() -> list[list[int]]:
+        b = make(model)
+        b.start()
+        results = await asyncio.gather(*(b.submit_many([i, i + 100, i + 200]) for i in range(8)))
+        await b.close(1)
+        return results
+
+    results = run(main())
+    assert results == [[2 * i + 1, 2 * i + 201, 2 * i + 401] for i in range(8)]
+    assert len(model.batches) < 24 and max(map(len, model.batches)) == 8
+    assert model.threads == {"fake-model_0"}  # never the event loop's thread
+
+
+def test_batch_closes_on_size_before_the_wait() -> None:
+    model = Model()
+
+    async def main() -> float:
+        b = make(model, max_batch_size=4, max_wait_s=5.0)
+        b.start()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await asyncio.gather(*(b.submit(i) for i in range(4)))
+        await b.close(1)
+        return loop.time() - t0
+
+    assert run(main()) < 2.0
+    assert model.batches == [[0, 1, 2, 3]]
+
+
+def test_batch_closes_on_wait_with_one_item() -> None:
+    model = Model()
+
+    async def main() -> int:
+        b = make(model, max_wait_s=0.02)
+        b.start()
+        out = await b.submit(5)
+        await b.close(1)
+        return out
+
+    assert run(main()) == 11 and model.batches == [[5]]
+
+
+def test_keys_never_mix_and_others_stay_queued_in_order() -> None:
+    model = Model()
+
+    async def main() -> list[int]:
+        b: DynamicBatcher[int, int] = DynamicBatcher(
+            "fake", model, BatchLimits(8, 0.05, 64, 10_000), key=lambda x: x % 2, executor=None
+        )
+        b.start()
+        out = await asyncio.gather(*(b.submit(i) for i in range(10)))
+        await b.close(1)
+        return out
+
+    assert run(main()) == [2 * i + 1 for i in range(10)]
+    assert model.batches == [[0, 2, 4, 6, 8], [1, 3, 5, 7, 9]]
+
+
+def test_token_budget_groups_by_length() -> None:
+    model = Model()
+
+    async def main() -> None:
+        # sizes = x + 1; cost = rows * longest <= 40: short items go together, long ones alone
+        b = make(model, max_batch_cost=40, max_wait_s=0.05)
+        b.start()
+        await asyncio.gather(*(b.submit(x) for x in (1, 30, 2, 31, 3, 4)))
+        await b.close(1)
+
+    run(main())
+    assert model.batches[0] == [1, 2, 3, 4]
+    assert sorted(map(len, model.batches[1:])) == [1, 1]
+
+
+def test_failing_batch_fails_only_its_own_items() -> None:
+    model = Model()
+
+    async def main() -> list[object]:
+        b: DynamicBatcher[int, int] = DynamicBatcher(
+            "fake", model, BatchLimits(8, 0.05, 64, 10_000), key=lambda x: x < 0, executor=None
+        )
+        b.start()
+        out = await asyncio.gather(b.submit(-1), b.submit(1), b.submit(-2), b.submit(2), return_exceptions=True)
+        assert await b.submit(3) == 7  # still serving
+        await b.close(1)
+        return out
+
+    out = run(main())
+    assert out[1] == 3 and out[3] == 5
+    assert isinstance(out[0], ValueError) and isinstance(out[2], ValueError)
+
+
+def test_queue_full_and_deadline_and_shutdown() -> None:
+    model = Model()
+    model.gate.clear()  # the worker blocks: items pile up
+
+    async def main() -> None:
+        b = make(model, max_queue=4, max_wait_s=0.0)
+        b.start()
+        first = asyncio.ensure_future(b.submit(1))  # runs, blocked on the gate
+        await asyncio.sleep(0.1)
+        queued = asyncio.ensure_future(b.submit_many([2, 3]))
+        expiring = asyncio.ensure_future(b.submit(4, deadline=time.monotonic() - 1))
+        await asyncio.sleep(0.05)
+        with pytest.raises(QueueFull):
+            await b.submit_many([5, 6, 7])  # 2 queued + 3 > 4: all or nothing
+        with pytest.raises(DeadlineExceeded):
+            await expiring
+        late = asyncio.ensure_future(b.submit(8, deadline=time.monotonic() + 0.1))
+        with pytest.raises(DeadlineExceeded, match="while queued"):
+            await late
+        model.gate.set()
+        assert await first == 3 and await queued == [5, 7]
+        await b.close(1)
+        with pytest.raises(ShuttingDown):
+            await b.submit(9)
+
+    run(main())
+    assert [8] not in model.batches  # dropped before it ran
+
+
+def test_close_lets_admitted_work_finish() -> None:
+    model = Model()
+    model.gate.clear()
+
+    async def main() -> list[int]:
+        b = make(model, max_wait_s=0.0)
+        b.start()
+        tasks = [asyncio.ensure_future(b.submit(i)) for i in range(3)]
+        await asyncio.sleep(0.05)
+        closing = asyncio.ensure_future(b.close(5))
+        await asyncio.sleep(0.05)
+        model.gate.set()
+        await closing
+        return [await t for t in tasks]
+
+    assert run(main()) == [1, 3, 5]
