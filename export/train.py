@@ -74,14 +74,6 @@ def seed_everything(seed: int, threads: int) -> None:
     torch.set_num_threads(threads)
 
 
-def lr_factor(step: int, warmup: int, total: int) -> float:
-    """Linear warm-up to the peak, then linear decay to 5% of it at `total`."""
-    if step < warmup:
-        return (step + 1) / warmup
-    frac = min(1.0, (step - warmup) / max(1, total - warmup))
-    return 1.0 - 0.95 * frac
-
-
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -120,10 +112,21 @@ def endless(batches_fn: Callable[[], list[list[int]]]) -> Iterator[list[int]]:
         yield from batches_fn()
 
 
-def resolve_steps(cfg: TrainConfig, seconds_per_step: float) -> int:
+def schedule_progress(step: int, cfg: TrainConfig, elapsed_s: float) -> float:
+    """Fraction of the run done: by steps, or by wall-clock when a time budget is set.
+
+    A time budget ties the learning-rate decay to the clock, so a run slowed down by a busy
+    machine still ends on time with a fully decayed rate (its step count is then recorded in
+    the report, and `--steps` reproduces it).
+    """
     if cfg.time_budget_s > 0:
-        return max(cfg.warmup_steps + 1, int(cfg.time_budget_s / seconds_per_step))
-    return cfg.steps
+        return min(1.0, elapsed_s / cfg.time_budget_s)
+    return min(1.0, step / max(1, cfg.steps))
+
+
+def lr_at(step: int, cfg: TrainConfig, progress: float) -> float:
+    warm = min(1.0, (step + 1) / max(1, cfg.warmup_steps))
+    return cfg.lr * warm * (1.0 - 0.95 * progress)
 
 
 def run_loop(
@@ -138,18 +141,15 @@ def run_loop(
 ) -> dict[str, Tensor]:
     """Generic loop: returns the best state dict by the (higher-is-better) evaluation metric."""
     opt = make_optimizer(model, cfg)
-    total = cfg.steps
     best, best_state, bad_evals = -math.inf, None, 0
     t0 = time.perf_counter()
     units = 0
-    bar = tqdm(total=total, desc=desc, mininterval=10.0, miniters=1, dynamic_ncols=True)
+    bar = tqdm(total=None if cfg.time_budget_s > 0 else cfg.steps, desc=desc, mininterval=10.0, dynamic_ncols=True)
     step = 0
-    while step < total:
-        if step == 20 and cfg.time_budget_s > 0:
-            total = resolve_steps(cfg, (time.perf_counter() - t0) / 20)
-            bar.total = total
+    progress = 0.0
+    while progress < 1.0:
         for g in opt.param_groups:
-            g["lr"] = cfg.lr * lr_factor(step, cfg.warmup_steps, total)
+            g["lr"] = lr_at(step, cfg, progress)
         model.train()
         with torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16, enabled=cfg.amp):
             loss, n_units = loss_fn(next(batches))
@@ -164,14 +164,15 @@ def run_loop(
         history.train_loss.append(loss_value)
         bar.set_postfix(loss=f"{loss_value:.3f}", per_s=f"{units / (time.perf_counter() - t0):.0f}", refresh=False)
         bar.update(1)
-        if step % cfg.eval_every == 0 or step == total:
+        progress = schedule_progress(step, cfg, time.perf_counter() - t0)
+        if step % cfg.eval_every == 0 or progress >= 1.0:
             model.eval()
             value = evaluate()
             history.eval_step.append(step)
             history.eval_metric.append(value)
             if on_eval:
                 on_eval(step, value)
-            bar.write(f"{desc} step {step}/{total} {history.eval_name}={value:.4f}")
+            bar.write(f"{desc} step {step} ({progress:.0%}) {history.eval_name}={value:.4f}")
             if value > best:
                 best, bad_evals = value, 0
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -534,6 +535,7 @@ def run_classifier(args: argparse.Namespace) -> dict:
         "parameters": count_parameters(model),
         "train_seconds": round(train_s, 1),
         "pretrain_seconds": round(t_pre, 1),
+        "steps_run": {name: (h.step[-1] if h.step else 0) for name, h in histories.items()},
         "counts": {s: len(split[s]) for s in split},
         "test": metrics.classification_report(gold, preds, sources, mc.num_labels),
         "vader_test": metrics.classification_report(

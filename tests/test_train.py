@@ -14,10 +14,18 @@ from tests.conftest import sentences
 
 
 def test_lr_schedule_warms_up_then_decays() -> None:
-    f = [train.lr_factor(s, warmup=10, total=110) for s in range(110)]
-    assert f[0] == pytest.approx(0.1) and f[9] == pytest.approx(1.0)
-    assert f[10] == pytest.approx(1.0) and f[-1] == pytest.approx(1 - 0.95 * 99 / 100)
-    assert all(a >= b for a, b in zip(f[10:], f[11:], strict=False))
+    cfg = train.TrainConfig(steps=110, lr=1.0, warmup_steps=10)
+    f = [train.lr_at(s, cfg, train.schedule_progress(s, cfg, 0.0)) for s in range(110)]
+    assert f[0] == pytest.approx(0.1 * (1 - 0.95 * 0 / 110))
+    assert f[9] == pytest.approx(1 - 0.95 * 9 / 110)
+    assert f[-1] == pytest.approx(1 - 0.95 * 109 / 110)
+    assert all(a >= b for a, b in zip(f[9:], f[10:], strict=False))
+
+
+def test_time_budget_drives_the_decay() -> None:
+    cfg = train.TrainConfig(steps=10, time_budget_s=100.0)
+    assert train.schedule_progress(5000, cfg, 50.0) == pytest.approx(0.5)
+    assert train.schedule_progress(1, cfg, 150.0) == 1.0
 
 
 def test_mask_tokens_only_touches_real_tokens() -> None:
