@@ -9,7 +9,8 @@ item is eventually the oldest one, so nothing starves.
 
 `run_batch(items) -> results` is synchronous model work: it runs in `executor` (a worker thread),
 never on the event loop. A failing batch sets its exception on the futures of that batch only.
-An item whose deadline passes while queued is dropped before it runs (`DeadlineExceeded`).
+An item whose deadline passes while queued is dropped before it runs (`DeadlineExceeded`), also
+when it passes while its batch waits for the worker thread (which may be busy with another model).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ R = TypeVar("R")
 
 
 class BatchObserver(Protocol):
-    """Hooks for metrics; called on the event loop."""
+    """Hooks for metrics: `queue_depth` is called on the event loop, `batch_started` in the worker."""
 
     def queue_depth(self, depth: int) -> None: ...
 
@@ -269,25 +270,35 @@ class DynamicBatcher(Generic[T, R]):
         return chosen
 
     async def _run(self, batch: list[_Pending[T, R]]) -> None:
-        now = time.monotonic()
-        for p in batch:
-            p.started = True
         self._running, self._current = len(batch), batch
-        self._observer.batch_started(len(batch), [now - p.enqueued for p in batch])
-        self.batches += 1
-        items = [p.item for p in batch]
         try:
-            results = await asyncio.get_running_loop().run_in_executor(self._executor, self.run_batch, items)
-            if len(results) != len(batch):
-                raise RuntimeError(f"run_batch returned {len(results)} results for {len(batch)} items")
+            ran, results = await asyncio.get_running_loop().run_in_executor(self._executor, self._work, batch)
         except Exception as exc:  # a failing batch fails its own items only
             for p in batch:
                 if not p.future.done():
                     p.future.set_exception(exc)
         else:
-            for p, r in zip(batch, results, strict=True):
+            for p, r in zip(ran, results, strict=True):
                 if not p.future.done():
                     p.future.set_result(r)
+            for p in batch:  # not run: the deadline passed while the batch waited for the worker
+                if not p.future.done():
+                    p.future.set_exception(DeadlineExceeded("the request deadline passed while queued"))
         finally:
             self._running, self._current = 0, []
             self._observer.queue_depth(self.depth)
+
+    def _work(self, batch: list[_Pending[T, R]]) -> tuple[list[_Pending[T, R]], Sequence[R]]:
+        """In the worker thread: drops items that expired or were withdrawn meanwhile, runs the rest."""
+        now = time.monotonic()
+        ran = [p for p in batch if (p.deadline is None or p.deadline > now) and not p.future.cancelled()]
+        if not ran:
+            return [], []
+        for p in ran:
+            p.started = True
+        self._observer.batch_started(len(ran), [now - p.enqueued for p in ran])
+        self.batches += 1
+        results = self.run_batch([p.item for p in ran])
+        if len(results) != len(ran):
+            raise RuntimeError(f"run_batch returned {len(results)} results for {len(ran)} items")
+        return ran, results
