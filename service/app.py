@@ -1,0 +1,75 @@
+"""`create_app(settings)`: wiring only. The lifespan loads, verifies and warms up the models in the
+background, so /healthz answers at once and /readyz turns 200 only when every model is warm; on
+shutdown the batchers finish admitted work (up to SERVE_DRAIN_TIMEOUT_S).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+
+from fastapi import FastAPI
+
+from service import handlers, oip, routes
+from service.metrics import Metrics
+from service.middleware import BodyLimit, RequestContext
+from service.serving import ModelSet
+from service.settings import Settings
+from service.state import AppState
+
+log = logging.getLogger(__name__)
+
+
+def create_app(settings: Settings) -> FastAPI:
+    metrics = Metrics()
+    # One worker thread for all model work: ORT already uses every allowed core per call, so
+    # batches of different models queue here rather than fight over the cores.
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+    state = AppState(settings, metrics, ModelSet(settings, metrics, executor))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader = asyncio.create_task(start_models(state), name="load-models")
+        try:
+            yield
+        finally:
+            state.draining = True
+            if not loader.done():
+                loader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await loader
+            await state.models.close(settings.drain_timeout_s)
+            executor.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(
+        title="transformer-serve",
+        summary="Sentiment classification and English-German translation over ONNX Runtime",
+        lifespan=lifespan,
+    )
+    app.state.serve = state
+    handlers.install(app)
+    app.include_router(routes.router)
+    app.include_router(oip.router)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestContext, metrics=metrics)  # added last: outermost
+    return app
+
+
+async def start_models(state: AppState) -> None:
+    """Verify, load and warm up every model in the worker thread, then start the batchers."""
+    models = state.models
+    try:
+        await asyncio.get_running_loop().run_in_executor(models.executor, models.load)
+        models.start()
+    except Exception:
+        log.exception("loading the models failed")
+        models.problems.append("loading the models failed (see the log)")
+        models.loaded = True
+        return
+    if models.ready:
+        log.info("ready: serving %s", ", ".join(f"{m.name}/{m.version}" for m in models.models.values()))
+    else:
+        log.error("not ready: %s", "; ".join(models.not_ready_reasons()))

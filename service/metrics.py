@@ -1,0 +1,90 @@
+"""Every Prometheus object of the service, defined once. The names are a contract for dashboards.
+
+Each app gets its own `CollectorRegistry`, so tests can build several apps in one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# Millisecond latencies up to the request timeout.
+LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "inference_requests", "Inference requests answered", ["endpoint", "model", "status"], registry=r
+        )
+        self.request_duration = Histogram(
+            "inference_request_duration_seconds",
+            "Inference request latency, body read to response",
+            ["endpoint", "model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_wait = Histogram(
+            "inference_queue_wait_seconds",
+            "Time an item waited in the batcher before its batch ran",
+            ["model"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.batch_size = Histogram(
+            "inference_batch_size", "Items per executed batch", ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r
+        )
+        self.compute = Histogram(
+            "inference_compute_seconds",
+            "Model compute time per batch (stage: classify, encode, decode)",
+            ["model", "stage"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.queue_depth = Gauge("inference_queue_depth", "Items queued, not yet running", ["model"], registry=r)
+        self.generated_tokens = Counter(
+            "inference_generated_tokens",
+            "Tokens generated (returned best hypotheses, EOS included)",
+            ["model"],
+            registry=r,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def observer(self, model: str) -> BatchMetrics:
+        return BatchMetrics(self, model)
+
+
+class BatchMetrics:
+    """One model's batcher and compute metrics (a `batching.BatchObserver`)."""
+
+    def __init__(self, metrics: Metrics, model: str) -> None:
+        self._depth = metrics.queue_depth.labels(model=model)
+        self._wait = metrics.queue_wait.labels(model=model)
+        self._size = metrics.batch_size.labels(model=model)
+        self._compute = metrics.compute
+        self._tokens = metrics.generated_tokens.labels(model=model)
+        self.model = model
+        self._depth.set(0)
+
+    def queue_depth(self, depth: int) -> None:
+        self._depth.set(depth)
+
+    def batch_started(self, size: int, queue_waits: Sequence[float]) -> None:
+        self._size.observe(size)
+        for w in queue_waits:
+            self._wait.observe(w)
+
+    def compute_time(self, stage: str, seconds: float) -> None:
+        self._compute.labels(model=self.model, stage=stage).observe(seconds)
+
+    def generated(self, tokens: int) -> None:
+        self._tokens.inc(tokens)

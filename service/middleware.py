@@ -1,0 +1,171 @@
+"""ASGI middleware: request id, access log and request metrics; body size and content type.
+
+Pure ASGI (no BaseHTTPMiddleware): the route runs in the same task, and the body is checked on
+the raw stream, so a lying or missing Content-Length cannot get more than the limit through.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+import uuid
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.handlers import error_response
+from service.logs import ACCESS
+from service.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+SCOPE_KEY = "serve.request"
+REQUEST_ID_HEADER = b"x-request-id"
+_VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
+INFERENCE_ENDPOINTS = {"/predict", "/translate", "/v2/models/{name}/infer"}
+_INFER_PATH = re.compile(r"^/v2/models/[^/]+/infer$")
+_JSON_TYPE = re.compile(r"^application/([a-z0-9.+-]*\+)?json\s*(;.*)?$", re.IGNORECASE)
+
+
+@dataclass
+class RequestInfo:
+    request_id: str
+    start: float  # time.monotonic() when the request arrived
+    model: str = ""  # set by the route once the model is resolved
+
+
+def request_info(scope: Scope) -> RequestInfo:
+    info = scope.get(SCOPE_KEY)
+    return info if isinstance(info, RequestInfo) else RequestInfo(uuid.uuid4().hex, time.monotonic())
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for k, v in scope.get("headers", ()):
+        if k == name:
+            return str(v.decode("latin-1"))
+    return None
+
+
+def _endpoint(scope: Scope) -> str | None:
+    """The inference endpoint's route template, for metric labels; None for other paths."""
+    route = scope.get("route")
+    template = getattr(route, "path", None)
+    if template in INFERENCE_ENDPOINTS:
+        return str(template)
+    path = scope.get("path", "")
+    if path in INFERENCE_ENDPOINTS:
+        return str(path)
+    return "/v2/models/{name}/infer" if _INFER_PATH.match(path) else None
+
+
+class RequestContext:
+    """Outermost: request id (X-Request-ID honoured or generated, always echoed), access log,
+    request metrics, and the one 500 answer for exceptions nothing else handled (logged)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app, self.metrics = app, metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        given = _header(scope, REQUEST_ID_HEADER)
+        info = RequestInfo(given if given and _VALID_ID.match(given) else uuid.uuid4().hex, time.monotonic())
+        scope[SCOPE_KEY] = info
+        status = 0
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER, info.request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            if status == 0:
+                response = error_response(scope.get("path", ""), "internal server error", "internal_error")
+                await response(scope, receive, send_with_id)
+            status = status or 500
+        finally:
+            self._record(scope, info, status)
+
+    def _record(self, scope: Scope, info: RequestInfo, status: int) -> None:
+        duration = time.monotonic() - info.start
+        endpoint = _endpoint(scope)
+        if endpoint is not None:
+            self.metrics.requests.labels(endpoint, info.model, str(status)).inc()
+            self.metrics.request_duration.labels(endpoint, info.model).observe(duration)
+        if ACCESS.isEnabledFor(logging.INFO):
+            client = scope.get("client")
+            ACCESS.info(
+                "%s %s %d",
+                scope.get("method"),
+                scope.get("path"),
+                status,
+                extra={
+                    "fields": {
+                        "request_id": info.request_id,
+                        "method": scope.get("method"),
+                        "path": scope.get("path"),
+                        "status": status,
+                        "duration_ms": round(duration * 1000, 3),
+                        "model": info.model or None,
+                        "client": f"{client[0]}:{client[1]}" if client else None,
+                    }
+                },
+            )
+
+
+class BodyLimit:
+    """Requests with a body must be JSON and at most `max_bytes`; the body is read here, then replayed."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+            await self.app(scope, receive, send)
+            return
+        path = scope.get("path", "")
+        too_large = f"the request body exceeds {self.max_bytes} bytes"
+        declared = _header(scope, b"content-length")
+        if declared is not None:
+            if not declared.strip().isdigit():
+                await error_response(path, "invalid Content-Length header", "bad_request")(scope, receive, send)
+                return
+            if int(declared) > self.max_bytes:
+                await error_response(path, too_large, "payload_too_large")(scope, receive, send)
+                return
+        content_type = _header(scope, b"content-type") or ""
+        if not _JSON_TYPE.match(content_type.strip()):
+            wrong_type = "Content-Type must be application/json"
+            await error_response(path, wrong_type, "unsupported_media_type")(scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                await error_response(path, too_large, "payload_too_large")(scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)

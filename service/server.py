@@ -1,0 +1,81 @@
+"""Running the app under uvicorn, with a graceful SIGTERM.
+
+SIGTERM: /readyz and new requests answer 503 at once; after SERVE_DRAIN_GRACE_S (time for a load
+balancer to notice) the server waits up to SERVE_DRAIN_TIMEOUT_S for admitted work to finish,
+then shuts down (lifespan: batchers closed) and the process exits 0. A second SIGTERM or a
+SIGINT takes uvicorn's usual path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+import time
+from types import FrameType
+
+import uvicorn
+from fastapi import FastAPI
+
+from service import logs
+from service.app import create_app
+from service.settings import Settings, unknown_variables
+from service.state import AppState
+
+log = logging.getLogger(__name__)
+
+
+class DrainingServer(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, state: AppState) -> None:
+        super().__init__(config)
+        self.state = state
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._drain: asyncio.Task[None] | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and not self.state.draining and self._loop is not None and not self.should_exit:
+            self.state.draining = True  # not re-raised after shutdown: the exit code stays 0
+            self._loop.call_soon_threadsafe(self._start_drain)
+            return
+        super().handle_exit(sig, frame)
+
+    def _start_drain(self) -> None:
+        self._drain = asyncio.create_task(self.drain(), name="drain")
+
+    async def drain(self) -> None:
+        s = self.state.settings
+        log.info("SIGTERM: not ready; draining for up to %.1f s after %.1f s grace", s.drain_timeout_s, s.drain_grace_s)
+        await asyncio.sleep(s.drain_grace_s)
+        deadline = time.monotonic() + s.drain_timeout_s
+        while self.state.models.in_flight and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        if self.state.models.in_flight:
+            log.warning("drain timeout: %d items still admitted", self.state.models.in_flight)
+        self.should_exit = True
+
+
+def serve(settings: Settings) -> int:
+    logs.setup(settings.log_level)
+    for name in unknown_variables(os.environ):
+        log.warning("environment variable %s names no setting; ignored", name)
+    app: FastAPI = create_app(settings)
+    config = uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        log_level=settings.log_level,
+        access_log=False,  # service.access logs every request as JSON with its request id
+        lifespan="on",
+        timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
+        server_header=False,
+    )
+    server = DrainingServer(config, app.state.serve)
+    server.run()
+    return 0 if server.started else 1

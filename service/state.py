@@ -1,0 +1,49 @@
+"""What the routes share: settings, metrics, the served models and the draining flag."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import Request
+
+from service.errors import ShuttingDown
+from service.metrics import Metrics
+from service.middleware import request_info
+from service.serving import ModelSet
+from service.settings import Settings
+
+
+@dataclass
+class AppState:
+    settings: Settings
+    metrics: Metrics
+    models: ModelSet
+    draining: bool = False  # set on shutdown (SIGTERM): /readyz and new requests answer 503
+
+    @property
+    def ready(self) -> bool:
+        return not self.draining and self.models.ready
+
+    def not_ready_reason(self) -> str:
+        if self.draining:
+            return "the service is shutting down"
+        return "not ready: " + "; ".join(self.models.not_ready_reasons() or ["starting"])
+
+
+def get_state(request: Request) -> AppState:
+    state = request.app.state.serve
+    assert isinstance(state, AppState)
+    return state
+
+
+def admit(request: Request) -> tuple[AppState, float]:
+    """The app state and this request's deadline; 503 while draining."""
+    state = get_state(request)
+    if state.draining:
+        raise ShuttingDown("the service is shutting down; retry on another instance")
+    info = request_info(request.scope)
+    return state, info.start + state.settings.request_timeout_s
+
+
+def set_model(request: Request, name: str) -> None:
+    request_info(request.scope).model = name

@@ -1,0 +1,479 @@
+"""The HTTP service in-process (httpx.ASGITransport + the app's lifespan) over the tiny models."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi import FastAPI
+
+from service import registry
+from service.app import create_app
+from service.decoding import DecodeParams
+from service.engine import ClassifierEngine, LoadOptions, TranslatorEngine, load_engine
+from service.settings import Settings
+from service.state import AppState
+from tests.conftest import sentences
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def settings(store: Path, **kw: Any) -> Settings:
+    base: dict[str, Any] = {"model_store": store, "threads": 1, "max_wait_ms": 2}
+    return Settings(**(base | kw))
+
+
+@contextlib.asynccontextmanager
+async def serving(app: FastAPI, ready: bool = True) -> AsyncIterator[httpx.AsyncClient]:
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as client:
+            if ready:
+                await wait_ready(client)
+            yield client
+
+
+async def wait_ready(client: httpx.AsyncClient, timeout: float = 30) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while (r := await client.get("/readyz")).status_code != 200:
+        assert loop.time() < end, r.text
+        await asyncio.sleep(0.02)
+
+
+def state_of(app: FastAPI) -> AppState:
+    return app.state.serve  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="module")
+async def app(tiny_store: Path) -> AsyncIterator[FastAPI]:
+    application = create_app(settings(tiny_store, max_wait_ms=20))
+    async with serving(application):
+        yield application
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=30) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_store: Path) -> tuple[ClassifierEngine, TranslatorEngine]:
+    entries = registry.newest(registry.scan(tiny_store))
+    clf = load_engine(entries["tiny-clf"], LoadOptions(threads=1))
+    mt = load_engine(entries["tiny-mt"], LoadOptions(threads=1))
+    assert isinstance(clf, ClassifierEngine) and isinstance(mt, TranslatorEngine)
+    return clf, mt
+
+
+def error_of(r: httpx.Response, status: int, kind: str, *fragments: str) -> str:
+    assert r.status_code == status, r.text
+    body = r.json()
+    assert set(body) == {"error", "type"} and body["type"] == kind, body
+    for f in fragments:
+        assert f in body["error"], body
+    return str(body["error"])
+
+
+# -- the contract -----------------------------------------------------------------------------
+
+
+async def test_predict_equals_the_engine_in_input_order(client: httpx.AsyncClient, engines: Any) -> None:
+    clf, _ = engines
+    texts = sentences(7, seed=31) + ["", "🙂 مرحبا \u202e\x07 tab\there"]
+    r = await client.post("/predict", json={"texts": texts})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == "tiny-clf" and body["version"] == 1
+    ref = clf.predict(texts)
+    assert [p["label"] for p in body["predictions"]] == [p.label for p in ref]
+    for got, want in zip(body["predictions"], ref, strict=True):
+        assert got["score"] == pytest.approx(want.score, abs=1e-5)
+        assert got["scores"] == pytest.approx(want.scores, abs=1e-5)
+        assert set(got["scores"]) == {"negative", "neutral", "positive"}
+
+
+async def test_translate_equals_the_engine(client: httpx.AsyncClient, engines: Any) -> None:
+    _, mt = engines
+    texts = sentences(5, seed=32)
+    for decode in (
+        {"decode": "greedy", "max_new_tokens": 12},
+        {"beam_size": 3, "num_hypotheses": 2, "length_penalty": 0.5, "return_scores": True},
+    ):
+        r = await client.post("/translate", json={"texts": texts, **decode})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["model"] == "tiny-mt" and body["version"] == 1
+        params = DecodeParams(
+            beam_size=int(decode.get("beam_size", 1)),
+            max_new_tokens=int(decode.get("max_new_tokens", 24)),
+            length_penalty=float(decode.get("length_penalty", 1.0)),
+            num_hypotheses=int(decode.get("num_hypotheses", 1)),
+        )
+        ref = mt.translate(texts, params)
+        for got, want in zip(body["translations"], ref, strict=True):
+            assert got["text"] == want[0].text
+            if decode.get("return_scores"):
+                assert got["score"] == pytest.approx(want[0].score, abs=1e-5)
+                assert [h["text"] for h in got["hypotheses"]] == [w.text for w in want]
+            else:
+                assert set(got) == {"text"}
+
+
+async def test_beam_size_one_is_exactly_greedy(client: httpx.AsyncClient) -> None:
+    texts = sentences(6, seed=33)
+    a = await client.post("/translate", json={"texts": texts, "beam_size": 1, "return_scores": True})
+    b = await client.post("/translate", json={"texts": texts, "decode": "greedy", "return_scores": True})
+    assert a.status_code == b.status_code == 200
+    assert a.json()["translations"] == b.json()["translations"]
+
+
+async def test_mixed_decode_requests_batch_correctly(client: httpx.AsyncClient, engines: Any) -> None:
+    _, mt = engines
+    texts = sentences(12, seed=34)
+    variants = [{"decode": "greedy"}, {"beam_size": 2}, {"beam_size": 4, "max_new_tokens": 5}]
+    calls = [client.post("/translate", json={"texts": [t], **variants[i % 3]}) for i, t in enumerate(texts)]
+    responses = await asyncio.gather(*calls)
+    for i, (t, r) in enumerate(zip(texts, responses, strict=True)):
+        v = variants[i % 3]
+        params = DecodeParams(v.get("beam_size", 1), v.get("max_new_tokens", 24))
+        assert r.status_code == 200 and r.json()["translations"][0]["text"] == mt.translate([t], params)[0][0].text
+
+
+async def test_concurrent_requests_share_batches(app: FastAPI, client: httpx.AsyncClient) -> None:
+    batcher = state_of(app).models.models["tiny-clf"].batcher
+    assert batcher is not None
+    before = batcher.batches
+    texts = sentences(16, seed=35)
+    responses = await asyncio.gather(*(client.post("/predict", json={"texts": [t]}) for t in texts))
+    assert all(r.status_code == 200 for r in responses)
+    assert batcher.batches - before < 16
+    metrics = (await client.get("/metrics")).text
+    count = _sample(metrics, 'inference_batch_size_count{model="tiny-clf"}')
+    total = _sample(metrics, 'inference_batch_size_sum{model="tiny-clf"}')
+    assert total / count > 1
+
+
+def _sample(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in metrics")
+
+
+async def test_models_health_and_metrics(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["models"] == ["tiny-clf", "tiny-mt"]
+    models = {m["name"]: m for m in (await client.get("/v1/models")).json()["models"]}
+    assert models["tiny-clf"]["labels"] == ["negative", "neutral", "positive"]
+    assert models["tiny-clf"]["task"] == "classification" and models["tiny-clf"]["status"] == "ready"
+    assert models["tiny-mt"]["max_source_tokens"] == 23 and models["tiny-mt"]["max_new_tokens"] == 24
+    await client.post("/translate", json={"texts": ["The cat."]})
+    r = await client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    for name in (
+        'inference_requests_total{endpoint="/translate",model="tiny-mt",status="200"}',
+        'inference_request_duration_seconds_bucket{endpoint="/predict",le="0.001",model="tiny-clf"}',
+        'inference_queue_wait_seconds_count{model="tiny-mt"}',
+        'inference_batch_size_count{model="tiny-mt"}',
+        'inference_compute_seconds_count{model="tiny-mt",stage="encode"}',
+        'inference_compute_seconds_count{model="tiny-mt",stage="decode"}',
+        'inference_compute_seconds_count{model="tiny-clf",stage="classify"}',
+        'inference_queue_depth{model="tiny-mt"}',
+        'inference_generated_tokens_total{model="tiny-mt"}',
+    ):
+        assert name in r.text, name
+
+
+async def test_request_id_is_honoured_or_generated(client: httpx.AsyncClient) -> None:
+    r = await client.get("/healthz", headers={"X-Request-ID": "abc-123"})
+    assert r.headers["x-request-id"] == "abc-123"
+    r = await client.post("/predict", json={"texts": []}, headers={"X-Request-ID": "bad id\twith space"})
+    assert r.status_code == 422 and len(r.headers["x-request-id"]) == 32
+
+
+# -- errors -----------------------------------------------------------------------------------
+
+
+async def test_invalid_fields_name_the_field_and_range(client: httpx.AsyncClient) -> None:
+    t = ["The cat."]
+    error_of(
+        await client.post("/translate", json={"texts": t, "beam_size": 9}), 422, "invalid_input", "beam_size", "1 to 8"
+    )
+    error_of(
+        await client.post("/translate", json={"texts": t, "beam_size": 2, "num_hypotheses": 3}),
+        422,
+        "invalid_input",
+        "num_hypotheses",
+    )
+    error_of(
+        await client.post("/translate", json={"texts": t, "max_new_tokens": 25}),
+        422,
+        "invalid_input",
+        "max_new_tokens",
+        "24",
+    )
+    error_of(await client.post("/translate", json={"texts": t, "max_new_tokens": 0}), 422, "invalid_input", "1 to 256")
+    error_of(
+        await client.post("/translate", json={"texts": t, "length_penalty": 2.5}),
+        422,
+        "invalid_input",
+        "length_penalty",
+    )
+    error_of(await client.post("/translate", json={"texts": t, "decode": "sample"}), 422, "invalid_input", "decode")
+    error_of(
+        await client.post("/translate", json={"texts": t, "decode": "greedy", "beam_size": 3}),
+        422,
+        "invalid_input",
+        "greedy",
+    )
+    error_of(await client.post("/translate", json={"texts": t, "beam_size": "4"}), 422, "invalid_input", "beam_size")
+    error_of(await client.post("/predict", json={"texts": []}), 422, "invalid_input", "texts")
+    error_of(await client.post("/predict", json={"texts": [1]}), 422, "invalid_input", "texts[0]")
+    error_of(await client.post("/predict", json={"texts": t, "beam": 1}), 422, "invalid_input", "beam")
+    error_of(await client.post("/predict", json={"texts": t, "model": "tiny-mt"}), 422, "invalid_input", "translation")
+    error_of(await client.post("/predict", json=[1, 2]), 422, "invalid_input", "JSON object")
+
+
+async def test_limits_say_the_limit(client: httpx.AsyncClient) -> None:
+    error_of(await client.post("/translate", json={"texts": ["cat " * 40]}), 413, "input_too_long", "at most 23")
+    error_of(await client.post("/predict", json={"texts": ["x" * 2001]}), 413, "input_too_long", "2000")
+    error_of(await client.post("/predict", json={"texts": ["a"] * 65}), 413, "payload_too_large", "64")
+    big = json.dumps({"texts": ["a" * 1000] * 1100}).encode()
+    error_of(
+        await client.post("/predict", content=big, headers={"content-type": "application/json"}),
+        413,
+        "payload_too_large",
+        "1048576",
+    )
+    # a Content-Length that lies, and no Content-Length at all (chunked): the stream is counted
+
+    async def chunks() -> AsyncIterator[bytes]:
+        for i in range(0, len(big), 65536):
+            yield big[i : i + 65536]
+
+    error_of(
+        await client.post("/predict", content=chunks(), headers={"content-type": "application/json"}),
+        413,
+        "payload_too_large",
+    )
+    lying = {"content-type": "application/json", "content-length": "10"}
+    error_of(await client.post("/predict", content=big, headers=lying), 413, "payload_too_large")
+
+
+async def test_bad_requests_are_4xx_and_the_service_keeps_serving(client: httpx.AsyncClient) -> None:
+    post = client.post
+    error_of(
+        await post("/predict", content=b'{"texts": ["a"', headers={"content-type": "application/json"}),
+        400,
+        "invalid_json",
+    )
+    error_of(
+        await post("/predict", content=b'{"texts": ["\xff"]}', headers={"content-type": "application/json"}),
+        400,
+        "bad_request",
+    )
+    error_of(
+        await post("/predict", content=b"texts=a", headers={"content-type": "text/plain"}),
+        415,
+        "unsupported_media_type",
+    )
+    error_of(await post("/predict", content=b""), 415, "unsupported_media_type")
+    error_of(await post("/predict", content=b"", headers={"content-type": "application/json"}), 422, "invalid_input")
+    nan = b'{"texts": ["a"], "length_penalty": NaN}'
+    error_of(
+        await post("/translate", content=nan, headers={"content-type": "application/json"}),
+        422,
+        "invalid_input",
+        "length_penalty",
+    )
+    inf = b'{"texts": ["a"], "beam_size": Infinity}'
+    error_of(await post("/translate", content=inf, headers={"content-type": "application/json"}), 422, "invalid_input")
+    surrogate = b'{"texts": ["ok", "bad \\ud800 text"]}'
+    error_of(
+        await post("/predict", content=surrogate, headers={"content-type": "application/json"}),
+        422,
+        "invalid_input",
+        "texts[1]",
+    )
+    error_of(await post("/predict", json={"texts": ["a"], "model": "nope"}), 404, "model_not_found", "nope")
+    error_of(await client.get("/no/such/path"), 404, "not_found")
+    error_of(await client.get("/predict"), 405, "method_not_allowed")
+    assert (await post("/predict", json={"texts": ["still fine"]})).status_code == 200
+
+
+# -- Open Inference Protocol v2 ------------------------------------------------------------------
+
+
+async def test_oip_metadata_and_health(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/v2")).json()["name"] == "transformer-serve"
+    assert (await client.get("/v2/health/live")).json() == {"live": True}
+    assert (await client.get("/v2/health/ready")).json() == {"ready": True}
+    assert (await client.get("/v2/models/tiny-mt/ready")).json() == {"name": "tiny-mt", "ready": True}
+    meta = (await client.get("/v2/models/tiny-clf")).json()
+    assert meta["versions"] == ["1"] and meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    assert [o["name"] for o in meta["outputs"]] == ["label", "probabilities"] and meta["outputs"][1]["shape"] == [-1, 3]
+    r = await client.get("/v2/models/nope")
+    assert r.status_code == 404 and set(r.json()) == {"error"}
+
+
+async def test_oip_infer_shapes_and_values(client: httpx.AsyncClient, engines: Any) -> None:
+    clf, mt = engines
+    texts = sentences(3, seed=36)
+    req = {"id": "r1", "inputs": [{"name": "text", "datatype": "BYTES", "shape": [3], "data": texts}]}
+    r = await client.post("/v2/models/tiny-clf/infer", json=req)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model_name"] == "tiny-clf" and body["model_version"] == "1" and body["id"] == "r1"
+    out = {o["name"]: o for o in body["outputs"]}
+    assert out["label"]["datatype"] == "BYTES" and out["label"]["shape"] == [3]
+    assert out["probabilities"]["datatype"] == "FP32" and out["probabilities"]["shape"] == [3, 3]
+    probs = np.array(out["probabilities"]["data"]).reshape(3, 3)
+    ref = clf.classify_ids(clf.encode(texts))
+    assert np.abs(probs - ref).max() < 1e-5
+    assert out["label"]["data"] == [clf.labels[i] for i in ref.argmax(1)]
+
+    req = {
+        "inputs": [{"name": "text", "datatype": "BYTES", "shape": [3, 1], "data": [[t] for t in texts]}],
+        "parameters": {"beam_size": 2, "max_new_tokens": 8, "content_type": "str"},
+    }
+    r = await client.post("/v2/models/tiny-mt/infer", json=req)
+    assert r.status_code == 200, r.text
+    (tr,) = r.json()["outputs"]
+    assert tr["name"] == "translation" and tr["datatype"] == "BYTES" and tr["shape"] == [3]
+    assert tr["data"] == [h[0].text for h in mt.translate(texts, DecodeParams(beam_size=2, max_new_tokens=8))]
+
+
+async def test_oip_errors_are_protocol_shaped(client: httpx.AsyncClient) -> None:
+    def tensor(**kw: Any) -> dict[str, Any]:
+        return {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]} | kw]}
+
+    cases = [
+        ("/v2/models/tiny-clf/infer", tensor(name="input"), 422, "text"),
+        ("/v2/models/tiny-clf/infer", tensor(datatype="FP32"), 422, "BYTES"),
+        ("/v2/models/tiny-clf/infer", tensor(shape=[2]), 422, "shape"),
+        ("/v2/models/tiny-clf/infer", tensor(data=[1]), 422, "strings"),
+        ("/v2/models/tiny-clf/infer", {"inputs": []}, 422, "inputs"),
+        ("/v2/models/tiny-mt/infer", tensor() | {"parameters": {"beam_size": 99}}, 422, "parameters.beam_size"),
+        ("/v2/models/tiny-clf/infer", tensor() | {"outputs": [{"name": "nope"}]}, 422, "nope"),
+        ("/v2/models/nope/infer", tensor(), 404, "nope"),
+    ]
+    for path, body, status, fragment in cases:
+        r = await client.post(path, json=body)
+        assert r.status_code == status, (body, r.text)
+        assert set(r.json()) == {"error"} and fragment in r.json()["error"], r.text
+    r = await client.post("/v2/models/tiny-clf/infer", content=b"{", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and set(r.json()) == {"error"}
+
+
+# -- queue, deadline, readiness ------------------------------------------------------------------
+
+
+def block_worker(app: FastAPI) -> threading.Event:
+    """Occupies the single model worker thread until the returned event is set."""
+    gate = threading.Event()
+    state_of(app).models.executor.submit(gate.wait, 20)
+    return gate
+
+
+async def test_queue_full_answers_429_with_retry_after(tiny_store: Path) -> None:
+    application = create_app(settings(tiny_store, max_queue=4, max_texts=4, max_wait_ms=0))
+    async with serving(application) as client:
+        gate = block_worker(application)
+        try:
+            first = asyncio.ensure_future(client.post("/predict", json={"texts": ["a"]}))  # runs: blocked
+            await asyncio.sleep(0.1)
+            queued = asyncio.ensure_future(client.post("/predict", json={"texts": ["b", "c", "d"]}))
+            await asyncio.sleep(0.1)
+            r = await client.post("/predict", json={"texts": ["e", "f"]})
+            error_of(r, 429, "queue_full", "4")
+            assert r.headers["retry-after"] == "1"
+        finally:
+            gate.set()
+        assert (await first).status_code == 200 and (await queued).status_code == 200
+        assert (await client.post("/predict", json={"texts": ["e", "f"]})).status_code == 200
+
+
+async def test_deadline_answers_504_and_the_item_never_runs(tiny_store: Path) -> None:
+    application = create_app(settings(tiny_store, request_timeout_s=0.2, max_wait_ms=0))
+    async with serving(application) as client:
+        batcher = state_of(application).models.models["tiny-mt"].batcher
+        assert batcher is not None
+        gate = block_worker(application)
+        try:
+            before = batcher.batches
+            r = await client.post("/translate", json={"texts": ["The cat."]})
+            error_of(r, 504, "deadline_exceeded", "deadline")
+        finally:
+            gate.set()
+        ok = await client.post("/translate", json={"texts": ["The dog."]})
+        assert ok.status_code == 200
+        assert batcher.batches == before + 1  # only the second request ran
+
+
+async def test_not_ready_until_warm_up_ends(tiny_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = threading.Event()
+    warmup = TranslatorEngine.warmup
+
+    def slow_warmup(self: TranslatorEngine) -> None:
+        gate.wait(20)
+        warmup(self)
+
+    monkeypatch.setattr(TranslatorEngine, "warmup", slow_warmup)
+    application = create_app(settings(tiny_store))
+    async with serving(application, ready=False) as client:
+        try:
+            assert (await client.get("/healthz")).status_code == 200
+            error_of(await client.get("/readyz"), 503, "not_ready", "loading")
+            assert (await client.get("/v2/health/ready")).status_code == 503
+            error_of(await client.post("/translate", json={"texts": ["a"]}), 503, "not_ready")
+        finally:
+            gate.set()
+        await wait_ready(client)
+        assert (await client.post("/translate", json={"texts": ["a"]})).status_code == 200
+
+
+async def test_corrupted_store_is_never_ready(tiny_store: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(tiny_store, store)
+    onnx = store / "tiny-mt" / "1" / "decoder.onnx"
+    data = bytearray(onnx.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    onnx.write_bytes(bytes(data))
+    application = create_app(settings(store))
+    async with serving(application, ready=False) as client:
+        for _ in range(200):
+            if state_of(application).models.loaded:
+                break
+            await asyncio.sleep(0.02)
+        error_of(await client.get("/readyz"), 503, "not_ready", "tiny-mt", "decoder.onnx", "sha256")
+        models = {m["name"]: m for m in (await client.get("/v1/models")).json()["models"]}
+        assert models["tiny-mt"]["status"] == "failed" and models["tiny-clf"]["status"] == "ready"
+        error_of(await client.post("/translate", json={"texts": ["a"]}), 503, "not_ready", "failed")
+        assert (await client.post("/predict", json={"texts": ["a"]})).status_code == 200
+
+
+async def test_draining_turns_readiness_and_new_requests_to_503(tiny_store: Path) -> None:
+    application = create_app(settings(tiny_store))
+    async with serving(application) as client:
+        state_of(application).draining = True
+        error_of(await client.get("/readyz"), 503, "shutting_down")
+        error_of(await client.post("/predict", json={"texts": ["a"]}), 503, "shutting_down")
+        assert (await client.get("/healthz")).status_code == 200
