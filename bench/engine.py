@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -53,13 +54,17 @@ from export.model import (
     greedy_cached,
     padding_bias,
 )
-from export.onnx import OPSET, export_graphs, kv_names, make_int8
-from service import runtime
+from export.onnx import OPSET, export_model, kv_names
+from export.tokenizer import train_bpe
+from service import registry, runtime
 from service.decoding import DecodeParams, beam_search, greedy
+from service.engine import ClassifierEngine, LoadOptions, TranslatorEngine, load_engine
+from service.registry import StoreEntry
 
-TOOLS = ("ours", "ct2", "hf", "torch", "uncached", "classifier", "matmul")
+TOOLS = ("ours", "ours-int8", "ct2", "ct2-int8", "hf", "torch", "uncached", "classifier", "matmul")
 NEVER = -1  # an EOS id no step can produce: every tool generates exactly `new_tokens`
 BOS = 1
+WORDS = "the a cat dog house tree red blue small big runs sleeps sees file open save close window".split()
 
 
 @dataclass(frozen=True)
@@ -141,11 +146,31 @@ def our_translator(s: Shape) -> Translator:
         n_layers=s.enc_layers,
         n_dec_layers=s.dec_layers,
         dropout=0.0,
-        max_len=256,
+        max_len=max(64, s.src_len + s.new_tokens + 2),  # a short position table keeps the export's parity check quick
         bos_id=BOS,
-        eos_id=NEVER,
+        eos_id=2,  # the export appends it to every source; the bench sets NEVER after publishing
     )
     return Translator(cfg).eval()
+
+
+def publish(model: Classifier | Translator, store: Path, name: str) -> StoreEntry:
+    """The serving path: export_model (validated fp32 + int8 version folder), then the registry's entry."""
+    texts = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(3 + i % 6)) for i in range(8)]
+    tok = train_bpe(texts * 20, vocab_size=64)
+    labels = ["negative", "neutral", "positive"] if isinstance(model, Classifier) else []
+    export_model(
+        model,
+        tok,
+        store,
+        name,
+        1,
+        variants=("fp32", "int8"),
+        validation_texts=texts,
+        labels=labels,
+        min_parity_sentences=len(texts),
+        log=lambda _: None,
+    )
+    return registry.newest(registry.scan(store))[name]
 
 
 class FullDecoderGraph(nn.Module):
@@ -221,7 +246,7 @@ class UncachedStep:
 def decode_ours(
     encode: Callable[[np.ndarray, np.ndarray], object], step: Callable, ids: np.ndarray, beam: int, new: int
 ) -> list[tuple[int, ...]]:
-    """What TranslatorEngine.translate_ids does, with an EOS id that never occurs."""
+    """What TranslatorEngine.translate_ids does, for a step function of the bench's own (uncached)."""
     mask = np.ones_like(ids)
     state = encode(ids, mask)
     limits = [new] * ids.shape[0]
@@ -229,6 +254,11 @@ def decode_ours(
         return [h.tokens for h in greedy(step, state, BOS, NEVER, limits)]
     params = DecodeParams(beam_size=beam, max_new_tokens=new)
     return [h[0].tokens for h in beam_search(step, state, BOS, NEVER, params, limits)]
+
+
+def translate_engine(engine: TranslatorEngine, seqs: list[list[int]], beam: int, new: int) -> list[tuple[int, ...]]:
+    """The served path: TranslatorEngine.translate_ids (its EOS id set to one no step can produce)."""
+    return [h[0].tokens for h in engine.translate_ids(seqs, DecodeParams(beam_size=beam, max_new_tokens=new))]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,26 +421,39 @@ class Bench:
     def cases(self) -> list[tuple[int, int]]:
         return [(beam, b) for beam in self.beams for b in self.batches]
 
+    def load(self, entry: StoreEntry, variant: str) -> ClassifierEngine | TranslatorEngine:
+        return load_engine(entry, LoadOptions(providers=("cpu",), threads=self.threads, variant=variant))
+
     def ours(self, tools: set[str]) -> float:
-        """This engine cached and uncached, and our model in PyTorch eager; returns greedy parity."""
+        """This engine (fp32, int8) cached and uncached, and our model in PyTorch eager; returns greedy parity."""
         s = self.s
         model = our_translator(s)
-        export_graphs(model, self.tmp)
+        entry = publish(model, self.tmp / "store", "bench-mt")
+        model.config.eos_id = NEVER  # greedy_cached: exactly new_tokens for every sentence
+        engines = {}
+        for tool, variant in (("ours", "fp32"), ("ours-int8", "int8")):
+            engine = self.load(entry, variant)
+            assert isinstance(engine, TranslatorEngine)
+            engine.eos_id = NEVER  # exactly new_tokens for every sentence
+            engines[tool] = engine
+        folder = entry.folder
         export_full_decoder(model, self.tmp / "decoder_full.onnx")
-        enc = self.session(self.tmp / "encoder.onnx")
-        rt = runtime.TranslatorRuntime(enc, self.session(self.tmp / "decoder.onnx"), s.dec_layers)
-        unc = UncachedStep(enc, self.session(self.tmp / "decoder_full.onnx"), s.dec_layers)
-        # sanity: our engine and PyTorch eager decode the same model to the same greedy tokens
+        unc = UncachedStep(
+            self.session(folder / "encoder.onnx"), self.session(self.tmp / "decoder_full.onnx"), s.dec_layers
+        )
+        # sanity: the engine and PyTorch eager decode the same model to the same greedy tokens
         ids = self.inputs[max(self.batches)]
-        mine = decode_ours(rt.encode, rt.step, ids, 1, s.new_tokens)
+        mine = translate_engine(engines["ours"], ids.tolist(), 1, s.new_tokens)
         ref = greedy_cached(model, torch.from_numpy(ids), torch.ones_like(torch.from_numpy(ids)), s.new_tokens)
         parity = sum(list(a) == b for a, b in zip(mine, ref, strict=True)) / len(ref)
         print(f"greedy parity, this engine vs PyTorch: {parity:.0%} of {len(ref)} sentences identical")
         for beam, b in self.cases():
             ids = self.inputs[b]
+            seqs = ids.tolist()
             t_ids, t_mask = torch.from_numpy(ids), torch.ones((b, s.src_len), dtype=torch.long)
-            if "ours" in tools:
-                self.record("ours", b, beam, partial(decode_ours, rt.encode, rt.step, ids, beam, s.new_tokens))
+            for tool, engine in engines.items():
+                if tool in tools:
+                    self.record(tool, b, beam, partial(translate_engine, engine, seqs, beam, s.new_tokens))
             if "uncached" in tools:
                 self.record("uncached", b, beam, partial(decode_ours, unc.encode, unc.step, ids, beam, s.new_tokens))
             if "torch" in tools:
@@ -426,15 +469,22 @@ class Bench:
         model = marian_model(s)
         model.save_pretrained(self.tmp / "marian")
         vocab = stand_in_vocab(s)
-        if "ct2" in tools:
+        translators = {}
+        if tools & {"ct2", "ct2-int8"}:
             import ctranslate2
 
             convert_ct2(self.tmp / "marian", self.tmp / "ct2", s)
-            translator = ctranslate2.Translator(
-                str(self.tmp / "ct2"), device="cpu", compute_type="float32", inter_threads=1, intra_threads=self.threads
-            )
+            for tool, compute in (("ct2", "float32"), ("ct2-int8", "int8")):
+                if tool in tools:
+                    translators[tool] = ctranslate2.Translator(
+                        str(self.tmp / "ct2"),
+                        device="cpu",
+                        compute_type=compute,
+                        inter_threads=1,
+                        intra_threads=self.threads,
+                    )
 
-        def ct2(src: list[list[str]], beam: int) -> list[list[str]]:
+        def ct2(translator: Any, src: list[list[str]], beam: int) -> list[list[str]]:
             res = translator.translate_batch(
                 src,
                 beam_size=beam,
@@ -460,8 +510,10 @@ class Bench:
 
         for beam, b in self.cases():
             ids = self.inputs[b]
-            if "ct2" in tools:
-                self.record("ct2", b, beam, partial(ct2, [[vocab[i] for i in row] for row in ids.tolist()], beam))
+            for tool, translator in translators.items():
+                self.record(
+                    tool, b, beam, partial(ct2, translator, [[vocab[i] for i in row] for row in ids.tolist()], beam)
+                )
             if "hf" in tools:
                 t_ids, t_mask = torch.from_numpy(ids), torch.ones((b, s.src_len), dtype=torch.long)
                 self.record("hf", b, beam, partial(hf, t_ids, t_mask, beam))
@@ -474,18 +526,16 @@ class Bench:
             vocab_size=s.vocab, d_model=s.d_model, n_heads=s.heads, d_ff=s.ffn, n_layers=s.enc_layers, dropout=0.0
         )
         clf = Classifier(cfg).eval()
-        folder = self.tmp / "clf"
-        folder.mkdir()
-        export_graphs(clf, folder)
-        make_int8(folder / "model.onnx", folder / "model.int8.onnx")
-        fp32, int8 = self.session(folder / "model.onnx"), self.session(folder / "model.int8.onnx")
+        entry = publish(clf, self.tmp / "store", "bench-clf")
+        fp32, int8 = self.load(entry, "fp32"), self.load(entry, "int8")
+        assert isinstance(fp32, ClassifierEngine) and isinstance(int8, ClassifierEngine)
         eager = torch.inference_mode()(clf)
         for b in self.batches:
             ids = self.clf_inputs[b]
             mask = np.ones_like(ids)
             fns: dict[str, Callable[[], object]] = {
-                "ort-fp32": partial(runtime.run_classifier, fp32, ids, mask),
-                "ort-int8": partial(runtime.run_classifier, int8, ids, mask),
+                "ort-fp32": partial(runtime.run_classifier, fp32.session, ids, mask),
+                "ort-int8": partial(runtime.run_classifier, int8.session, ids, mask),
                 "torch": partial(eager, torch.from_numpy(ids), torch.from_numpy(mask)),
             }
             for name, fn in fns.items():
@@ -519,9 +569,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "contention_start": contention(),
     }
     print(f"translation: {s.src_len} source tokens, {s.new_tokens} new tokens, {args.threads} threads")
-    if tools & {"ours", "uncached", "torch"}:
+    if tools & {"ours", "ours-int8", "uncached", "torch"}:
         results["parity_ours_vs_torch"] = bench.ours(tools)
-    if tools & {"ct2", "hf"}:
+    if tools & {"ct2", "ct2-int8", "hf"}:
         bench.marian(tools)
     if "classifier" in tools:
         bench.classifier()
@@ -572,18 +622,21 @@ def markdown(results: dict[str, object]) -> str:
     rows: list[dict] = results["translation"]  # type: ignore[assignment]
     by = {(r["tool"], r["batch"], r["beam"]): r for r in rows}
     cases = sorted({(r["beam"], r["batch"]) for r in rows})
-    tools = [t for t in ("ours", "ct2", "hf", "torch", "uncached") if any(r["tool"] == t for r in rows)]
     names = {
-        "ours": "this engine (ORT, cached)",
+        "ours": "this engine fp32 (ORT, cached)",
         "ct2": "CTranslate2 fp32",
-        "hf": "HF transformers generate",
-        "torch": "PyTorch eager (cached)",
-        "uncached": "this engine, uncached graph",
+        "hf": "HF transformers generate fp32",
+        "torch": "PyTorch eager fp32 (cached)",
+        "uncached": "this engine fp32, uncached graph",
+        "ours-int8": "this engine int8 (dynamic, MatMul weights)",
+        "ct2-int8": "CTranslate2 int8",
     }
+    tools = [t for t in names if any(r["tool"] == t for r in rows)]
     peak = max((results.get("matmul_gflops") or {0: 0.0}).values())  # type: ignore[union-attr]
     head = [f"{'greedy' if beam == 1 else f'beam {beam}'}, batch {b}" for beam, b in cases]
     out = [
-        f"Tokens/s (output tokens of the best hypothesis; ×CTranslate2 in brackets); {s.src_len} source and "
+        f"Tokens/s (output tokens of the best hypothesis; ×CTranslate2 of the same precision in brackets); "
+        f"{s.src_len} source and "
         f"{s.new_tokens} new tokens per sentence, {results['threads']} threads, {results['machine']['cpu']}.",  # type: ignore[index]
         "",
         "| tool | " + " | ".join(head) + " |",
@@ -592,11 +645,12 @@ def markdown(results: dict[str, object]) -> str:
     for t in tools:
         cells = []
         for beam, b in cases:
-            r, ref = by.get((t, b, beam)), by.get(("ct2", b, beam))
+            base = "ct2-int8" if t.endswith("int8") else "ct2"  # ratios against CTranslate2 at the same precision
+            r, ref = by.get((t, b, beam)), by.get((base, b, beam))
             if r is None:
                 cells.append("–")
                 continue
-            ratio = f" ({r['tokens_per_s'] / ref['tokens_per_s']:.2f}×)" if ref and t != "ct2" else ""
+            ratio = f" ({r['tokens_per_s'] / ref['tokens_per_s']:.2f}×)" if ref and t != base else ""
             cells.append(f"{r['tokens_per_s']:,.0f}{ratio}")
         out.append(f"| {names[t]} | " + " | ".join(cells) + " |")
     if peak:
