@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from service.decoding import MAX_BEAM_SIZE, DecodeParams
 from service.errors import InputTooLong, InvalidInput, PayloadTooLarge
@@ -150,8 +150,16 @@ class OipRequestedOutput(Request):
     parameters: dict[str, Any] | None = None
 
 
+def _valid_unicode(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not valid Unicode (a lone surrogate)") from None
+    return value
+
+
 class OipInferRequest(Request):
-    id: str | None = Field(default=None, max_length=256)
+    id: Annotated[str, AfterValidator(_valid_unicode)] | None = Field(default=None, max_length=256)  # echoed back
     parameters: dict[str, Any] | None = None
     inputs: list[OipTensor] = Field(min_length=1, max_length=1)
     outputs: list[OipRequestedOutput] | None = None

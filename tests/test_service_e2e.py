@@ -1,0 +1,123 @@
+"""`python -m service` as a real uvicorn process on a free loopback port, over the tiny store."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def lines(self) -> list[dict[str, object]]:
+        out = []
+        for line in self.log.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+        return out
+
+
+@contextlib.contextmanager
+def run_server(store: Path, log: Path, **settings: str) -> Iterator[Server]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_")}
+    port = free_port()
+    env |= {"SERVE_MODEL_STORE": str(store), "SERVE_PORT": str(port), "SERVE_THREADS": "1"}
+    env |= {f"SERVE_{k.upper()}": v for k, v in settings.items()}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    server = Server(f"http://127.0.0.1:{port}", proc, log)
+    try:
+        end = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"server exited with {proc.returncode}:\n{log.read_text()}"
+            assert time.monotonic() < end, f"server not ready after 60 s:\n{log.read_text()}"
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(server.url + "/readyz", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.1)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with run_server(tiny_store, tmp_path_factory.mktemp("e2e") / "server.log") as s:
+        yield s
+
+
+def test_real_server_answers_the_contract(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        r = c.post("/predict", json={"texts": ["The cat.", "A dog runs."]}, headers={"X-Request-ID": "e2e-1"})
+        assert r.status_code == 200 and r.headers["x-request-id"] == "e2e-1"
+        assert [p["label"] in ("negative", "neutral", "positive") for p in r.json()["predictions"]] == [True, True]
+        r = c.post("/translate", json={"texts": ["The cat."], "beam_size": 2, "return_scores": True})
+        assert r.status_code == 200 and isinstance(r.json()["translations"][0]["score"], float)
+        oip = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}
+        assert c.post("/v2/models/tiny-mt/infer", json=oip).json()["outputs"][0]["shape"] == [1]
+        r = c.post("/translate", json={"texts": ["a"], "beam_size": 0})
+        assert r.status_code == 422 and r.json()["type"] == "invalid_input"
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: chunked transfer, counted on the stream
+            yield b'{"texts": ["'
+            for _ in range(40):
+                yield b"a" * 32768
+            yield b'"]}'
+
+        r = c.post("/predict", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413 and r.json()["type"] == "payload_too_large"
+        assert c.post("/predict", json={"texts": ["still serving"]}).status_code == 200
+        metrics = c.get("/metrics").text
+        assert 'inference_requests_total{endpoint="/predict",model="tiny-clf",status="200"}' in metrics
+    access = [x for x in server.lines() if x.get("logger") == "service.access"]
+    hit = [x for x in access if x.get("request_id") == "e2e-1"]
+    assert hit and hit[0]["path"] == "/predict" and hit[0]["status"] == 200 and hit[0]["model"] == "tiny-clf"
+
+
+def test_sigterm_drains_then_exits_0(tiny_store: Path, tmp_path: Path) -> None:
+    # A 0.5 s batch wait keeps the first request admitted (queued) while SIGTERM arrives.
+    with run_server(tiny_store, tmp_path / "server.log", max_wait_ms="500", drain_grace_s="0.5") as s:
+        with httpx.Client(base_url=s.url, timeout=30) as c, ThreadPoolExecutor(1) as pool:
+            queued = pool.submit(c.post, "/translate", json={"texts": ["The cat sees a dog."], "beam_size": 4})
+            time.sleep(0.2)
+            s.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.05)
+            ready = c.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["type"] == "shutting_down"
+            new = c.post("/predict", json={"texts": ["too late"]})
+            assert new.status_code == 503 and new.json()["type"] == "shutting_down"
+            done = queued.result(timeout=20)
+            assert done.status_code == 200, done.text
+        assert s.proc.wait(20) == 0
