@@ -37,6 +37,16 @@ models: data train
 	$(PYTHON) -m export.onnx $(RUNS)/sentiment --name sentiment --store $(STORE) --version 1 --force --data-dir $(DATA)
 	$(PYTHON) -m export.onnx $(RUNS)/en-de --name en-de --store $(STORE) --version 1 --force --data-dir $(DATA)
 
+# Serve the store (README, "Serving"): settings from SERVE_* variables, 127.0.0.1:8000 by default.
+.PHONY: serve bench-service
+serve: install
+	SERVE_MODEL_STORE=$${SERVE_MODEL_STORE:-$(STORE)} $(PYTHON) -m service
+
+# Load benchmark of the real server against the engine offline (a report; run it on an idle machine).
+# Writes bench/results/service.json. Smoke run: $(PYTHON) bench/service_load.py --fallback-store DIR --smoke
+bench-service: install
+	$(PYTHON) bench/service_load.py --store $(STORE)
+
 test: install
 	$(BIN)/pytest
 
