@@ -1,7 +1,9 @@
 """Dynamic batching: an asyncio queue of (item, future) drained by one task. Knows nothing about models.
 
 A batch starts with the oldest waiting item and closes when `max_batch_size` items of the same
-key are waiting or `max_wait_s` after that oldest item arrived. From the waiting items with the
+key are waiting or `max_wait_s` after that oldest item arrived, or earlier, as soon as as many
+items wait as the key's previous batch ran with: a lone client (previous batch 1) never waits,
+while under steady load a batch still fills up to the level it had. From the waiting items with the
 oldest item's key it takes those closest in size to it (size ~ tokens), as long as the padded
 cost ``len(batch) * max(size)`` stays within `max_batch_cost`; the rest stay queued in arrival
 order. So one batch never mixes keys (e.g. decoding parameters), padding stays small, and every
@@ -91,6 +93,7 @@ class DynamicBatcher(Generic[T, R]):
         self._getter: asyncio.Task[_Pending[T, R]] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
+        self._last_size: dict[Hashable, int] = {}  # per key: items in its last batch
         self._current: list[_Pending[T, R]] = []  # the batch now running
         self._running = 0
         self.batches = 0  # executed batches (for tests and logs)
@@ -211,6 +214,7 @@ class DynamicBatcher(Generic[T, R]):
         self._drop_dead()
         batch = self._select()
         if batch:
+            self._last_size[batch[0].key] = len(batch)
             await self._run(batch)
         return False
 
@@ -249,7 +253,9 @@ class DynamicBatcher(Generic[T, R]):
             self._observer.queue_depth(self.depth)
 
     def _full(self, key: Hashable) -> bool:
-        return sum(1 for p in self._waiting if p.key == key) >= self.limits.max_batch_size
+        """Enough items of `key` wait: the size limit, or as many as its last batch ran with."""
+        target = min(self.limits.max_batch_size, self._last_size.get(key, self.limits.max_batch_size))
+        return sum(1 for p in self._waiting if p.key == key) >= target
 
     def _select(self) -> list[_Pending[T, R]]:
         """The oldest item plus the same-key items closest to it in size, within size and cost limits."""

@@ -34,7 +34,7 @@ class Settings(BaseSettings):
     # batching
     max_batch_size: int = Field(default=32, ge=1, le=1024, description="items (texts) per batch")
     max_batch_tokens: int = Field(default=8192, ge=1, description="padded tokens per batch (rows x longest x beams)")
-    max_wait_ms: float = Field(default=1.0, ge=0, le=1000, description="a batch closes this long after its first item")
+    max_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="a batch closes this long after its first item")
     max_queue: int = Field(default=512, ge=1, description="queued items per model before 429")
     request_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="deadline per request (504 when passed)")
     drain_timeout_s: float = Field(

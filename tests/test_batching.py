@@ -180,3 +180,22 @@ def test_close_lets_admitted_work_finish() -> None:
         return [await t for t in tasks]
 
     assert run(main()) == [1, 3, 5]
+
+
+def test_a_lone_client_does_not_wait_after_its_first_batch() -> None:
+    model = Model()
+
+    async def main() -> tuple[float, float]:
+        b = make(model, max_wait_s=0.5)
+        b.start()
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        await b.submit(1)  # nothing known yet: waits for company up to max_wait
+        t1 = loop.time()
+        await b.submit(2)  # the last batch held 1 item: runs at once
+        t2 = loop.time()
+        await b.close(1)
+        return t1 - t0, t2 - t1
+
+    first, second = run(main())
+    assert first >= 0.45 and second < 0.25
