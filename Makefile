@@ -8,7 +8,7 @@ RUNS    ?= runs
 STORE   ?= model_store
 DEVICE  ?= cpu
 
-.PHONY: install data train train-classifier train-translator models test lint bench bench-engine clean
+.PHONY: install data train train-classifier train-translator models test lint bench bench-engine clean k8s-check image-check
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -65,6 +65,14 @@ bench: $(VENV)/.bench-installed
 	$(PYTHON) bench/engine.py
 
 bench-engine: bench
+
+# Deployment (README, "Deployment"): offline manifest validation + Dockerfile lint; a real image
+# build and run without a Docker daemon (root; a few minutes from empty).
+k8s-check: install
+	$(PYTHON) .ci/k8s_check.py
+
+image-check:
+	bash .ci/image_check.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
