@@ -14,7 +14,10 @@ def main() -> int:
     try:
         settings = Settings()
     except ValidationError as exc:
-        lines = [f"  SERVE_{'_'.join(map(str, e['loc'])).upper()}: {e['msg']}" for e in exc.errors()]
+        lines = [
+            f"  {'SERVE_' + '_'.join(map(str, e['loc'])).upper() if e['loc'] else 'settings'}: {e['msg']}"
+            for e in exc.errors()
+        ]
         print("invalid settings:\n" + "\n".join(lines), file=sys.stderr)
         return 2
     return serve(settings)
