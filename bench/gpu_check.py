@@ -1,0 +1,291 @@
+"""GPU check: fp16 against fp32 on the CUDA provider, for the bundled models (parity, then speed).
+
+    python bench/gpu_check.py [--store model_store] [--out bench/results/gpu_check.json]
+
+    # in the GPU image, with this file mounted (the image carries no bench/):
+    docker run --rm --gpus all -v "$PWD/bench:/bench:ro" transformer-serve:gpu \
+        python /bench/gpu_check.py --store /app/model_store --out /tmp/gpu_check.json
+
+Without an NVIDIA GPU and onnxruntime-gpu it prints why it could not run and exits 0. With them:
+
+- parity, against the CPU provider in fp32 as the reference: classifier probabilities and labels;
+  translator first-step log-probs and whole greedy and beam-4 token sequences (the beam path
+  exercises the IO-binding cache reorder), for CUDA fp32 and CUDA fp16. A bound missed -> exit 1.
+- throughput: texts/s and generated tokens/s at batch 1 and 32 for CPU fp32, CUDA fp32, CUDA fp16.
+
+`--device cpu` runs the same code on the CPU provider only (a smoke test of this script, used by
+tests/test_deploy.py; its numbers say nothing about GPUs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from service.engine import ClassifierEngine, Engine, TranslatorEngine, pad
+from service.errors import InputTooLong
+from service.registry import StoreEntry
+
+# Bounds against CPU fp32. fp32 on CUDA differs only by kernel summation order; fp16 carries a
+# 10-bit mantissa, so a near-tie may flip an argmax and change the rest of a sentence.
+BOUNDS = {
+    "fp32": {
+        "prob_max_abs": 1e-4,
+        "label_agree": 1.0,
+        "logprob_max_abs": 1e-3,
+        "greedy_exact": 0.99,
+        "beam4_exact": 0.99,
+    },
+    "fp16": {
+        "prob_max_abs": 2e-2,
+        "label_agree": 0.98,
+        "logprob_max_abs": 5e-2,
+        "greedy_exact": 0.85,
+        "beam4_exact": 0.8,
+    },
+}
+
+TEXTS = [
+    "What a wonderful, moving film.",
+    "The update broke everything and support never answered.",
+    "It was fine, nothing special.",
+    "Open the file.",
+    "Save the document as PDF.",
+    "Close all windows and quit the application.",
+    "The printer is not connected.",
+    "Do you want to overwrite the existing file?",
+    "Select a folder to import the pictures from.",
+    "I loved the soundtrack but the story dragged on forever.",
+    "Cannot read the configuration file.",
+    "The download finished in under a minute.",
+    "Show hidden files",
+    "Please enter a valid e-mail address.",
+    "This is the worst purchase I have ever made.",
+    "Remove the selected items from the list?",
+]
+
+
+@dataclass(frozen=True)
+class Setup:
+    label: str  # "cpu-fp32", "cuda-fp32", "cuda-fp16"
+    providers: tuple[str, ...]
+    variant: str
+
+
+def unavailable_reason(device: str) -> str | None:
+    """Why the check cannot run here, or None."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:
+        return f"onnxruntime is not importable ({exc})"
+    if device == "cpu":
+        return None
+    available = ort.get_available_providers()
+    if "CUDAExecutionProvider" not in available:
+        return (
+            f"onnxruntime {ort.__version__} has no CUDAExecutionProvider (providers: {', '.join(available)}); "
+            "install onnxruntime-gpu instead of onnxruntime (the GPU image has it)"
+        )
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--store", type=Path, default=Path("model_store"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/gpu_check.json"))
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--min-time", type=float, default=2.0, help="seconds per timed case")
+    parser.add_argument("--repeat", type=int, default=4, help="copies of the built-in texts per parity batch")
+    args = parser.parse_args(argv)
+
+    reason = unavailable_reason(args.device)
+    if reason is not None:
+        print(f"gpu_check: could not run: {reason}. Nothing was checked; exiting 0.")
+        return 0
+
+    from service import registry
+
+    accel = ("cuda", "cpu") if args.device == "cuda" else ("cpu",)
+    setups = [
+        Setup("cpu-fp32", ("cpu",), "fp32"),
+        Setup(f"{args.device}-fp32", accel, "fp32"),
+        Setup(f"{args.device}-fp16", accel, "fp16"),
+    ]
+    entries = registry.newest(registry.scan(args.store))
+    if not entries:
+        print(f"gpu_check: FAILED: no model in {args.store}")
+        return 1
+    models: dict[str, object] = {}
+    failures: list[str] = []
+    for name, entry in sorted(entries.items()):
+        if entry.manifest is None:
+            failures.append(f"{name}: not loadable: {entry.error}")
+            continue
+        missing = {"fp32", "fp16"} - set(entry.manifest.variants)
+        if missing:
+            failures.append(
+                f"{name}/{entry.version}: no {'/'.join(sorted(missing))} variant (the GPU overlay uses fp16)"
+            )
+            continue
+        engines = load_all(entry, setups, need_cuda=args.device == "cuda")
+        if engines is None:
+            print("gpu_check: could not run: the CUDA provider did not initialise (no usable GPU?); exiting 0.")
+            return 0
+        seqs = fitting(engines["cpu-fp32"], TEXTS) * args.repeat
+        if not seqs:
+            failures.append(f"{name}: none of the built-in texts fits its max_source_tokens")
+            continue
+        print(f"{name}/{entry.version} ({engines['cpu-fp32'].task}), {len(seqs)} texts")
+        results = compare(engines, setups, seqs, args.min_time)
+        for s in setups[1:]:
+            failures += check(f"{name} {s.label}", results[s.label], BOUNDS[s.variant])
+        models[name] = {"version": entry.version, "texts": len(seqs), **results}
+
+    report = {"device": args.device, "store": str(args.store), "bounds": BOUNDS, "models": models, "failures": failures}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    for f in failures:
+        print(f"FAIL {f}")
+    print(f"gpu_check: {'FAILED' if failures else 'passed'} ({args.device}); report: {args.out}")
+    return 1 if failures else 0
+
+
+def load_all(entry: StoreEntry, setups: Sequence[Setup], need_cuda: bool) -> dict[str, Engine] | None:
+    """One engine per setup; None when a CUDA setup silently fell back to the CPU provider."""
+    from service import runtime
+    from service.engine import ClassifierEngine, LoadOptions, load_engine
+
+    engines: dict[str, Engine] = {}
+    for s in setups:
+        engine = load_engine(entry, LoadOptions(providers=s.providers, variant=s.variant))
+        session = engine.session if isinstance(engine, ClassifierEngine) else engine.rt.decoder
+        if need_cuda and "cuda" in s.providers and not runtime.uses_cuda(session):
+            return None
+        engines[s.label] = engine
+    return engines
+
+
+def compare(
+    engines: dict[str, Engine], setups: Sequence[Setup], seqs: list[list[int]], min_s: float
+) -> dict[str, dict[str, float]]:
+    """Parity against the first setup (CPU fp32), then throughput, for every other setup."""
+    from service.engine import ClassifierEngine, TranslatorEngine
+
+    ref = engines[setups[0].label]
+    out: dict[str, dict[str, float]] = {}
+    if isinstance(ref, ClassifierEngine):
+        p_ref = ref.classify_ids(seqs)
+        for s in setups[1:]:
+            clf = engines[s.label]
+            assert isinstance(clf, ClassifierEngine)
+            p = clf.classify_ids(seqs)
+            parity = {
+                "prob_max_abs": float(np.abs(p - p_ref).max()),
+                "label_agree": float((p.argmax(1) == p_ref.argmax(1)).mean()),
+            }
+            out[s.label] = report_line(s.label, parity, throughput(ClassifyRun(clf), seqs, min_s))
+        return out
+    assert isinstance(ref, TranslatorEngine)
+    runs = {name: TranslateRun(ref, beam) for name, beam in (("greedy", 1), ("beam4", 4))}
+    refs = {name: run.best(seqs) for name, run in runs.items()}
+    step_ref = first_step(ref, seqs)
+    for s in setups[1:]:
+        mt = engines[s.label]
+        assert isinstance(mt, TranslatorEngine)
+        parity = {"logprob_max_abs": float(np.abs(first_step(mt, seqs) - step_ref).max())}
+        for name, run in runs.items():
+            got = TranslateRun(mt, run.params.beam_size).best(seqs)
+            parity[f"{name}_exact"] = float(np.mean([a == b for a, b in zip(got, refs[name], strict=True)]))
+        out[s.label] = report_line(s.label, parity, throughput(TranslateRun(mt, 1), seqs, min_s))
+    return out
+
+
+@dataclass(frozen=True)
+class ClassifyRun:
+    engine: ClassifierEngine
+
+    def __call__(self, chunk: list[list[int]]) -> int:
+        return len(self.engine.classify_ids(chunk))  # texts
+
+
+class TranslateRun:
+    def __init__(self, engine: TranslatorEngine, beam_size: int) -> None:
+        from service.decoding import DecodeParams
+
+        self.engine = engine
+        self.params = DecodeParams(beam_size=beam_size, max_new_tokens=min(64, engine.max_new_tokens))
+
+    def best(self, chunk: list[list[int]]) -> list[tuple[int, ...]]:
+        return [h[0].tokens for h in self.engine.translate_ids(chunk, self.params)]
+
+    def __call__(self, chunk: list[list[int]]) -> int:
+        return sum(len(t) + 1 for t in self.best(chunk))  # generated tokens, EOS included
+
+
+def throughput(run: ClassifyRun | TranslateRun, seqs: list[list[int]], min_s: float) -> dict[str, float]:
+    """texts/s at batch 1 and 32 (and generated tokens/s for a translator), median of timed runs."""
+    speed = {}
+    for batch in (1, 32):
+        chunk = (seqs * 32)[:batch]
+        run(chunk)  # warm-up
+        times: list[float] = []
+        count, start = 0, time.perf_counter()
+        while len(times) < 3 or time.perf_counter() - start < min_s:
+            t = time.perf_counter()
+            count = run(chunk)
+            times.append(time.perf_counter() - t)
+        sec = float(np.median(times))
+        speed[f"batch{batch}_texts_per_s"] = round(batch / sec, 1)
+        if isinstance(run, TranslateRun):
+            speed[f"batch{batch}_tokens_per_s"] = round(count / sec, 1)
+    return speed
+
+
+def report_line(label: str, parity: dict[str, float], speed: dict[str, float]) -> dict[str, float]:
+    print(f"  {label}: {fmt(parity)} | {fmt(speed)}")
+    return {**parity, **speed}
+
+
+def fitting(engine: Engine, texts: Sequence[str]) -> list[list[int]]:
+    """Token ids of the texts this model accepts (a tiny test model takes fewer tokens)."""
+    out: list[list[int]] = []
+    for text in texts:
+        with contextlib.suppress(InputTooLong):
+            out += engine.encode([text])
+    return out
+
+
+def first_step(engine: TranslatorEngine, seqs: list[list[int]]) -> np.ndarray:
+    """(B, V) log-probs of the first decoder step after BOS: the logits-level comparison."""
+    ids, mask = pad(seqs, engine.pad_id)
+    state = engine.rt.encode(ids, mask)
+    bos = np.full(len(seqs), engine.bos_id, dtype=np.int64)
+    logprobs, _ = engine.rt.step(bos, state, np.arange(len(seqs)))
+    return np.asarray(logprobs, dtype=np.float64)
+
+
+def check(what: str, values: dict[str, float], bounds: dict[str, float]) -> list[str]:
+    out = []
+    for key, bound in bounds.items():
+        if key not in values:
+            continue
+        value = values[key]
+        if value > bound if key.endswith("max_abs") else value < bound:
+            out.append(f"{what}: {key} = {value:.4g}, bound {bound}")
+    return out
+
+
+def fmt(values: dict[str, float]) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in values.items())
+
+
+if __name__ == "__main__":
+    sys.exit(main())
