@@ -85,7 +85,12 @@ class RequestContext:
         try:
             await self.app(scope, receive, send_with_id)
         except Exception:
-            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            log.exception(
+                "unhandled error in %s %s",
+                scope.get("method"),
+                scope.get("path"),
+                extra={"fields": {"request_id": info.request_id}},
+            )
             if status == 0:
                 response = error_response(scope.get("path", ""), "internal server error", "internal_error")
                 await response(scope, receive, send_with_id)

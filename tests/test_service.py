@@ -477,3 +477,22 @@ async def test_draining_turns_readiness_and_new_requests_to_503(tiny_store: Path
         error_of(await client.get("/readyz"), 503, "shutting_down")
         error_of(await client.post("/predict", json={"texts": ["a"]}), 503, "shutting_down")
         assert (await client.get("/healthz")).status_code == 200
+
+
+async def test_a_bug_is_a_logged_500_and_fails_only_its_batch(
+    app: FastAPI, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = state_of(app).models.models["tiny-clf"].engine
+    assert isinstance(engine, ClassifierEngine)
+
+    def broken(seqs: Any) -> Any:
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(engine, "classify_ids", broken)
+    r = await client.post("/predict", json={"texts": ["a"]}, headers={"X-Request-ID": "bug-1"})
+    error_of(r, 500, "internal_error")
+    assert "simulated" not in r.text and r.headers["x-request-id"] == "bug-1"
+    assert any("simulated bug" in (rec.exc_text or "") or rec.exc_info for rec in caplog.records)
+    assert (await client.post("/translate", json={"texts": ["a"]})).status_code == 200
+    monkeypatch.undo()
+    assert (await client.post("/predict", json={"texts": ["a"]})).status_code == 200
