@@ -5,6 +5,8 @@
 #
 # Both final stages: no compilers, uid 10001, exec-form CMD (SIGTERM reaches the server, which
 # drains), HEALTHCHECK on /healthz, a read-only root filesystem works (only /tmp need be writable).
+# ORT_DISABLE_TELEMETRY=1: onnxruntime 1.31+ otherwise sets up telemetry on Linux and tries to
+# persist a device id (a warning on a read-only root); CUDA_CACHE_PATH keeps the CUDA JIT cache in /tmp.
 # `make image-check` builds and runs the CPU target without a Docker daemon (README, Deployment).
 
 ARG PYTHON_IMAGE=python:3.11-slim
@@ -61,7 +63,9 @@ ENV PATH=/opt/venv/bin:$PATH \
     SERVE_PORT=8000 \
     SERVE_MODEL_STORE=/app/model_store \
     SERVE_PROVIDERS=cuda,cpu \
-    SERVE_VARIANT=fp16
+    SERVE_VARIANT=fp16 \
+    ORT_DISABLE_TELEMETRY=1 \
+    CUDA_CACHE_PATH=/tmp/cuda-cache
 USER 10001:10001
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python", "/app/healthcheck.py"]
@@ -80,7 +84,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     SERVE_HOST=0.0.0.0 \
     SERVE_PORT=8000 \
-    SERVE_MODEL_STORE=/app/model_store
+    SERVE_MODEL_STORE=/app/model_store \
+    ORT_DISABLE_TELEMETRY=1
 USER 10001:10001
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 CMD ["python", "/app/healthcheck.py"]

@@ -139,6 +139,7 @@ def test_dockerfile_final_stages() -> None:
         json.loads(health[-1].split("CMD", 1)[1])  # exec form too
         env = " ".join(a for k, a in ins if k == "ENV")
         assert "SERVE_HOST=0.0.0.0" in env, f"{target}: must listen on all interfaces"
+        assert "ORT_DISABLE_TELEMETRY=1" in env, f"{target}: onnxruntime telemetry off"
         for stage in stage_chain(stages, target):
             for keyword, args in stages[stage]:
                 if keyword == "RUN":
