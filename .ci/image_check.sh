@@ -133,10 +133,11 @@ expect() { # expect CODE METHOD PATH [JSON]
 
 start_container() {
     podman rm -f "$NAME" >/dev/null 2>&1 || true
-    # As in k8s/base: read-only root (podman mounts a tmpfs on /tmp), uid 10001, no capabilities.
+    # As in k8s/base: read-only root with only /tmp writable, uid 10001, no capabilities.
     # No systemd here for podman's healthcheck timer (it says so on stderr; dropped): the check
     # runs the image's HEALTHCHECK itself with `podman healthcheck run`.
-    podman run -d --name "$NAME" --network host --read-only --user 10001 --cap-drop ALL \
+    podman run -d --name "$NAME" --network host --read-only --read-only-tmpfs=false \
+        --tmpfs /tmp:rw,size=256m,mode=1777 --user 10001 --cap-drop ALL \
         --security-opt no-new-privileges -e SERVE_PORT="$PORT" -e SERVE_DRAIN_TIMEOUT_S="$DRAIN_TIMEOUT_S" \
         "$IMAGE" >/dev/null 2>"$WORK/run.err" || { cat "$WORK/run.err"; fail "podman run"; }
     grep -v 'systemd connection' "$WORK/run.err" >&2 || true
