@@ -501,6 +501,14 @@ def export_model(
     return final
 
 
+def data_sources_of(card: Path, dataset: str) -> list[dict[str, str]]:
+    """Package, version and licence of every source of one dataset, from the data build's card."""
+    if not card.is_file():
+        raise ExportError(f"{card} not found: run `make data` first (the manifest records the data sources)")
+    sources = json.loads(card.read_text()).get(dataset, {}).get("sources", [])
+    return [{"package": s["name"], "version": s["version"], "license": s.get("licence", "")} for s in sources]
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m export.onnx", description="Export a trained checkpoint into the model store."
@@ -535,17 +543,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report_file = args.checkpoint / "report.json"
         train_report = json.loads(report_file.read_text()) if report_file.is_file() else {}
         train_metrics = {k: v for k, v in train_report.items() if k not in ("curves", "examples", "args")}
-        card = args.data_dir / "datacard.json"
-        sources = json.loads(card.read_text()).get("sources", []) if card.is_file() else []
-        sources = (
-            [
-                {k: str(v) for k, v in s.items() if k in ("name", "package", "version", "license", "dataset")}
-                for s in sources
-                if s.get("dataset", sub) == sub
-            ]
-            if isinstance(sources, list)
-            else []
-        )
+        sources = data_sources_of(args.data_dir / "datacard.json", sub)
         folder = export_model(
             model,
             tok,

@@ -169,6 +169,8 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
     data.mkdir(parents=True)
     rows = [{"en": s, "de": s, "source": "test"} for s in sentences(110, seed=11)]
     (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    card = {"translation": {"sources": [{"name": "trans-de-en", "version": "1.9-6", "licence": "GPL-2+"}]}}
+    (tmp_path / "data" / "datacard.json").write_text(json.dumps(card))
     store = tmp_path / "store"
     args = [
         str(ckpt),
@@ -184,6 +186,7 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
     assert exporter.main(args) == 0
     m = verify_folder(store / "mt" / "1")
     assert "bleu" in m.metrics["test_fp32_greedy"]
+    assert m.data_sources == [{"package": "trans-de-en", "version": "1.9-6", "license": "GPL-2+"}]
     assert exporter.main([*args, "--version", "1"]) == 1  # exists, no --force
     assert exporter.main([*args, "--version", "1", "--force"]) == 0
     # the reloaded checkpoint is the same model: same weights, same greedy output
