@@ -496,7 +496,7 @@ def run_classifier(args: argparse.Namespace) -> dict:
         pcfg = TrainConfig(
             steps=args.pretrain_steps,
             lr=args.pretrain_lr,
-            warmup_steps=min(500, args.pretrain_steps // 10),
+            warmup_steps=args.pretrain_warmup,
             batch_tokens=args.batch_tokens,
             eval_every=max(1, args.pretrain_steps // 10),
             patience=100,
@@ -512,7 +512,7 @@ def run_classifier(args: argparse.Namespace) -> dict:
     fcfg = TrainConfig(
         steps=args.steps,
         lr=args.lr,
-        warmup_steps=min(300, args.steps // 10),
+        warmup_steps=args.warmup,
         batch_tokens=args.batch_tokens,
         eval_every=args.eval_every,
         patience=args.patience,
@@ -644,6 +644,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--pretrain-steps", type=int, default=4000, help="0 disables masked-token pre-training")
     c.add_argument("--pretrain-lr", type=float, default=1e-3)
     c.add_argument("--pretrain-budget-min", type=float, default=0.0)
+    c.add_argument("--pretrain-warmup", type=int, default=400)
+    c.add_argument("--warmup", type=int, default=300)
     t = sub.choices["translator"]
     t.add_argument("--dropout", type=float, default=0.1)
     t.add_argument("--steps", type=int, default=12000)
