@@ -90,7 +90,9 @@ class DecoderStepGraph(nn.Module):
         past = [(kv[2 * i], kv[2 * i + 1]) for i in range(self.n)]
         cross = [(kv[2 * self.n + 2 * i], kv[2 * self.n + 2 * i + 1]) for i in range(self.n)]
         logits, present = self.model.decode(input_ids, past, cross, encoder_attention_mask)
-        logprobs = torch.log_softmax(logits[:, -1], dim=-1)  # (B, V)
+        # One token per row: flatten (B, 1, V), an alias in ONNX Runtime, where indexing the last position
+        # became a Gather copying the logits every step (1.5% of a 128-row step).
+        logprobs = torch.log_softmax(logits.flatten(0, 1), dim=-1)  # (B, V)
         return (logprobs, *[t for p in present for t in p])
 
 
@@ -380,6 +382,7 @@ def export_model(
     force: bool = False,
     variants: Sequence[str] = DEFAULT_VARIANTS,
     default_variant: str = "fp32",
+    ship: Sequence[str] | None = None,
     validation_texts: Sequence[str] = (),
     test_rows: Sequence[dict] = (),
     labels: Sequence[str] = (),
@@ -391,8 +394,11 @@ def export_model(
     """Export, validate, measure and publish one model version; returns its folder."""
     if "fp32" not in variants:
         raise ExportError("the fp32 variant is the reference for every other and must be exported")
-    if default_variant not in variants:
-        raise ExportError(f"default variant {default_variant!r} is not among {list(variants)}")
+    ship = list(ship or variants)
+    if not set(ship) <= set(variants) or default_variant not in ship:
+        raise ExportError(
+            f"shipped variants {ship} must be exported ({list(variants)}) and include {default_variant!r}"
+        )
     version = version or next_version(store, name)
     final = store / name / str(version)
     if final.exists() and not force:
@@ -467,6 +473,12 @@ def export_model(
                     )
                 result = report.get(f"test_{variant}") or report.get(f"test_{variant}_greedy")
                 log(f"{name}: {variant} on the test split {result} ({time.perf_counter() - t1:.0f}s)")
+        # Variants measured but not shipped (to keep a bundled store small) leave no files behind;
+        # their parity and test figures stay in the manifest's metrics.
+        for variant in [v for v in files if v not in ship]:
+            for fname in files.pop(variant).values():
+                (tmp / fname).unlink()
+        report["shipped_variants"] = list(files)
         tok.save(str(tmp / "tokenizer.json"))
         all_files = sorted(p.name for p in tmp.iterdir())
         manifest = Manifest(
@@ -519,7 +531,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", type=int, default=None, help="integer version (default: next free)")
     p.add_argument("--force", action="store_true", help="overwrite an existing version")
     p.add_argument("--variants", default=",".join(DEFAULT_VARIANTS), help="comma list of fp32,int8,fp16")
-    p.add_argument("--default-variant", default="fp32")
+    p.add_argument("--default-variant", default="fp32", help="the variant served unless SERVE_VARIANT says otherwise")
+    p.add_argument("--ship", default="", help="variants written to the store (default: all exported)")
     p.add_argument("--data-dir", type=Path, default=Path("data"), help="validation and test sentences come from here")
     p.add_argument("--threads", type=int, default=2)
     return p
@@ -553,6 +566,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.force,
             variants=[v.strip() for v in args.variants.split(",") if v.strip()],
             default_variant=args.default_variant,
+            ship=[v.strip() for v in args.ship.split(",") if v.strip()] if args.ship else None,
             validation_texts=texts[:200],
             test_rows=test_rows,
             labels=SENTIMENT_LABELS if is_clf else (),

@@ -195,3 +195,26 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
     reloaded, _ = load_checkpoint(ckpt)
     for k, v in tiny_translator.state_dict().items():
         assert torch.equal(v, reloaded.state_dict()[k]), k
+
+
+def test_unshipped_variants_are_measured_but_not_written(
+    tmp_path: Path, tiny_classifier: Classifier, tiny_tokenizer: Tokenizer
+) -> None:
+    folder = exporter.export_model(
+        tiny_classifier,
+        tiny_tokenizer,
+        tmp_path,
+        "clf",
+        variants=("fp32", "int8"),
+        default_variant="int8",
+        ship=("int8",),
+        validation_texts=sentences(20, seed=9),
+        labels=LABELS,
+        log=lambda _: None,
+    )
+    m = verify_folder(folder)
+    assert m.variants == {"int8": {"model": "model.int8.onnx"}} and m.default_variant == "int8"
+    assert not (folder / "model.onnx").exists()
+    assert m.metrics["fp32_max_abs_diff"] <= exporter.FP32_TOL and m.metrics["shipped_variants"] == ["int8"]
+    with pytest.raises(exporter.ExportError, match="must be exported"):
+        exporter.export_model(tiny_classifier, tiny_tokenizer, tmp_path, "x", ship=("fp16",), log=lambda _: None)
