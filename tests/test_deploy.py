@@ -334,7 +334,8 @@ def test_gpu_check_runs_on_cpu_provider(tiny_store: Path, tmp_path: Path) -> Non
     )
     report = json.loads(out.read_text())
     assert rc == 0, report["failures"]
-    assert set(report["models"]) == {"tiny-clf", "tiny-mt"}
-    assert report["models"]["tiny-mt"]["cpu-fp32"]["greedy_exact"] == 1.0
-    assert report["models"]["tiny-clf"]["cpu-fp32"]["prob_max_abs"] == 0.0
-    assert report["models"]["tiny-mt"]["cpu-fp16"]["batch32_tokens_per_s"] > 0
+    clf, mt = report["models"]["tiny-clf"], report["models"]["tiny-mt"]
+    assert clf["reference"] == mt["reference"] == "cpu-fp32"  # fp32 shipped: the reference
+    assert clf["cpu-fp16"]["label_agree"] >= 0.98 and clf["cpu-fp16"]["prob_max_abs"] <= 0.02
+    assert set(mt["cpu-fp16"]) >= {"logprob_max_abs", "greedy_exact", "beam4_exact", "batch32_tokens_per_s"}
+    assert mt["cpu-fp32"]["batch32_tokens_per_s"] > 0
