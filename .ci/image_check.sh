@@ -41,7 +41,7 @@ install_tools() {
     [[ ${#missing[@]} -eq 0 ]] && { echo "buildah, podman, runc, mmdebstrap, curl present"; return; }
     echo "installing ${missing[*]} (and uidmap slirp4netns fuse-overlayfs) with apt-get"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
         buildah podman runc uidmap slirp4netns fuse-overlayfs mmdebstrap curl ca-certificates >/dev/null
 }
 
