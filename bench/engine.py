@@ -9,11 +9,12 @@ tokens per sentence and the same thread count; each case is warmed up, then time
 both `--min-runs` runs and `--min-time` seconds, and the median is reported. Throughput counts
 the output tokens of the best hypothesis only: batch × 24 for every tool and beam size.
 
-- ours:      service.runtime.TranslatorRuntime + service.decoding on graphs from export.onnx.export_graphs
-             of export.model.Translator (pre-norm, GELU). EOS id -1, which no step can produce.
-- ct2:       CTranslate2 fp32 on a transformers MarianMTModel of the same shape (GELU, post-norm: Marian
-             has no pre-norm option; the FLOP count differs by one LayerNorm per stack), converted
-             offline with a stand-in vocabulary. min/max_decoding_length force the length.
+- ours:      the served path: export.onnx.export_model of export.model.Translator (pre-norm, GELU; a
+             validated fp32 + int8 version folder), service.engine.load_engine, TranslatorEngine.translate_ids
+             with its EOS id set to -1, which no step can produce. `ours-int8`: the int8 variant.
+- ct2:       CTranslate2 fp32 (`ct2-int8`: int8) on a transformers MarianMTModel of the same shape (GELU,
+             post-norm: Marian has no pre-norm option; the FLOP count differs by one LayerNorm per stack),
+             converted offline with a stand-in vocabulary. min/max_decoding_length force the length.
 - hf:        the same Marian model, `generate` with use_cache, min_new_tokens = max_new_tokens.
 - torch:     our Translator in PyTorch eager with its K/V cache: export.model.greedy_cached, and a
              small cached beam below (no EOS bookkeeping: no EOS is ever produced here).
@@ -96,17 +97,44 @@ class Timing:
     max_runs: int = 200
 
 
-def median_seconds(fn: Callable[[], object], t: Timing) -> tuple[float, int]:
-    """Warm-up runs, then runs until both min_runs and min_time are reached; (median, runs)."""
+CONTENDED = 0.05  # a case during which other processes used more than this share of the CPUs is flagged
+
+
+def _busy_cpu_seconds() -> float | None:
+    """CPU seconds every process of the machine has used (Linux /proc/stat), None elsewhere."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_seconds() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def median_seconds(fn: Callable[[], object], t: Timing) -> tuple[float, int, float | None]:
+    """Warm-up runs, then runs until both min_runs and min_time are reached.
+
+    Returns (median seconds, runs, share of the machine's CPU time other processes used meanwhile).
+    """
     for _ in range(t.warmup):
         fn()
     times: list[float] = []
+    busy0, own0 = _busy_cpu_seconds(), _own_cpu_seconds()
     start = time.perf_counter()
     while len(times) < t.max_runs and (len(times) < t.min_runs or time.perf_counter() - start < t.min_time):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), len(times)
+    wall = time.perf_counter() - start
+    busy1, own1 = _busy_cpu_seconds(), _own_cpu_seconds()
+    others = None
+    if busy0 is not None and busy1 is not None:
+        others = max(0.0, (busy1 - busy0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))
+    return statistics.median(times), len(times), others
 
 
 # ---------------------------------------------------------------------------------------------
@@ -369,13 +397,17 @@ def matmul_ceiling(threads: int, m: int, k: int, n: int, timing: Timing) -> floa
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
     sess = runtime.make_session(proto.SerializeToString(), ["CPUExecutionProvider"], threads)
     a = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
-    sec, _ = median_seconds(lambda: sess.run(["Y"], {"A": a}), timing)
+    sec, _, _ = median_seconds(lambda: sess.run(["Y"], {"A": a}), timing)
     return 2.0 * m * k * n / sec / 1e9
 
 
 # ---------------------------------------------------------------------------------------------
 # The run
 # ---------------------------------------------------------------------------------------------
+
+
+def _flag(others: float | None) -> str:
+    return f"  CONTENDED: other processes used {others:.0%} of the CPUs" if others and others > CONTENDED else ""
 
 
 def contention() -> dict[str, object]:
@@ -407,14 +439,14 @@ class Bench:
         lens = {len(r) for r in out}  # type: ignore[attr-defined]
         if len(out) != batch or lens != {self.s.new_tokens}:  # type: ignore[arg-type]
             raise RuntimeError(f"{tool}: expected {batch} rows of {self.s.new_tokens} tokens, got lengths {lens}")
-        sec, n = median_seconds(fn, self.timing)
+        sec, n, others = median_seconds(fn, self.timing)
         tps = batch * self.s.new_tokens / sec
         gflops = translate_flops(self.s, batch, beam) / sec / 1e9
         row = {"tool": tool, "batch": batch, "beam": beam, "seconds": sec, "runs": n, "tokens_per_s": tps}
-        self.rows.append({**row, "gflops": gflops})
+        self.rows.append({**row, "gflops": gflops, "others_cpu": others})
         print(
             f"  {tool:<9} batch {batch:>3} beam {beam}: {tps:>8.0f} tokens/s {sec * 1e3:8.2f} ms "
-            f"{gflops:6.1f} GFLOP/s ({n} runs)",
+            f"{gflops:6.1f} GFLOP/s ({n} runs){_flag(others)}",
             flush=True,
         )
 
@@ -539,11 +571,14 @@ class Bench:
                 "torch": partial(eager, torch.from_numpy(ids), torch.from_numpy(mask)),
             }
             for name, fn in fns.items():
-                sec, n = median_seconds(fn, self.timing)
+                sec, n, others = median_seconds(fn, self.timing)
                 gflops = classifier_flops(s, b) / sec / 1e9
                 row = {"tool": name, "batch": b, "seconds": sec, "runs": n, "sequences_per_s": b / sec}
-                self.clf_rows.append({**row, "gflops": gflops})
-                print(f"  {name:<9} batch {b:>3}: {b / sec:>9.0f} sequences/s {sec * 1e3:8.3f} ms", flush=True)
+                self.clf_rows.append({**row, "gflops": gflops, "others_cpu": others})
+                print(
+                    f"  {name:<9} batch {b:>3}: {b / sec:>9.0f} sequences/s {sec * 1e3:8.3f} ms{_flag(others)}",
+                    flush=True,
+                )
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
@@ -651,7 +686,7 @@ def markdown(results: dict[str, object]) -> str:
                 cells.append("–")
                 continue
             ratio = f" ({r['tokens_per_s'] / ref['tokens_per_s']:.2f}×)" if ref and t != base else ""
-            cells.append(f"{r['tokens_per_s']:,.0f}{ratio}")
+            cells.append(f"{r['tokens_per_s']:,.0f}{ratio}{_mark(r, ref)}")
         out.append(f"| {names[t]} | " + " | ".join(cells) + " |")
     if peak:
         cells = [f"{peak * 1e9 * s.new_tokens * b / translate_flops(s, b, beam):,.0f}" for beam, b in cases]
@@ -669,9 +704,25 @@ def markdown(results: dict[str, object]) -> str:
             for b in batches:
                 r, ref = cb.get((t, b)), cb.get(("torch", b))
                 ratio = f" ({r['sequences_per_s'] / ref['sequences_per_s']:.2f}×)" if r and ref and t != "torch" else ""
-                cells.append(f"{r['sequences_per_s']:,.0f}{ratio}" if r else "–")
+                cells.append(f"{r['sequences_per_s']:,.0f}{ratio}{_mark(r, ref)}" if r else "–")
             out.append(f"| {t} | " + " | ".join(cells) + " |")
+    if contended_cases(results):
+        out += ["", f"† measured while other processes used over {CONTENDED:.0%} of the CPUs: not a clean number."]
     return "\n".join(out)
+
+
+def _mark(*rows: dict | None) -> str:
+    """A dagger on a number (or ratio) measured while other processes used the CPUs."""
+    return " †" if any(r and (r.get("others_cpu") or 0) > CONTENDED for r in rows) else ""
+
+
+def contended_cases(results: dict[str, object]) -> list[str]:
+    rows = list(results.get("translation") or []) + list(results.get("classifier") or [])  # type: ignore[call-overload]
+    return [
+        f"{r['tool']} batch {r['batch']}" + (f" beam {r['beam']}" if "beam" in r else "") + f" ({r['others_cpu']:.0%})"
+        for r in rows
+        if (r.get("others_cpu") or 0) > CONTENDED
+    ]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -701,6 +752,11 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + table + "\n")
     if busy:
         print("WARNING: training processes shared the CPU during this run; the numbers are contended.")
+    if contended := contended_cases(results):
+        print(
+            f"WARNING († in the table): other processes used over {CONTENDED:.0%} of the CPUs during: "
+            + ", ".join(contended)
+        )
     print(f"wrote {args.out}")
     return 0
 
