@@ -20,9 +20,11 @@ NAME=transformer-serve-image-check
 DRAIN_TIMEOUT_S=60
 T0=$SECONDS
 declare -a TIMES=()
+PASSED=0
 
 step() { printf '\n== [%4ss] %s\n' $((SECONDS - T0)) "$*"; }
 since() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }'; }
+passed() { PASSED=$((PASSED + 1)); }
 fail() { printf 'IMAGE CHECK FAILED: %s\n' "$*" >&2; exit 1; }
 timed() { # timed LABEL CMD...: run CMD, record its wall time
     local label=$1 t=$SECONDS
@@ -92,6 +94,7 @@ build_image() {
         tail -n 40 "$WORK/build.log"
         fail "image build (full log: $WORK/build.log)"
     fi
+    passed
     grep -cE 'STEP [0-9]+/' "$WORK/build.log" | sed 's/^/build steps run: /'
     grep -c -- '--> Using cache' "$WORK/build.log" | sed 's/^/of which cached: /' || true
 }
@@ -105,15 +108,16 @@ inspect_image() {
     echo "user=$user cmd=$cmd"
     echo "healthcheck=$health"
     printf 'size=%s bytes (%s MB)\n' "$size" $((size / 1000000))
-    [[ $user == 10001:10001 ]] || fail "image user is '$user', not 10001:10001"
-    [[ $cmd == '["python","-m","service"]' ]] || fail "CMD is not the exec form python -m service: $cmd"
-    [[ $health == *healthcheck.py* ]] || fail "image has no HEALTHCHECK"
+    [[ $user == 10001:10001 ]] || fail "image user is '$user', not 10001:10001"; passed
+    [[ $cmd == '["python","-m","service"]' ]] || fail "CMD is not the exec form python -m service: $cmd"; passed
+    [[ $health == *healthcheck.py* ]] || fail "image has no HEALTHCHECK"; passed
     podman run --rm --network none --no-healthcheck --entrypoint /bin/sh "$IMAGE" -c '
         for c in gcc cc c++ g++ clang make ld; do
             if command -v "$c" >/dev/null; then echo "compiler/tool present: $(command -v "$c")"; exit 1; fi
         done
         python -c "import onnxruntime as o; print(\"onnxruntime\", o.__version__, o.get_available_providers())"
         ls /app/model_store' || fail "image contents"
+    passed
 }
 
 request() { # request METHOD PATH [JSON]: prints the body, then the status code on the last line
@@ -128,7 +132,7 @@ expect() { # expect CODE METHOD PATH [JSON]
     out=$(request "$@") || fail "$1 $2: no answer"
     status=${out##*$'\n'}
     printf '%s %s -> %s %s\n' "$1" "$2" "$status" "$(head -c 300 <<<"${out%$'\n'*}")"
-    [[ $status == "$code" ]] || fail "$1 $2 answered $status, expected $code"
+    [[ $status == "$code" ]] || fail "$1 $2 answered $status, expected $code"; passed
 }
 
 start_container() {
@@ -150,7 +154,7 @@ start_container() {
         [[ $SECONDS -lt $deadline ]] || { podman logs "$NAME" | tail -n 40; fail "not ready after 300 s"; }
         sleep 1
     done
-    echo "ready after $((SECONDS - deadline + 300)) s"
+    echo "ready after $((SECONDS - deadline + 300)) s"; passed
 }
 
 serve_checks() {
@@ -159,7 +163,8 @@ serve_checks() {
     expect 200 GET /v1/models
     expect 200 POST /predict '{"texts": ["What a wonderful, moving film.", "The update broke everything."]}'
     expect 200 POST /translate '{"texts": ["Open the file.", "Save the document as PDF."]}'
-    podman healthcheck run "$NAME" && echo "HEALTHCHECK: healthy" || fail "HEALTHCHECK reported unhealthy"
+    podman healthcheck run "$NAME" || fail "HEALTHCHECK reported unhealthy"
+    echo "HEALTHCHECK: healthy"; passed
     curl -sf "http://127.0.0.1:$PORT/metrics" | grep -cE '^[a-z_]+(\{|\s)' | sed 's/^/metrics samples: /'
 }
 
@@ -184,21 +189,22 @@ shutdown_check() {
     sleep 0.5
     ready_after=$(curl -s -o /dev/null -m 5 -w '%{http_code}' "http://127.0.0.1:$PORT/readyz" || true)
     echo "/readyz 0.5 s after SIGTERM -> ${ready_after} (000: connection refused)"
-    [[ $ready_after != 200 ]] || fail "/readyz still answers 200 after SIGTERM"
+    [[ $ready_after != 200 ]] || fail "/readyz still answers 200 after SIGTERM"; passed
     new_after=$(curl -s -o /dev/null -m 5 -w '%{http_code}' -H 'content-type: application/json' \
         --data '{"texts": ["A new request during the drain."]}' "http://127.0.0.1:$PORT/predict" || true)
     echo "new /predict after SIGTERM -> ${new_after}"
-    [[ $new_after != 200 ]] || fail "a new request was admitted after SIGTERM"
+    [[ $new_after != 200 ]] || fail "a new request was admitted after SIGTERM"; passed
     wait "$pid" || true
     t_done=$(since "$t_term")
     out=$(cat "$WORK/slow.out")
     status=${out##*$'\n'}
     echo "slow /translate answered $status, $t_done s after SIGTERM"
     [[ $status == 200 ]] || { echo "$out" | tail -c 500; fail "in-flight request answered $status during drain"; }
+    passed
     exit_code=$(timeout $((DRAIN_TIMEOUT_S + 30)) podman wait "$NAME") || fail "server still running $((DRAIN_TIMEOUT_S + 30)) s after SIGTERM"
     echo "container exited with $exit_code, $(since "$t_term") s after SIGTERM"
     podman logs "$NAME" 2>&1 | tail -n 8
-    [[ $exit_code == 0 ]] || fail "exit code $exit_code after SIGTERM"
+    [[ $exit_code == 0 ]] || fail "exit code $exit_code after SIGTERM"; passed
 }
 
 cleanup() { podman rm -f "$NAME" >/dev/null 2>&1 || true; }
@@ -216,3 +222,4 @@ step "SIGTERM during a slow request"; timed "graceful shutdown" shutdown_check
 step "summary"
 printf '  %s\n' "${TIMES[@]}"
 echo "image check passed in $((SECONDS - T0)) s: $(podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' "$IMAGE")"
+echo "image-check: $PASSED passed, 0 failed"  # a failed check exits at once, above
