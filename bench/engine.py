@@ -62,7 +62,14 @@ from service.decoding import DecodeParams, beam_search, greedy
 from service.engine import ClassifierEngine, LoadOptions, TranslatorEngine, load_engine
 from service.registry import StoreEntry
 
-TOOLS = ("ours", "ours-int8", "ct2", "ct2-int8", "hf", "torch", "uncached", "classifier", "matmul")
+# CTranslate2 configurations: compute type, and whether the threads run parallel sub-batches
+CT2_TOOLS = {
+    "ct2": ("float32", False),
+    "ct2-workers": ("float32", True),
+    "ct2-int8": ("int8", False),
+    "ct2-int8-workers": ("int8", True),
+}
+TOOLS = ("ours", "ours-int8", *CT2_TOOLS, "hf", "torch", "uncached", "classifier", "matmul")
 NEVER = -1  # an EOS id no step can produce: every tool generates exactly `new_tokens`
 BOS = 1
 WORDS = "the a cat dog house tree red blue small big runs sleeps sees file open save close window".split()
@@ -422,8 +429,11 @@ def contention() -> dict[str, object]:
 class Bench:
     """One run: the shape, the timing rule, the shared inputs and the rows measured so far."""
 
-    def __init__(self, s: Shape, threads: int, timing: Timing, batches: list[int], beams: list[int]) -> None:
+    def __init__(
+        self, s: Shape, threads: int, timing: Timing, batches: list[int], beams: list[int], retries: int = 0
+    ) -> None:
         self.s, self.threads, self.timing, self.batches, self.beams = s, threads, timing, batches, beams
+        self.retries = retries
         rng = np.random.default_rng(0)
         self.inputs = {b: rng.integers(5, s.vocab, size=(b, s.src_len), dtype=np.int64) for b in batches}
         self.clf_inputs = {b: rng.integers(5, s.vocab, size=(b, s.clf_len), dtype=np.int64) for b in batches}
@@ -434,12 +444,24 @@ class Bench:
     def session(self, path: Path) -> runtime.ort.InferenceSession:
         return runtime.make_session(path.read_bytes(), ["CPUExecutionProvider"], self.threads)
 
+    def measure(self, fn: Callable[[], object]) -> tuple[float, int, float | None]:
+        """median_seconds, measured again (up to `retries` times) while other processes used the CPUs."""
+        sec, n, others = median_seconds(fn, self.timing)
+        for _ in range(self.retries):
+            if not others or others <= CONTENDED:
+                break
+            time.sleep(5)
+            again = median_seconds(fn, self.timing)
+            if again[2] is not None and again[2] < others:
+                sec, n, others = again
+        return sec, n, others
+
     def record(self, tool: str, batch: int, beam: int, fn: Callable[[], object]) -> None:
         out = fn()
         lens = {len(r) for r in out}  # type: ignore[attr-defined]
         if len(out) != batch or lens != {self.s.new_tokens}:  # type: ignore[arg-type]
             raise RuntimeError(f"{tool}: expected {batch} rows of {self.s.new_tokens} tokens, got lengths {lens}")
-        sec, n, others = median_seconds(fn, self.timing)
+        sec, n, others = self.measure(fn)
         tps = batch * self.s.new_tokens / sec
         gflops = translate_flops(self.s, batch, beam) / sec / 1e9
         row = {"tool": tool, "batch": batch, "beam": beam, "seconds": sec, "runs": n, "tokens_per_s": tps}
@@ -501,28 +523,31 @@ class Bench:
         model = marian_model(s)
         model.save_pretrained(self.tmp / "marian")
         vocab = stand_in_vocab(s)
-        translators = {}
-        if tools & {"ct2", "ct2-int8"}:
+        # CTranslate2 both ways to use the threads: intra-op (one batch, `threads` threads) and workers
+        # (`threads` sub-batches decoded in parallel, one thread each), like this engine's shards.
+        translators: dict[str, tuple[Any, bool]] = {}
+        if tools & set(CT2_TOOLS):
             import ctranslate2
 
             convert_ct2(self.tmp / "marian", self.tmp / "ct2", s)
-            for tool, compute in (("ct2", "float32"), ("ct2-int8", "int8")):
+            for tool, (compute, workers) in CT2_TOOLS.items():
                 if tool in tools:
-                    translators[tool] = ctranslate2.Translator(
+                    translator = ctranslate2.Translator(
                         str(self.tmp / "ct2"),
                         device="cpu",
                         compute_type=compute,
-                        inter_threads=1,
-                        intra_threads=self.threads,
+                        inter_threads=self.threads if workers else 1,
+                        intra_threads=1 if workers else self.threads,
                     )
+                    translators[tool] = (translator, workers)
 
-        def ct2(translator: Any, src: list[list[str]], beam: int) -> list[list[str]]:
+        def ct2(translator: Any, workers: bool, src: list[list[str]], beam: int) -> list[list[str]]:
             res = translator.translate_batch(
                 src,
                 beam_size=beam,
                 max_decoding_length=s.new_tokens,
                 min_decoding_length=s.new_tokens,
-                max_batch_size=0,
+                max_batch_size=-(-len(src) // self.threads) if workers else 0,
                 num_hypotheses=1,
             )
             return [r.hypotheses[0] for r in res]
@@ -542,10 +567,9 @@ class Bench:
 
         for beam, b in self.cases():
             ids = self.inputs[b]
-            for tool, translator in translators.items():
-                self.record(
-                    tool, b, beam, partial(ct2, translator, [[vocab[i] for i in row] for row in ids.tolist()], beam)
-                )
+            src = [[vocab[i] for i in row] for row in ids.tolist()]
+            for tool, (translator, workers) in translators.items():
+                self.record(tool, b, beam, partial(ct2, translator, workers, src, beam))
             if "hf" in tools:
                 t_ids, t_mask = torch.from_numpy(ids), torch.ones((b, s.src_len), dtype=torch.long)
                 self.record("hf", b, beam, partial(hf, t_ids, t_mask, beam))
@@ -571,7 +595,7 @@ class Bench:
                 "torch": partial(eager, torch.from_numpy(ids), torch.from_numpy(mask)),
             }
             for name, fn in fns.items():
-                sec, n, others = median_seconds(fn, self.timing)
+                sec, n, others = self.measure(fn)
                 gflops = classifier_flops(s, b) / sec / 1e9
                 row = {"tool": name, "batch": b, "seconds": sec, "runs": n, "sequences_per_s": b / sec}
                 self.clf_rows.append({**row, "gflops": gflops, "others_cpu": others})
@@ -594,6 +618,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         Timing(args.min_runs, args.min_time, args.warmup),
         [int(x) for x in args.batches.split(",")],
         [int(x) for x in args.beams.split(",")],
+        args.retries,
     )
     results: dict[str, object] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -606,7 +631,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     print(f"translation: {s.src_len} source tokens, {s.new_tokens} new tokens, {args.threads} threads")
     if tools & {"ours", "ours-int8", "uncached", "torch"}:
         results["parity_ours_vs_torch"] = bench.ours(tools)
-    if tools & {"ct2", "ct2-int8", "hf"}:
+    if tools & {*CT2_TOOLS, "hf"}:
         bench.marian(tools)
     if "classifier" in tools:
         bench.classifier()
@@ -666,11 +691,24 @@ def markdown(results: dict[str, object]) -> str:
         "ours-int8": "this engine int8 (dynamic, MatMul weights)",
         "ct2-int8": "CTranslate2 int8",
     }
+    threads = results["threads"]
+    names["ct2-workers"] = f"CTranslate2 fp32, {threads} workers × 1 thread"
+    names["ct2-int8-workers"] = f"CTranslate2 int8, {threads} workers × 1 thread"
+    names["ct2"] = f"CTranslate2 fp32, 1 worker × {threads} threads"
+    names["ct2-int8"] = f"CTranslate2 int8, 1 worker × {threads} threads"
+
+    def best_ct2(t: str, b: int, beam: int) -> dict | None:
+        """The faster CTranslate2 configuration at the precision of tool t: the one every ratio is against."""
+        pool = ("ct2-int8", "ct2-int8-workers") if t.endswith("int8") else ("ct2", "ct2-workers")
+        found = [by[(c, b, beam)] for c in pool if (c, b, beam) in by]
+        return max(found, key=lambda r: r["tokens_per_s"]) if found else None
+
     tools = [t for t in names if any(r["tool"] == t for r in rows)]
     peak = max((results.get("matmul_gflops") or {0: 0.0}).values())  # type: ignore[union-attr]
     head = [f"{'greedy' if beam == 1 else f'beam {beam}'}, batch {b}" for beam, b in cases]
     out = [
-        f"Tokens/s (output tokens of the best hypothesis; ×CTranslate2 of the same precision in brackets); "
+        "Tokens/s (output tokens of the best hypothesis; in brackets × the faster CTranslate2 configuration "
+        "of the same precision); "
         f"{s.src_len} source and "
         f"{s.new_tokens} new tokens per sentence, {results['threads']} threads, {results['machine']['cpu']}.",  # type: ignore[index]
         "",
@@ -680,12 +718,11 @@ def markdown(results: dict[str, object]) -> str:
     for t in tools:
         cells = []
         for beam, b in cases:
-            base = "ct2-int8" if t.endswith("int8") else "ct2"  # ratios against CTranslate2 at the same precision
-            r, ref = by.get((t, b, beam)), by.get((base, b, beam))
+            r, ref = by.get((t, b, beam)), best_ct2(t, b, beam)
             if r is None:
                 cells.append("–")
                 continue
-            ratio = f" ({r['tokens_per_s'] / ref['tokens_per_s']:.2f}×)" if ref and t != base else ""
+            ratio = f" ({r['tokens_per_s'] / ref['tokens_per_s']:.2f}×)" if ref and not t.startswith("ct2") else ""
             cells.append(f"{r['tokens_per_s']:,.0f}{ratio}{_mark(r, ref)}")
         out.append(f"| {names[t]} | " + " | ".join(cells) + " |")
     if peak:
@@ -737,6 +774,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-runs", type=int, default=7)
     p.add_argument("--min-time", type=float, default=2.0, help="seconds of timed runs per case, at least")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--retries", type=int, default=3, help="re-measure a case this often while it is contended")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "engine.json")
     return p
 
