@@ -6,7 +6,9 @@
 A report, not a test. Every tool gets the same random-weight model shape (d_model 256, 4 heads,
 FFN 1024, 3+3 layers, vocab 8000), the same source ids (24 tokens per sentence), exactly 24 new
 tokens per sentence and the same thread count; each case is warmed up, then timed until it has
-both `--min-runs` runs and `--min-time` seconds, and the median is reported. Throughput counts
+both `--min-runs` runs and `--min-time` seconds; that is repeated for `--rounds` rounds with the
+tools of a case measured next to each other, and the median over rounds is reported. The machine's
+CPU time used by other processes meanwhile is recorded; contended numbers are flagged (†). Throughput counts
 the output tokens of the best hypothesis only: batch × 24 for every tool and beam size.
 
 - ours:      the served path: export.onnx.export_model of export.model.Translator (pre-norm, GELU; a
@@ -36,7 +38,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -120,6 +122,18 @@ def _busy_cpu_seconds() -> float | None:
 def _own_cpu_seconds() -> float:
     t = os.times()
     return t.user + t.system
+
+
+@dataclass
+class Case:
+    """One measured configuration; `samples` holds (median seconds, runs, others' CPU share) per round."""
+
+    kind: str  # "translation" | "classifier"
+    tool: str
+    batch: int
+    beam: int  # 0 for the classifier
+    fn: Callable[[], object]
+    samples: list[tuple[float, int, float | None]] = field(default_factory=list)
 
 
 def median_seconds(fn: Callable[[], object], t: Timing) -> tuple[float, int, float | None]:
@@ -434,6 +448,7 @@ class Bench:
     ) -> None:
         self.s, self.threads, self.timing, self.batches, self.beams = s, threads, timing, batches, beams
         self.retries = retries
+        self.pending: list[Case] = []
         rng = np.random.default_rng(0)
         self.inputs = {b: rng.integers(5, s.vocab, size=(b, s.src_len), dtype=np.int64) for b in batches}
         self.clf_inputs = {b: rng.integers(5, s.vocab, size=(b, s.clf_len), dtype=np.int64) for b in batches}
@@ -457,20 +472,37 @@ class Bench:
         return sec, n, others
 
     def record(self, tool: str, batch: int, beam: int, fn: Callable[[], object]) -> None:
+        """Checks that fn generates exactly new_tokens per sentence, then queues it for measuring."""
         out = fn()
         lens = {len(r) for r in out}  # type: ignore[attr-defined]
         if len(out) != batch or lens != {self.s.new_tokens}:  # type: ignore[arg-type]
             raise RuntimeError(f"{tool}: expected {batch} rows of {self.s.new_tokens} tokens, got lengths {lens}")
-        sec, n, others = self.measure(fn)
-        tps = batch * self.s.new_tokens / sec
-        gflops = translate_flops(self.s, batch, beam) / sec / 1e9
-        row = {"tool": tool, "batch": batch, "beam": beam, "seconds": sec, "runs": n, "tokens_per_s": tps}
-        self.rows.append({**row, "gflops": gflops, "others_cpu": others})
-        print(
-            f"  {tool:<9} batch {batch:>3} beam {beam}: {tps:>8.0f} tokens/s {sec * 1e3:8.2f} ms "
-            f"{gflops:6.1f} GFLOP/s ({n} runs){_flag(others)}",
-            flush=True,
-        )
+        self.pending.append(Case("translation", tool, batch, beam, fn))
+
+    def run_rounds(self, rounds: int) -> None:
+        """Every queued case once per round, the tools of one case next to each other, so that a slow
+        drift of the shared machine hits all of them alike; a case reports its median over rounds."""
+        order = sorted(self.pending, key=lambda c: (c.kind != "translation", c.beam, c.batch))
+        for r in range(rounds):
+            print(f"round {r + 1} of {rounds}", flush=True)
+            for c in order:
+                time.sleep(0.3)  # let the previous tool's spinning worker threads park
+                sec, n, others = self.measure(c.fn)
+                c.samples.append((sec, n, others))
+                what = f"beam {c.beam}" if c.kind == "translation" else "classifier"
+                print(f"  {c.tool:<16} batch {c.batch:>3} {what}: {sec * 1e3:9.2f} ms ({n} runs){_flag(others)}")
+        for c in self.pending:
+            sec = statistics.median(s[0] for s in c.samples)
+            shares = [s[2] for s in c.samples if s[2] is not None]
+            others = statistics.median(shares) if shares else None
+            row = {"tool": c.tool, "batch": c.batch, "seconds": sec, "round_seconds": [s[0] for s in c.samples]}
+            if c.kind == "translation":
+                row |= {"beam": c.beam, "tokens_per_s": c.batch * self.s.new_tokens / sec}
+                row["gflops"] = translate_flops(self.s, c.batch, c.beam) / sec / 1e9
+                self.rows.append({**row, "others_cpu": others})
+            else:
+                row |= {"sequences_per_s": c.batch / sec, "gflops": classifier_flops(self.s, c.batch) / sec / 1e9}
+                self.clf_rows.append({**row, "others_cpu": others})
 
     def cases(self) -> list[tuple[int, int]]:
         return [(beam, b) for beam in self.beams for b in self.batches]
@@ -595,14 +627,7 @@ class Bench:
                 "torch": partial(eager, torch.from_numpy(ids), torch.from_numpy(mask)),
             }
             for name, fn in fns.items():
-                sec, n, others = self.measure(fn)
-                gflops = classifier_flops(s, b) / sec / 1e9
-                row = {"tool": name, "batch": b, "seconds": sec, "runs": n, "sequences_per_s": b / sec}
-                self.clf_rows.append({**row, "gflops": gflops, "others_cpu": others})
-                print(
-                    f"  {name:<9} batch {b:>3}: {b / sec:>9.0f} sequences/s {sec * 1e3:8.3f} ms{_flag(others)}",
-                    flush=True,
-                )
+                self.pending.append(Case("classifier", name, b, 0, fn))
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
@@ -635,6 +660,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         bench.marian(tools)
     if "classifier" in tools:
         bench.classifier()
+    bench.run_rounds(args.rounds)
+    results["rounds"] = args.rounds
     results["translation"], results["classifier"] = bench.rows, bench.clf_rows
     if "matmul" in tools:
         big = 256 if args.tiny else 2048
@@ -682,20 +709,19 @@ def markdown(results: dict[str, object]) -> str:
     rows: list[dict] = results["translation"]  # type: ignore[assignment]
     by = {(r["tool"], r["batch"], r["beam"]): r for r in rows}
     cases = sorted({(r["beam"], r["batch"]) for r in rows})
+    threads = results["threads"]
     names = {
         "ours": "this engine fp32 (ORT, cached)",
-        "ct2": "CTranslate2 fp32",
+        "ct2": f"CTranslate2 fp32, 1 worker × {threads} threads",
+        "ct2-workers": f"CTranslate2 fp32, {threads} workers × 1 thread",
         "hf": "HF transformers generate fp32",
         "torch": "PyTorch eager fp32 (cached)",
         "uncached": "this engine fp32, uncached graph",
         "ours-int8": "this engine int8 (dynamic, MatMul weights)",
-        "ct2-int8": "CTranslate2 int8",
+        "ct2-int8": f"CTranslate2 int8, 1 worker × {threads} threads",
+        "ct2-int8-workers": f"CTranslate2 int8, {threads} workers × 1 thread",
     }
-    threads = results["threads"]
-    names["ct2-workers"] = f"CTranslate2 fp32, {threads} workers × 1 thread"
-    names["ct2-int8-workers"] = f"CTranslate2 int8, {threads} workers × 1 thread"
-    names["ct2"] = f"CTranslate2 fp32, 1 worker × {threads} threads"
-    names["ct2-int8"] = f"CTranslate2 int8, 1 worker × {threads} threads"
+    tools = [t for t in names if any(r["tool"] == t for r in rows)]
 
     def best_ct2(t: str, b: int, beam: int) -> dict | None:
         """The faster CTranslate2 configuration at the precision of tool t: the one every ratio is against."""
@@ -771,9 +797,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--src-len", type=int, default=0)
     p.add_argument("--new-tokens", type=int, default=0)
-    p.add_argument("--min-runs", type=int, default=7)
-    p.add_argument("--min-time", type=float, default=2.0, help="seconds of timed runs per case, at least")
+    p.add_argument("--min-runs", type=int, default=5)
+    p.add_argument("--min-time", type=float, default=1.0, help="seconds of timed runs per case and round, at least")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=3, help="measure every case this often; report the median")
     p.add_argument("--retries", type=int, default=3, help="re-measure a case this often while it is contended")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "engine.json")
     return p
