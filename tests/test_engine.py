@@ -15,7 +15,7 @@ from export.model import Classifier, Translator, greedy_uncached
 from export.train import pad
 from service import registry, runtime
 from service.decoding import DecodeParams
-from service.engine import ClassifierEngine, LoadOptions, TranslatorEngine, load_engine
+from service.engine import MIN_SHARD_ROWS, ClassifierEngine, LoadOptions, TranslatorEngine, load_engine
 from service.engine import pad as engine_pad
 from service.errors import InputTooLong, InvalidInput
 from tests.conftest import sentences
@@ -70,6 +70,22 @@ def test_batch_equals_single_runs(mt: TranslatorEngine, beam: int) -> None:
         single = mt.translate_ids([s], params)[0]
         assert [h.tokens for h in single] == [h.tokens for h in b]
         assert np.allclose([h.score for h in single], [h.score for h in b], atol=1e-5)
+
+
+@pytest.mark.parametrize("beam", [1, 4])
+def test_row_shards_decode_like_one_batch(
+    entries: dict[str, registry.StoreEntry], mt: TranslatorEngine, beam: int
+) -> None:
+    sharded = load_engine(entries["tiny-mt"], LoadOptions(threads=3))
+    assert isinstance(sharded, TranslatorEngine) and sharded.shards == 3
+    seqs = mt.encode(sentences(3 * MIN_SHARD_ROWS + 2, seed=27))  # three shards of unequal size
+    params = DecodeParams(beam_size=beam, max_new_tokens=20, num_hypotheses=min(2, beam))
+    stages: dict[str, float] = {}
+    got = sharded.translate_ids(seqs, params, timer=stages.__setitem__)
+    ref = mt.translate_ids(seqs, params)
+    assert [[h.tokens for h in row] for row in got] == [[h.tokens for h in row] for row in ref]
+    assert np.allclose([h.score for row in got for h in row], [h.score for row in ref for h in row], atol=1e-5)
+    assert set(stages) == {"encode", "decode"} and min(stages.values()) >= 0
 
 
 def test_beam_search_scores_are_consistent(mt: TranslatorEngine) -> None:
