@@ -14,6 +14,7 @@ the output tokens of the best hypothesis only: batch × 24 for every tool and be
 - ours:      the served path: export.onnx.export_model of export.model.Translator (pre-norm, GELU; a
              validated fp32 + int8 version folder), service.engine.load_engine, TranslatorEngine.translate_ids
              with its EOS id set to -1, which no step can produce. `ours-int8`: the int8 variant.
+             load_engine(threads=2) decodes a batch as 2 sentence shards on one-thread sessions.
 - ct2:       CTranslate2 fp32 (`ct2-int8`: int8) on a transformers MarianMTModel of the same shape (GELU,
              post-norm: Marian has no pre-norm option; the FLOP count differs by one LayerNorm per stack),
              converted offline with a stand-in vocabulary. min/max_decoding_length force the length.
