@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from export import metrics
 from export.model import Classifier, Translator, greedy_uncached
 from export.tokenizer import special_ids
+from service.engine import pad
 from service.manifest import MANIFEST, GraphSpec, Manifest, TensorSpec, file_entry
 
 OPSET = 17
@@ -214,21 +215,13 @@ def session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
-def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    n = max(len(s) for s in seqs)
-    ids = np.full((len(seqs), n), pad_id, dtype=np.int64)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = s
-    return ids, (ids != pad_id).astype(np.int64)
-
-
 def ort_greedy(
     enc: ort.InferenceSession, dec: ort.InferenceSession, model: Translator, src: Sequence[Sequence[int]], max_new: int
 ) -> list[list[int]]:
     """A deliberately plain cached greedy loop (no beam, no row dropping): the export's own reference."""
     c = model.config
     n, h, dk = len(model.layers), c.n_heads, c.d_model // c.n_heads
-    ids, mask = pad_batch(src)
+    ids, mask = pad(src)
     enc_out = enc.run(None, {"input_ids": ids, "attention_mask": mask})
     cross = dict(zip(kv_names("cross_key_values", n), enc_out[1:], strict=True))
     past = {name: np.zeros((len(src), h, 0, dk), np.float32) for name in kv_names("past_key_values", n)}
@@ -262,7 +255,7 @@ def check_classifier(model: Classifier, path: Path, seqs: Sequence[list[int]], t
     sess = session(path)
     worst = 0.0
     for batch in _cases(seqs):
-        ids, mask = pad_batch(batch)
+        ids, mask = pad(batch)
         ref = model(torch.from_numpy(ids), torch.from_numpy(mask)).detach().numpy()
         got = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
         worst = max(worst, float(np.abs(ref - got).max()))
@@ -278,7 +271,7 @@ def check_translator(model: Translator, enc_path: Path, dec_path: Path, seqs: Se
     enc, dec = session(enc_path), session(dec_path)
     worst = 0.0
     for batch in _cases(seqs):
-        ids, mask = pad_batch(batch)
+        ids, mask = pad(batch)
         t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
         memory = model.encode(t_ids, t_mask)
         cross_t = model.cross_kv(memory)
@@ -317,7 +310,7 @@ def check_greedy_tokens(
     same = 0
     for s in range(0, len(seqs), 32):
         batch = list(seqs[s : s + 32])
-        ids, mask = pad_batch(batch)
+        ids, mask = pad(batch)
         ref = greedy_uncached(model, torch.from_numpy(ids), torch.from_numpy(mask), max_new)
         got = ort_greedy(enc, dec, model, batch, max_new)
         same += sum(a == b for a, b in zip(ref, got, strict=True))
@@ -338,7 +331,7 @@ def eval_classifier_variant(
     pred = np.zeros(len(seqs), np.int64)
     for s in range(0, len(order), 64):
         idx = order[s : s + 64]
-        ids, mask = pad_batch([seqs[i] for i in idx])
+        ids, mask = pad([seqs[i] for i in idx])
         pred[idx] = sess.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0].argmax(-1)
     gold = [labels.index(r["label"]) for r in rows]
     return {

@@ -15,6 +15,7 @@ from tokenizers import Tokenizer
 from export import onnx as exporter
 from export.model import Classifier, Translator
 from export.train import save_checkpoint
+from service.engine import pad
 from service.manifest import ManifestError, read_manifest, verify_folder
 from tests.conftest import LABELS, sentences
 
@@ -72,7 +73,7 @@ def test_int8_classifier_agrees_with_fp32(
     tiny_store: Path, tiny_classifier: Classifier, tiny_tokenizer: Tokenizer
 ) -> None:
     seqs = [e.ids for e in tiny_tokenizer.encode_batch(sentences(64, seed=3))]
-    ids, mask = exporter.pad_batch(seqs)
+    ids, mask = pad(seqs)
     fp32 = exporter.session(tiny_store / "tiny-clf" / "1" / "model.onnx").run(
         None, {"input_ids": ids, "attention_mask": mask}
     )[0]
