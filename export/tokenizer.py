@@ -1,41 +1,69 @@
-"""Subword tokenizer training (HF `tokenizers`, BPE), saved as one JSON file.
+"""Subword tokenizer training (HF `tokenizers`, BPE with byte fallback), saved as one JSON file.
 
-Metaspace pre-tokenisation splits on spaces only, never on punctuation, so identifiers and
-placeholders such as `dpkg-split` or `|FILE|` decode back exactly as written (a punctuation
-splitter would come back as `dpkg - split`). NFKC folds look-alike Unicode forms.
+Lossless by construction: NFC is the only normalisation (canonical composition; no NFKC
+rewriting of ``10⁵`` or ``™``), every character outside the learned vocabulary is spelled as
+its UTF-8 bytes (``<0xC3>``...) instead of becoming ``<unk>``, and the special tokens live only
+in the vocabulary, never as "added tokens": a user who types ``</s>`` gets those characters,
+not an end-of-sentence. So ``decode(encode(s)) == NFC(s)`` for every string, except that the
+word marker ``▁`` (U+2581) reads back as a space (the translator protects it as a span).
+
+Metaspace pre-tokenisation splits on spaces only, never on punctuation, so identifiers such as
+`dpkg-split` or `|FILE|` decode exactly as written. The translator's placeholders (``⟨1⟩``...,
+`service.contract.spans`) are added tokens: one id each, matched before BPE.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import re
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from service.contract import spans
+from service.contract.graphs import SPECIAL_IDS
+from service.contract.spans import PLACEHOLDERS
 
 PAD, BOS, EOS, UNK, MASK = "<pad>", "<s>", "</s>", "<unk>", "<mask>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK, MASK]  # ids 0..4, fixed across every model of the project
+BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
+_PLACEHOLDER = re.compile("|".join(map(re.escape, PLACEHOLDERS)))  # one id each: kept out of BPE training
+
+
+def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
-    tok = Tokenizer(models.BPE(unk_token=UNK))
-    tok.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Strip()])
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    """A BPE tokenizer of `vocab_size` ids in all: specials, learned pieces, 256 bytes, placeholders."""
+    learned = vocab_size - len(BYTE_TOKENS) - len(PLACEHOLDERS)
+    if learned <= len(SPECIAL_TOKENS):
+        raise ValueError(f"vocab_size {vocab_size} leaves no room for learned pieces")
+    base = Tokenizer(models.BPE(unk_token=UNK))
+    base.normalizer = normalizers.NFC()
+    base.pre_tokenizer = _pre_tokenizer()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=SPECIAL_TOKENS,
-        show_progress=False,
+        vocab_size=learned, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS, show_progress=False
     )
-    tok.train_from_iterator(texts, trainer=trainer)
-    for i, name in enumerate(SPECIAL_TOKENS):
+    base.train_from_iterator((_PLACEHOLDER.sub(" ", t) for t in texts), trainer=trainer)
+    model = json.loads(base.to_str())["model"]
+    vocab: dict[str, int] = dict(model["vocab"])
+    merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+    for b in BYTE_TOKENS:
+        vocab.setdefault(b, len(vocab))
+
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=UNK, byte_fallback=True))
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = _pre_tokenizer()
+    tok.decoder = decoders.Sequence(
+        [decoders.ByteFallback(), decoders.Metaspace(replacement="▁", prepend_scheme="first")]
+    )
+    tok.add_tokens([AddedToken(p, normalized=False, special=False) for p in PLACEHOLDERS])
+    for name, i in zip(SPECIAL_TOKENS, SPECIAL_IDS.values(), strict=True):
         if tok.token_to_id(name) != i:
             raise RuntimeError(f"special token {name} got id {tok.token_to_id(name)}, expected {i}")
     return tok
-
-
-def special_ids() -> dict[str, int]:
-    return {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "mask_id": 4}
 
 
 def save(tok: Tokenizer, path: Path) -> None:
@@ -44,3 +72,16 @@ def save(tok: Tokenizer, path: Path) -> None:
 
 def load(path: Path) -> Tokenizer:
     return Tokenizer.from_file(str(path))
+
+
+def encode_texts(tok: Tokenizer, texts: Sequence[str], max_len: int) -> list[list[int]]:
+    """Ids per text, cut at `max_len`; an empty text is one <unk> (every row has a real token)."""
+    return [e.ids[:max_len] or [SPECIAL_IDS["unk_id"]] for e in tok.encode_batch(list(texts))]
+
+
+def encode_sources(tok: Tokenizer, texts: Sequence[str], max_len: int) -> tuple[list[list[int]], list[spans.Masked]]:
+    """Translator source ids as the service builds them (spans masked, EOS appended, at most
+    `max_len` ids in all) and the masks that restore the spans after decoding."""
+    masked = [spans.mask(t) for t in texts]
+    ids = encode_texts(tok, [m.text for m in masked], max_len - 1)
+    return [s + [SPECIAL_IDS["eos_id"]] for s in ids], masked

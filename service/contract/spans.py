@@ -1,0 +1,181 @@
+"""Protected spans: what the translator must copy verbatim, and the placeholders that stand for it.
+
+Placeholders, URLs, e-mail addresses, paths, command-line options, numbers and markup carry
+meaning the model must not touch. Before translation each such span is replaced by a numbered
+placeholder token (``⟨1⟩``, ``⟨2⟩``, ... in source order); the model was trained on text masked
+by these same rules, so it learned to copy placeholders to the right place; after decoding each
+placeholder is replaced by its original text. A span the model dropped is still never lost: it
+is appended at the end of the translation, in source order, after one space. A placeholder the
+model repeats keeps only its first occurrence; an unknown one is removed.
+
+The exporter masks its training pairs with `mask_pair`, the service masks requests with `mask`:
+one module, so training and serving agree by construction.
+
+Rules, in the order they are tried at each position (the first that matches wins):
+  own       a literal placeholder ``⟨7⟩`` in the input (so it passes through too)
+  markup    ``<b>``, ``</a>``, ``<br/>``, ``<a href="x">``; entities ``&amp;`` ``&#39;``
+  quoted    GCC's ``%<...%>`` code quotes
+  url       ``scheme://...``, ``www....``, ``mailto:...`` (trailing punctuation excluded)
+  email     ``name@host.tld``
+  path      ``/usr/bin/x``, ``~/x``, ``./x``, ``../x``, ``C:\\x``, ``dir/file.ext``
+  host      ``example.com``, ``files.example.org`` (common top-level domains)
+  file      ``config.ini``, ``README.md`` (common file extensions)
+  format    ``%s`` ``%d`` ``%-5.2f`` ``%1$s`` ``%(name)s`` ``%qD`` ``%1`` ``%%`` ``{0}`` ``{name}``
+            ``{{`` ``}}`` ``$VAR`` ``${VAR}`` ``$(VAR)`` ``$1`` ``@VAR@`` ``#NAME#``
+  option    ``-v``, ``--force``, ``--output=x``, ``-fsanitize=address``
+  number    ``42``, ``-3``, ``1,299.95``, ``10⁵``, ``3D``, dates ``2024-01-15`` ``15.01.2024``
+            ``01/15/2024``, times ``12:30:45``, IP addresses ``192.168.0.1``, versions ``1.2.3``
+  marker    ``▁`` (U+2581, the tokenizer's word marker)
+Spans that touch (no character between them) are merged into one. At most `PLACEHOLDER_COUNT`
+spans of a text are masked; any further ones stay in the text as they are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+PLACEHOLDER_COUNT = 16
+PLACEHOLDER_OPEN, PLACEHOLDER_CLOSE = "⟨", "⟩"
+
+
+def placeholder(number: int) -> str:
+    """The placeholder token for span `number` (1-based)."""
+    return f"{PLACEHOLDER_OPEN}{number}{PLACEHOLDER_CLOSE}"
+
+
+PLACEHOLDERS = tuple(placeholder(i) for i in range(1, PLACEHOLDER_COUNT + 1))
+"""Every placeholder token, in order; the tokenizer holds each as one token."""
+
+_TLD = "com|org|net|edu|gov|io|de|at|ch|uk|eu|info|biz|dev|app|fr|nl|it|es|se|no|dk|fi|pl|cz|ru|jp|cn|us|ca|au|be"
+_EXT = (
+    "txt|ini|conf|cfg|json|xml|yaml|yml|toml|csv|tsv|log|md|rst|html?|css|js|ts|py|c|h|cc|cpp|hpp|rs|go|java|sh|"
+    "bat|exe|dll|so|deb|rpm|tar|gz|bz2|xz|zip|7z|iso|img|png|jpe?g|gif|svg|bmp|tiff?|webp|pdf|odt|ods|odp|docx?|"
+    "xlsx?|pptx?|mp3|mp4|ogg|wav|flac|mkv|avi|mov|desktop|service|po|mo|db|sqlite|lock|key|pem|crt"
+)
+_TRAIL = r"""[.,;:!?'"»«)\]]*(?:\s|$)"""  # punctuation that ends a sentence, not a path
+
+_RULES: tuple[tuple[str, str], ...] = (
+    ("own", r"⟨\d+⟩"),
+    ("markup", r"</?[A-Za-z][A-Za-z0-9:-]*(?:\s[^<>]*)?/?>|&(?:[A-Za-z][A-Za-z0-9]*|#\d+|#[xX][0-9A-Fa-f]+);"),
+    ("quoted", r"%<.*?%>"),
+    ("url", r"""(?<![\w@])(?:[A-Za-z][A-Za-z0-9+.-]*://|www\.|mailto:)[^\s<>"]+"""),
+    ("email", r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?![\w-])"),
+    (
+        "path",
+        rf"""(?<![\w/\\])(?:(?:~|\.\.?)?/[\w.@+~%-]+(?:/[\w.@+~%-]*)*?(?={_TRAIL})"""
+        r"|[A-Za-z]:\\[^\s<>\"]*[^\s<>\".,;:!?)]"
+        rf"|(?:[\w.-]+/)+[\w.-]*\.(?:{_EXT})(?![\w]))",
+    ),
+    ("host", rf"(?<![\w@.-])(?:[A-Za-z0-9-]+\.)+(?:{_TLD})(?![\w-])"),
+    ("file", rf"(?<![\w.-])[\w-]+(?:\.[\w-]+)*\.(?:{_EXT})(?![\w-])"),
+    (
+        "format",
+        r"(?<!\d)%(?:\d+\$)?(?:\([^()\s]*\))?[-+#0'q]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|ll|[hlLjzt])?[A-Za-z]"
+        r"|%\d+|%%"
+        r"|\{\{|\}\}|\{[^{}\s]*\}"
+        r"|\$\{[^{}\s]*\}|\$\([^()\s]*\)|\$[A-Za-z_][A-Za-z0-9_]*|\$\d+(?:[.,]\d+)*"
+        r"|@[A-Za-z_][A-Za-z0-9_]*@|#[A-Z][A-Z_]*#",
+    ),
+    ("option", r"""(?<![^\s(\[{"'»«„“])--?[A-Za-z][\w-]*(?:=[^\s,;]+)?"""),
+    ("number", r"(?<![\w.,])(?:[vV](?=\d)|[+-])?\d+(?:[.,:/-]\d+)*[⁰¹²³⁴⁵⁶⁷⁸⁹]*(?:[A-Za-z]+(?![\w-]))?"),
+    ("marker", r"▁+"),
+)
+_PATTERN = re.compile("|".join(f"(?P<{kind}>{rx})" for kind, rx in _RULES))
+_OUTPUT_PLACEHOLDER = re.compile(r"( ?)⟨(\d+)⟩")
+
+
+@dataclass(frozen=True)
+class Span:
+    start: int
+    end: int
+    kind: str  # the rule that matched first; "merged" when touching spans were joined
+
+
+@dataclass(frozen=True)
+class Masked:
+    """A text with its first spans replaced by placeholders; ``spans[i]`` is ``placeholder(i + 1)``."""
+
+    text: str
+    spans: tuple[str, ...]
+
+
+def find_spans(text: str) -> list[Span]:
+    """The protected spans of `text`, left to right, non-overlapping, touching ones merged."""
+    out: list[Span] = []
+    for m in _PATTERN.finditer(text):
+        kind = m.lastgroup or "span"
+        end = _url_end(text, m.start(), m.end()) if kind == "url" else m.end()
+        if end == m.start():
+            continue
+        if out and out[-1].end == m.start():
+            out[-1] = Span(out[-1].start, end, "merged")
+        else:
+            out.append(Span(m.start(), end, kind))
+    return out
+
+
+def _url_end(text: str, start: int, end: int) -> int:
+    """A URL ends before trailing sentence punctuation; a closing bracket it opened stays in it."""
+    while end > start:
+        last = text[end - 1]
+        if last in ".,;:!?'\"»«" or (
+            last in ")]" and text.count("(["[")]".index(last)], start, end) < text.count(last, start, end)
+        ):
+            end -= 1
+        else:
+            break
+    return end
+
+
+def _replace(text: str, spans: list[Span], numbers: list[int]) -> str:
+    parts, pos = [], 0
+    for span, number in zip(spans, numbers, strict=True):
+        parts += [text[pos : span.start], placeholder(number)]
+        pos = span.end
+    parts.append(text[pos:])
+    return "".join(parts)
+
+
+def mask(text: str) -> Masked:
+    """Replaces the first `PLACEHOLDER_COUNT` protected spans by ``⟨1⟩``, ``⟨2⟩``, ..."""
+    spans = find_spans(text)[:PLACEHOLDER_COUNT]
+    return Masked(_replace(text, spans, list(range(1, len(spans) + 1))), tuple(text[s.start : s.end] for s in spans))
+
+
+def unmask(translation: str, spans: tuple[str, ...] | list[str]) -> str:
+    """Puts the original spans back; every span ends up in the result exactly once."""
+    used: set[int] = set()
+
+    def restore(m: re.Match[str]) -> str:
+        k = int(m.group(2)) - 1
+        if 0 <= k < len(spans) and k not in used:
+            used.add(k)
+            return m.group(1) + spans[k]
+        return ""  # repeated or unknown placeholder, with the space before it
+
+    out = _OUTPUT_PLACEHOLDER.sub(restore, translation)
+    missing = [s for k, s in enumerate(spans) if k not in used]
+    if missing:
+        out = " ".join([out.rstrip(), *missing]) if out.strip() else " ".join(missing)
+    return out
+
+
+def mask_pair(source: str, target: str, first: int = 1) -> tuple[str, str] | None:
+    """A training pair masked alike on both sides, or None when the sides' spans differ.
+
+    Source spans are numbered from `first` in order; each target span takes the number of an
+    equal source span (in order when a text repeats), so reordering is learned as it is.
+    """
+    src, tgt = find_spans(source), find_spans(target)
+    src_texts = [source[s.start : s.end] for s in src]
+    tgt_texts = [target[s.start : s.end] for s in tgt]
+    if Counter(src_texts) != Counter(tgt_texts) or first + len(src) - 1 > PLACEHOLDER_COUNT:
+        return None
+    numbers = list(range(first, first + len(src)))
+    free: dict[str, list[int]] = {}
+    for text, number in zip(src_texts, numbers, strict=True):
+        free.setdefault(text, []).append(number)
+    tgt_numbers = [free[text].pop(0) for text in tgt_texts]
+    return _replace(source, src, numbers), _replace(target, tgt, tgt_numbers)
