@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -225,9 +226,11 @@ class Classifier(nn.Module):
         pooled = (x * m).sum(1) / m.sum(1).clamp(min=1.0)  # (B, D)
         return self.head(self.head_dropout(pooled))  # (B, C) logits
 
-    def mlm_logits(self, ids: Tensor, mask: Tensor) -> Tensor:
-        x = self.encoder(ids, mask)  # (B, S, D)
-        return x @ self.encoder.embed.tokens.weight.T  # (B, S, V), tied to the input embedding
+    def mlm_logits(self, ids: Tensor, mask: Tensor, scored: Tensor) -> Tensor:
+        """Token logits at the `scored` (B, S) positions only: the vocabulary projection is most of
+        a pre-training step, and only the masked 15 % of positions have a target."""
+        x = self.encoder(ids, mask)[scored]  # (N, D)
+        return x @ self.encoder.embed.tokens.weight.T  # (N, V), tied to the input embedding
 
 
 class Translator(nn.Module):
@@ -273,57 +276,46 @@ class Translator(nn.Module):
         return logits
 
 
-@torch.no_grad()
-def greedy_uncached(model: Translator, src: Tensor, src_mask: Tensor, max_new_tokens: int) -> list[list[int]]:
-    """Reference decoding: re-run the full decoder over the whole prefix every step (no cache).
-
-    The export and engine tests compare cached decoding against this, token for token.
-    """
-    c = model.config
-    memory = model.encode(src, src_mask)
-    cross = model.cross_kv(memory)
-    b = src.size(0)
-    tgt = torch.full((b, 1), c.bos_id, dtype=torch.long, device=src.device)
-    done = torch.zeros(b, dtype=torch.bool, device=src.device)
-    for _ in range(max_new_tokens):
-        logits, _ = model.decode(tgt, model.empty_past(b, src.device), cross, src_mask)
-        nxt = logits[:, -1].argmax(-1)
-        nxt = torch.where(done, torch.full_like(nxt, c.pad_id), nxt)
-        tgt = torch.cat([tgt, nxt[:, None]], dim=1)
-        done |= nxt == c.eos_id
-        if bool(done.all()):
-            break
-    out = []
-    for row in tgt[:, 1:].tolist():
-        out.append(row[: row.index(c.eos_id)] if c.eos_id in row else row)
-    return out
-
-
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
 @torch.no_grad()
-def greedy_cached(model: Translator, src: Tensor, src_mask: Tensor, max_new_tokens: int) -> list[list[int]]:
-    """Batched greedy decoding with the explicit K/V cache (evaluation and the eager benchmark)."""
-    c = model.config
-    memory = model.encode(src, src_mask)
-    cross = model.cross_kv(memory)
-    b = src.size(0)
-    past = model.empty_past(b, src.device)
-    tok = torch.full((b, 1), c.bos_id, dtype=torch.long, device=src.device)
-    done = torch.zeros(b, dtype=torch.bool, device=src.device)
-    out = torch.zeros((b, 0), dtype=torch.long, device=src.device)
+def greedy_loop(
+    step: Callable[[Tensor], Tensor], batch: int, bos_id: int, eos_id: int, max_new_tokens: int, device: torch.device
+) -> list[list[int]]:
+    """The one greedy loop of the exporter: `step(prefix (B, T)) -> scores (B, V)` of the next token.
+
+    The loop owns the BOS/EOS bookkeeping; the step owns the model (PyTorch with or without its
+    K/V cache, or ONNX Runtime sessions). Returns the generated ids per sentence, EOS cut off.
+    """
+    prefix = torch.full((batch, 1), bos_id, dtype=torch.long, device=device)  # (B, 1 + generated)
+    done = torch.zeros(batch, dtype=torch.bool, device=device)
     for _ in range(max_new_tokens):
-        logits, past = model.decode(tok, past, cross, src_mask)
-        nxt = logits[:, -1].argmax(-1)  # (B,)
-        nxt = torch.where(done, torch.full_like(nxt, c.eos_id), nxt)
-        out = torch.cat([out, nxt[:, None]], dim=1)
-        done |= nxt == c.eos_id
+        nxt = torch.where(done, eos_id, torch.as_tensor(step(prefix), device=device).argmax(-1))  # (B,)
+        prefix = torch.cat([prefix, nxt[:, None]], dim=1)
+        done |= nxt == eos_id
         if bool(done.all()):
             break
-        tok = nxt[:, None]
-    rows = []
-    for row in out.tolist():
-        rows.append(row[: row.index(c.eos_id)] if c.eos_id in row else row)
-    return rows
+    return [row[: row.index(eos_id)] if eos_id in row else row for row in prefix[:, 1:].tolist()]
+
+
+@torch.no_grad()
+def greedy(
+    model: Translator, src: Tensor, src_mask: Tensor, max_new_tokens: int, *, cached: bool = True
+) -> list[list[int]]:
+    """The PyTorch reference for greedy decoding. cached=False re-runs the decoder over the whole
+    prefix at every step (no K/V cache): the export's parity check compares the ONNX graphs to it."""
+    c = model.config
+    cross = model.cross_kv(model.encode(src, src_mask))
+    b = src.size(0)
+    past = [model.empty_past(b, src.device)]
+
+    def step(prefix: Tensor) -> Tensor:
+        if cached:
+            logits, past[0] = model.decode(prefix[:, -1:], past[0], cross, src_mask)
+        else:
+            logits, _ = model.decode(prefix, model.empty_past(b, src.device), cross, src_mask)
+        return logits[:, -1]
+
+    return greedy_loop(step, b, c.bos_id, c.eos_id, max_new_tokens, src.device)

@@ -1,19 +1,27 @@
 """Training loops for the classifier (masked-token pre-training, then fine-tuning) and the translator.
 
 Both use AdamW, linear warm-up then linear decay, gradient clipping and label smoothing, a fixed
-seed and explicit thread settings. The schedule is fixed in steps so a run is reproducible; the CLI
-can turn a time budget into steps by timing the first steps. Checkpoints are safetensors + JSON.
+seed and explicit thread settings. The schedule is fixed in steps, and the batch stream is a pure
+function of (seed, step), so a run is reproducible and an interrupted one resumes where it stopped:
+every evaluation writes a resumable state (`state-<phase>.pt`) beside the run's tokenizer; running
+the same command again continues from it. Checkpoints are safetensors + JSON.
+
+Translator pairs are masked with `service.contract.spans` (placeholders ``⟨1⟩``... for the spans
+the service will protect), so the model learns to copy placeholders; evaluation translates through
+the same mask -> decode -> restore path as the service.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
+import os
 import random
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -26,19 +34,24 @@ from tqdm import tqdm
 
 from export import metrics
 from export import tokenizer as tokenizer_lib
+from export.batches import EpochBatches, in_length_order, pad
 from export.model import (
     Classifier,
     ClassifierConfig,
     Translator,
     TranslatorConfig,
     count_parameters,
-    greedy_cached,
+    greedy,
+    load_config,
     save_config,
 )
+from service.contract import spans
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
+    """One training phase (masked-token pre-training, fine-tuning, translation)."""
+
     steps: int = 2000
     lr: float = 1e-3
     warmup_steps: int = 200
@@ -50,12 +63,16 @@ class TrainConfig:
     patience: int = 5  # evaluations without improvement before stopping early
     average_last: int = 5  # checkpoints averaged at the end (translator)
     seed: int = 1234
-    threads: int = 2
     device: str = "cpu"
-    time_budget_s: float = 0.0  # >0: derive `steps` from the measured speed of the first steps
-    # bf16 autocast for the forward pass: weights and optimizer stay fp32. On this AVX512-BF16 CPU a
+    # bf16 autocast for the forward pass: weights and optimizer stay fp32. On an AVX512-BF16 CPU a
     # training step takes about 0.6x the fp32 time; evaluation always runs in fp32.
     amp: bool = True
+
+
+def phase_config(args: argparse.Namespace, prefix: str = "") -> TrainConfig:
+    """The TrainConfig of one phase from the CLI arguments (`prefix` "pretrain_" for the MLM phase)."""
+    values = {f.name: getattr(args, prefix + f.name) for f in fields(TrainConfig) if hasattr(args, prefix + f.name)}
+    return TrainConfig(**values)
 
 
 @dataclass
@@ -82,77 +99,63 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
 
 
-def token_batches(lengths: Sequence[int], batch_tokens: int, rng: random.Random) -> list[list[int]]:
-    """Group examples of similar length so padding stays small; each batch holds ≤ batch_tokens (padded)."""
-    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
-    batches, cur, cur_max = [], [], 0
-    for i in order:
-        new_max = max(cur_max, lengths[i])
-        if cur and new_max * (len(cur) + 1) > batch_tokens:
-            batches.append(cur)
-            cur, new_max = [], lengths[i]
-        cur.append(i)
-        cur_max = new_max
-    if cur:
-        batches.append(cur)
-    rng.shuffle(batches)
-    return batches
-
-
-def pad(seqs: Sequence[Sequence[int]], pad_id: int = 0) -> tuple[Tensor, Tensor]:
-    n = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return ids, (ids != pad_id).long()
-
-
-def endless(batches_fn: Callable[[], list[list[int]]]) -> Iterator[list[int]]:
-    while True:
-        yield from batches_fn()
-
-
-def schedule_progress(step: int, cfg: TrainConfig, elapsed_s: float) -> float:
-    """Fraction of the run done: by steps, or by wall-clock when a time budget is set.
-
-    A time budget ties the learning-rate decay to the clock, so a run slowed down by a busy
-    machine still ends on time with a fully decayed rate (its step count is then recorded in
-    the report, and `--steps` reproduces it).
-    """
-    if cfg.time_budget_s > 0:
-        return min(1.0, elapsed_s / cfg.time_budget_s)
-    return min(1.0, step / max(1, cfg.steps))
-
-
-def lr_at(step: int, cfg: TrainConfig, progress: float) -> float:
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then linear decay to 5 % of the peak at the last step."""
     warm = min(1.0, (step + 1) / max(1, cfg.warmup_steps))
-    return cfg.lr * warm * (1.0 - 0.95 * progress)
+    return cfg.lr * warm * (1.0 - 0.95 * min(1.0, step / max(1, cfg.steps)))
+
+
+def _copy(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {k: v.detach().clone() for k, v in state.items()}
+
+
+def _save_atomic(obj: object, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
 
 
 def run_loop(
     model: nn.Module,
     cfg: TrainConfig,
-    batches: Iterator[list[int]],
-    loss_fn: Callable[[list[int]], tuple[Tensor, int]],
+    batches: EpochBatches,
+    loss_fn: Callable[[list[int], int], tuple[Tensor, int]],
     evaluate: Callable[[], float],
     desc: str,
     history: History,
-    on_eval: Callable[[int, float], None] | None = None,
-) -> dict[str, Tensor]:
-    """Generic loop: returns the best state dict by the (higher-is-better) evaluation metric."""
+    state_file: Path,
+    keep_last: int = 0,
+) -> tuple[dict[str, Tensor], list[dict[str, Tensor]]]:
+    """Trains one phase; returns the best state dict (higher metric is better) and the last
+    `keep_last` evaluated snapshots. Resumes from `state_file` when it exists."""
     opt = make_optimizer(model, cfg)
-    best, best_state, bad_evals = -math.inf, None, 0
-    t0 = time.perf_counter()
-    units = 0
-    bar = tqdm(total=None if cfg.time_budget_s > 0 else cfg.steps, desc=desc, mininterval=10.0, dynamic_ncols=True)
-    step = 0
-    progress = 0.0
-    while progress < 1.0:
+    best, best_state, bad_evals, step = -math.inf, None, 0, 0
+    snapshots: list[dict[str, Tensor]] = []
+    if state_file.is_file():
+        saved = torch.load(state_file, weights_only=False)
+        if saved["config"] != asdict(cfg):
+            raise ValueError(f"{state_file} was written with other settings: {saved['config']}; delete it to restart")
+        model.load_state_dict(saved["model"])
+        opt.load_state_dict(saved["optimizer"])
+        best, best_state, bad_evals, step = saved["best"], saved["best_state"], saved["bad_evals"], saved["step"]
+        snapshots = saved["snapshots"]
+        for k, v in saved["history"].items():
+            setattr(history, k, v)
+        torch.set_rng_state(saved["torch_rng"])
+        print(f"{desc}: resumed at step {step} from {state_file}", flush=True)
+        if saved.get("finished"):
+            model.load_state_dict(best_state)
+            return best_state, snapshots
+    stream = batches.from_step(step)
+    t0, units = time.perf_counter(), 0
+    bar = tqdm(total=cfg.steps, initial=step, desc=desc, mininterval=10.0, dynamic_ncols=True)
+    finished = False
+    while not finished:
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, cfg, progress)
+            g["lr"] = lr_at(step, cfg)
         model.train()
         with torch.autocast(torch.device(cfg.device).type, dtype=torch.bfloat16, enabled=cfg.amp):
-            loss, n_units = loss_fn(next(batches))
+            loss, n_units = loss_fn(next(stream), step)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
@@ -164,35 +167,52 @@ def run_loop(
         history.train_loss.append(loss_value)
         bar.set_postfix(loss=f"{loss_value:.3f}", per_s=f"{units / (time.perf_counter() - t0):.0f}", refresh=False)
         bar.update(1)
-        progress = schedule_progress(step, cfg, time.perf_counter() - t0)
-        if step % cfg.eval_every == 0 or progress >= 1.0:
-            model.eval()
-            value = evaluate()
-            history.eval_step.append(step)
-            history.eval_metric.append(value)
-            if on_eval:
-                on_eval(step, value)
-            bar.write(f"{desc} step {step} ({progress:.0%}) {history.eval_name}={value:.4f}")
-            if value > best:
-                best, bad_evals = value, 0
-                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            else:
-                bad_evals += 1
-                if bad_evals >= cfg.patience:
-                    bar.write(f"{desc}: early stop at step {step} (best {history.eval_name}={best:.4f})")
-                    break
+        if step % cfg.eval_every and step < cfg.steps:
+            continue
+        model.eval()
+        value = evaluate()
+        history.eval_step.append(step)
+        history.eval_metric.append(value)
+        if keep_last:
+            snapshots = [*snapshots, _copy(model.state_dict())][-keep_last:]
+        bar.write(f"{desc} step {step} {history.eval_name}={value:.4f}")
+        if value > best:
+            best, bad_evals, best_state = value, 0, _copy(model.state_dict())
+        else:
+            bad_evals += 1
+            if bad_evals >= cfg.patience:
+                bar.write(f"{desc}: early stop at step {step} (best {history.eval_name}={best:.4f})")
+        finished = step >= cfg.steps or bad_evals >= cfg.patience
+        _save_atomic(
+            {
+                "config": asdict(cfg),
+                "step": step,
+                "model": model.state_dict(),
+                "optimizer": opt.state_dict(),
+                "best": best,
+                "best_state": best_state,
+                "bad_evals": bad_evals,
+                "snapshots": snapshots,
+                "history": asdict(history),
+                "torch_rng": torch.get_rng_state(),
+                "finished": finished,
+            },
+            state_file,
+        )
     bar.close()
     assert best_state is not None
-    return best_state
+    model.load_state_dict(best_state)
+    return best_state, snapshots
+
+
+def stable_unit(text: str) -> float:
+    """A number in [0, 1) fixed by the text (sha1): per-example choices that never change between runs."""
+    return int.from_bytes(hashlib.sha1(text.encode("utf-8")).digest()[:8], "big") / 2**64
 
 
 # ---------------------------------------------------------------------------------------------
 # Classifier
 # ---------------------------------------------------------------------------------------------
-
-
-def encode_texts(tok: Tokenizer, texts: Sequence[str], max_len: int) -> list[list[int]]:
-    return [e.ids[:max_len] or [tokenizer_lib.special_ids()["unk_id"]] for e in tok.encode_batch(list(texts))]
 
 
 def mask_tokens(ids: Tensor, mask: Tensor, c: ClassifierConfig, gen: torch.Generator) -> tuple[Tensor, Tensor]:
@@ -209,51 +229,43 @@ def mask_tokens(ids: Tensor, mask: Tensor, c: ClassifierConfig, gen: torch.Gener
     return inputs, labels
 
 
-def pretrain_mlm(model: Classifier, texts: Sequence[list[int]], cfg: TrainConfig, history: History) -> None:
+def pretrain_mlm(
+    model: Classifier, texts: Sequence[list[int]], cfg: TrainConfig, history: History, state_file: Path
+) -> None:
     """Masked-token pre-training of the encoder on unlabelled text of both datasets."""
     c = model.config
     device = torch.device(cfg.device)
-    rng = random.Random(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    lengths = [len(t) for t in texts]
     held = list(range(0, len(texts), 50))[:500]  # fixed probe set for the curve
 
-    def loss_fn(batch: list[int]) -> tuple[Tensor, int]:
+    def loss_fn(batch: list[int], step: int) -> tuple[Tensor, int]:
         ids, mask = pad([texts[i] for i in batch])
-        inputs, labels = mask_tokens(ids, mask, c, gen)
-        logits = model.mlm_logits(inputs.to(device), mask.to(device))
-        loss = F.cross_entropy(logits.reshape(-1, c.vocab_size), labels.to(device).reshape(-1), ignore_index=-100)
-        return loss, int(mask.sum())
+        inputs, labels = mask_tokens(ids, mask, c, torch.Generator().manual_seed(cfg.seed * 1_000_003 + step))
+        scored = labels != -100
+        logits = model.mlm_logits(inputs.to(device), mask.to(device), scored.to(device))
+        return F.cross_entropy(logits, labels[scored].to(device)), int(mask.sum())
 
     @torch.no_grad()
     def evaluate() -> float:
-        g = torch.Generator().manual_seed(0)
         ids, mask = pad([texts[i] for i in held])
-        inputs, labels = mask_tokens(ids, mask, c, g)
-        logits = model.mlm_logits(inputs.to(device), mask.to(device))
-        hit = (logits.argmax(-1).cpu() == labels) & (labels != -100)
-        return float(hit.sum() / (labels != -100).sum())
+        inputs, labels = mask_tokens(ids, mask, c, torch.Generator().manual_seed(0))
+        scored = labels != -100
+        logits = model.mlm_logits(inputs.to(device), mask.to(device), scored.to(device))
+        return float((logits.argmax(-1).cpu() == labels[scored]).float().mean())
 
     history.eval_name = "mlm_acc"
-    state = run_loop(
-        model, cfg, endless(lambda: token_batches(lengths, cfg.batch_tokens, rng)), loss_fn, evaluate, "mlm", history
-    )
-    model.load_state_dict(state)
+    batches = EpochBatches([len(t) for t in texts], cfg.batch_tokens, cfg.seed)
+    run_loop(model, cfg, batches, loss_fn, evaluate, "mlm", history, state_file)
 
 
 def predict_classes(model: Classifier, seqs: Sequence[list[int]], device: torch.device, batch: int = 256) -> np.ndarray:
     model.eval()
-    preds = []
-    order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
-    with torch.no_grad():
-        for s in range(0, len(order), batch):
-            idx = order[s : s + batch]
-            ids, mask = pad([seqs[i] for i in idx])
-            preds.append((idx, model(ids.to(device), mask.to(device)).argmax(-1).cpu().numpy()))
-    out = np.zeros(len(seqs), dtype=np.int64)
-    for idx, p in preds:
-        out[idx] = p
-    return out
+
+    @torch.no_grad()
+    def run(idx: list[int]) -> list[int]:
+        ids, mask = pad([seqs[i] for i in idx])
+        return model(ids.to(device), mask.to(device)).argmax(-1).cpu().tolist()
+
+    return np.asarray(in_length_order(seqs, batch, run), dtype=np.int64)
 
 
 def finetune_classifier(
@@ -262,15 +274,13 @@ def finetune_classifier(
     valid: Sequence[tuple[list[int], int]],
     cfg: TrainConfig,
     history: History,
+    state_file: Path,
 ) -> None:
-    c = model.config
     device = torch.device(cfg.device)
-    rng = random.Random(cfg.seed + 1)
-    lengths = [len(x) for x, _ in train]
     valid_x = [x for x, _ in valid]
     valid_y = [y for _, y in valid]
 
-    def loss_fn(batch: list[int]) -> tuple[Tensor, int]:
+    def loss_fn(batch: list[int], step: int) -> tuple[Tensor, int]:
         ids, mask = pad([train[i][0] for i in batch])
         labels = torch.tensor([train[i][1] for i in batch], device=device)
         logits = model(ids.to(device), mask.to(device))
@@ -280,17 +290,8 @@ def finetune_classifier(
         return metrics.accuracy(valid_y, predict_classes(model, valid_x, device).tolist())
 
     history.eval_name = "val_acc"
-    state = run_loop(
-        model,
-        cfg,
-        endless(lambda: token_batches(lengths, cfg.batch_tokens, rng)),
-        loss_fn,
-        evaluate,
-        "classifier",
-        history,
-    )
-    model.load_state_dict(state)
-    del c
+    batches = EpochBatches([len(x) for x, _ in train], cfg.batch_tokens, cfg.seed + 1)
+    run_loop(model, cfg, batches, loss_fn, evaluate, "classifier", history, state_file)
 
 
 def vader_baseline(texts: Sequence[str]) -> list[int]:
@@ -308,6 +309,19 @@ def vader_baseline(texts: Sequence[str]) -> list[int]:
 # Translator
 # ---------------------------------------------------------------------------------------------
 
+# Share of training pairs whose placeholders are numbered from a random start instead of ⟨1⟩,
+# so every placeholder token is trained, not only the first few.
+PLACEHOLDER_SHIFT_SHARE = 0.2
+
+
+def mask_training_pair(en: str, de: str) -> tuple[str, str]:
+    """Both sides masked alike (numbering fixed by the text), or unchanged when they cannot be."""
+    n = len(spans.find_spans(en))
+    first = 1
+    if n and stable_unit("shift:" + en) < PLACEHOLDER_SHIFT_SHARE:
+        first = 1 + int(stable_unit("first:" + en) * (spans.PLACEHOLDER_COUNT - n + 1))
+    return spans.mask_pair(en, de, first) or (en, de)
+
 
 def translator_loss(model: Translator, src: Tensor, src_mask: Tensor, tgt: Tensor, smoothing: float) -> Tensor:
     c = model.config
@@ -320,18 +334,16 @@ def translator_loss(model: Translator, src: Tensor, src_mask: Tensor, tgt: Tenso
 def translate_greedy(
     model: Translator, tok: Tokenizer, texts: Sequence[str], device: torch.device, max_len: int, batch: int = 64
 ) -> list[str]:
+    """Mask, encode, greedy-decode and restore, as the service does (without its line splitting)."""
     model.eval()
-    srcs = encode_texts(tok, texts, max_len - 1)
-    srcs = [s + [model.config.eos_id] for s in srcs]
-    order = sorted(range(len(srcs)), key=lambda i: len(srcs[i]))
-    out: list[str] = [""] * len(srcs)
-    for s in range(0, len(order), batch):
-        idx = order[s : s + batch]
+    srcs, masked = tokenizer_lib.encode_sources(tok, texts, max_len)
+
+    def run(idx: list[int]) -> list[list[int]]:
         ids, mask = pad([srcs[i] for i in idx])
-        rows = greedy_cached(model, ids.to(device), mask.to(device), max_new_tokens=max_len)
-        for i, row in zip(idx, rows, strict=True):
-            out[i] = tok.decode(row)
-    return out
+        return greedy(model, ids.to(device), mask.to(device), max_len)
+
+    rows = in_length_order(srcs, batch, run)
+    return [spans.unmask(tok.decode(row), m.spans) for row, m in zip(rows, masked, strict=True)]
 
 
 def average_states(states: Sequence[dict[str, Tensor]]) -> dict[str, Tensor]:
@@ -345,15 +357,13 @@ def train_translator_loop(
     valid: Sequence[tuple[list[int], list[int]]],
     cfg: TrainConfig,
     history: History,
+    state_file: Path,
 ) -> None:
-    """Trains on token-budget batches; keeps the best checkpoint and the average of the last ones."""
+    """Trains on token-budget batches; keeps the best checkpoint or the average of the last ones."""
     device = torch.device(cfg.device)
-    rng = random.Random(cfg.seed)
-    lengths = [max(len(s), len(t)) for s, t in pairs]
-    valid_batches = token_batches([max(len(s), len(t)) for s, t in valid], 4000, random.Random(0))
-    snapshots: list[dict[str, Tensor]] = []
+    valid_batches = EpochBatches([max(len(s), len(t)) for s, t in valid], 4000, 0).epoch(0)
 
-    def loss_fn(batch: list[int]) -> tuple[Tensor, int]:
+    def loss_fn(batch: list[int], step: int) -> tuple[Tensor, int]:
         src, src_mask = pad([pairs[i][0] for i in batch])
         tgt, _ = pad([pairs[i][1] for i in batch])
         loss = translator_loss(model, src.to(device), src_mask.to(device), tgt.to(device), cfg.label_smoothing)
@@ -370,29 +380,17 @@ def train_translator_loop(
             n += k
         return -total / n  # higher is better: negative validation cross-entropy
 
-    def keep_snapshot(step: int, value: float) -> None:
-        snapshots.append({k: v.detach().clone() for k, v in model.state_dict().items()})
-        del snapshots[: -cfg.average_last]
-
     history.eval_name = "neg_val_loss"
-    best = run_loop(
-        model,
-        cfg,
-        endless(lambda: token_batches(lengths, cfg.batch_tokens, rng)),
-        loss_fn,
-        evaluate,
-        "translator",
-        history,
-        on_eval=keep_snapshot,
+    batches = EpochBatches([max(len(s), len(t)) for s, t in pairs], cfg.batch_tokens, cfg.seed)
+    best, snapshots = run_loop(
+        model, cfg, batches, loss_fn, evaluate, "translator", history, state_file, keep_last=cfg.average_last
     )
-    averaged = average_states(snapshots)
-    model.load_state_dict(averaged)
-    avg_value = evaluate()
-    model.load_state_dict(best)
     best_value = evaluate()
+    model.load_state_dict(average_states(snapshots))
+    avg_value = evaluate()
     print(f"translator: best checkpoint {-best_value:.4f}, average of last {len(snapshots)} {-avg_value:.4f}")
-    if avg_value > best_value:
-        model.load_state_dict(averaged)
+    if avg_value <= best_value:
+        model.load_state_dict(best)
     history.eval_step.append(history.eval_step[-1] if history.eval_step else 0)
     history.eval_metric.append(max(avg_value, best_value))
 
@@ -414,14 +412,13 @@ def save_checkpoint(model: nn.Module, config: ClassifierConfig | TranslatorConfi
 
 
 def load_checkpoint(out: Path) -> tuple[Classifier | Translator, Tokenizer]:
-    from export.model import load_config
-
     config = load_config(out / "config.json")
     model: Classifier | Translator = Classifier(config) if isinstance(config, ClassifierConfig) else Translator(config)
-    model.load_state_dict(load_file(str(out / "model.safetensors")), strict=False)
-    missing = set(model.state_dict()) - set(load_file(str(out / "model.safetensors")))
+    weights = load_file(str(out / "model.safetensors"))
+    missing = set(model.state_dict()) - set(weights)
     if any(not k.startswith("encoder.embed.") for k in missing):
         raise ValueError(f"{out}: checkpoint lacks weights {sorted(missing)[:5]}")
+    model.load_state_dict(weights, strict=False)
     model.eval()
     return model, tokenizer_lib.load(out / "tokenizer.json")
 
@@ -455,6 +452,17 @@ def write_report(out: Path, report: dict, histories: dict[str, History]) -> None
     plot_history(histories, out / "curves.png")
 
 
+def run_tokenizer(out: Path, texts: Callable[[], list[str]], vocab_size: int) -> Tokenizer:
+    """The run's tokenizer: trained once and kept in the run folder, so a resumed run reuses it."""
+    path = out / "tokenizer.json"
+    if path.is_file():
+        return tokenizer_lib.load(path)
+    tok = tokenizer_lib.train_bpe(texts(), vocab_size)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer_lib.save(tok, path)
+    return tok
+
+
 # ---------------------------------------------------------------------------------------------
 # Entry points
 # ---------------------------------------------------------------------------------------------
@@ -470,7 +478,7 @@ def run_classifier(args: argparse.Namespace) -> dict:
     if args.pretrain_steps:
         unlabelled += [r["en"] for r in load_jsonl(data / "translation" / "train.jsonl")]
     seed_everything(args.seed, args.threads)
-    tok = tokenizer_lib.train_bpe(unlabelled, args.vocab_size)
+    tok = run_tokenizer(out, lambda: unlabelled, args.vocab_size)
     mc = ClassifierConfig(
         vocab_size=tok.get_vocab_size(),
         d_model=args.d_model,
@@ -485,7 +493,7 @@ def run_classifier(args: argparse.Namespace) -> dict:
     label_id = {name: i for i, name in enumerate(SENTIMENT_LABELS)}
 
     def encoded(rows: list[dict]) -> list[tuple[list[int], int]]:
-        ids = encode_texts(tok, [r["text"] for r in rows], mc.max_len)
+        ids = tokenizer_lib.encode_texts(tok, [r["text"] for r in rows], mc.max_len)
         return [(x, label_id[r["label"]]) for x, r in zip(ids, rows, strict=True)]
 
     train, valid, test = (encoded(split[s]) for s in ("train", "valid", "test"))
@@ -493,37 +501,13 @@ def run_classifier(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     if args.pretrain_steps:
         histories["mlm"] = History()
-        pcfg = TrainConfig(
-            steps=args.pretrain_steps,
-            lr=args.pretrain_lr,
-            warmup_steps=args.pretrain_warmup,
-            batch_tokens=args.batch_tokens,
-            eval_every=max(1, args.pretrain_steps // 10),
-            patience=100,
-            seed=args.seed,
-            threads=args.threads,
-            device=args.device,
-            time_budget_s=args.pretrain_budget_min * 60,
-            amp=args.amp,
+        pcfg = phase_config(args, "pretrain_")
+        pretrain_mlm(
+            model, tokenizer_lib.encode_texts(tok, unlabelled, mc.max_len), pcfg, histories["mlm"], out / "state-mlm.pt"
         )
-        pretrain_mlm(model, encode_texts(tok, unlabelled, mc.max_len), pcfg, histories["mlm"])
     t_pre = time.perf_counter() - t0
     histories["classifier"] = History()
-    fcfg = TrainConfig(
-        steps=args.steps,
-        lr=args.lr,
-        warmup_steps=args.warmup,
-        batch_tokens=args.batch_tokens,
-        eval_every=args.eval_every,
-        patience=args.patience,
-        seed=args.seed,
-        threads=args.threads,
-        device=args.device,
-        time_budget_s=args.budget_min * 60,
-        label_smoothing=args.label_smoothing,
-        amp=args.amp,
-    )
-    finetune_classifier(model, train, valid, fcfg, histories["classifier"])
+    finetune_classifier(model, train, valid, phase_config(args), histories["classifier"], out / "state-classifier.pt")
     train_s = time.perf_counter() - t0
     model.cpu()
     preds = predict_classes(model, [x for x, _ in test], torch.device("cpu")).tolist()
@@ -556,46 +540,30 @@ def run_translator(args: argparse.Namespace) -> dict:
     out = Path(args.out)
     split = {s: load_jsonl(data / "translation" / f"{s}.jsonl") for s in ("train", "valid", "test")}
     seed_everything(args.seed, args.threads)
-    tok = tokenizer_lib.train_bpe(
-        [r["en"] for r in split["train"]] + [r["de"] for r in split["train"]], args.vocab_size
-    )
+    masked = {s: [mask_training_pair(r["en"], r["de"]) for r in rows] for s, rows in split.items()}
+    tok = run_tokenizer(out, lambda: [t for en, de in masked["train"] for t in (en, de)], args.vocab_size)
     mc = TranslatorConfig(
         vocab_size=tok.get_vocab_size(),
         d_model=args.d_model,
         n_heads=args.heads,
         d_ff=args.d_ff,
         n_layers=args.layers,
-        n_dec_layers=args.layers,
+        n_dec_layers=args.dec_layers or args.layers,
         dropout=args.dropout,
         max_len=args.max_len,
     )
     model = Translator(mc).to(args.device)
     bos, eos = mc.bos_id, mc.eos_id
 
-    def encoded(rows: list[dict]) -> list[tuple[list[int], list[int]]]:
-        src = encode_texts(tok, [r["en"] for r in rows], mc.max_len - 1)
-        tgt = encode_texts(tok, [r["de"] for r in rows], mc.max_len - 2)
+    def encoded(pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
+        src = tokenizer_lib.encode_texts(tok, [en for en, _ in pairs], mc.max_len - 1)
+        tgt = tokenizer_lib.encode_texts(tok, [de for _, de in pairs], mc.max_len - 2)
         return [(s + [eos], [bos] + t + [eos]) for s, t in zip(src, tgt, strict=True)]
 
-    train, valid = encoded(split["train"]), encoded(split["valid"])
-    cfg = TrainConfig(
-        steps=args.steps,
-        lr=args.lr,
-        warmup_steps=args.warmup,
-        batch_tokens=args.batch_tokens,
-        eval_every=args.eval_every,
-        patience=args.patience,
-        seed=args.seed,
-        threads=args.threads,
-        device=args.device,
-        time_budget_s=args.budget_min * 60,
-        label_smoothing=args.label_smoothing,
-        average_last=args.average_last,
-        amp=args.amp,
-    )
+    train, valid = encoded(masked["train"]), encoded(masked["valid"])
     histories = {"translator": History()}
     t0 = time.perf_counter()
-    train_translator_loop(model, train, valid, cfg, histories["translator"])
+    train_translator_loop(model, train, valid, phase_config(args), histories["translator"], out / "state-translator.pt")
     train_s = time.perf_counter() - t0
     model.cpu()
     test = split["test"]
@@ -606,6 +574,9 @@ def run_translator(args: argparse.Namespace) -> dict:
         "train_seconds": round(train_s, 1),
         "steps_run": histories["translator"].step[-1] if histories["translator"].step else 0,
         "counts": {s: len(split[s]) for s in split},
+        "masked_pairs": {
+            s: sum(m != (r["en"], r["de"]) for m, r in zip(masked[s], split[s], strict=True)) for s in split
+        },
         "test_greedy": metrics.bleu_chrf(hyps, [r["de"] for r in test]),
         "examples": [{"en": r["en"], "ref": r["de"], "hyp": h} for r, h in list(zip(test, hyps, strict=True))[:10]],
         "args": vars(args),
@@ -632,7 +603,6 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--layers", type=int, default=3)
         s.add_argument("--max-len", type=int, default=128)
         s.add_argument("--label-smoothing", type=float, default=0.1)
-        s.add_argument("--budget-min", type=float, default=0.0, help="derive steps from a time budget")
         s.add_argument("--eval-every", type=int, default=500)
         s.add_argument("--patience", type=int, default=4)
         s.add_argument("--no-amp", dest="amp", action="store_false", help="train in fp32 instead of bf16 autocast")
@@ -640,17 +610,19 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dropout", type=float, default=0.2)
     c.add_argument("--steps", type=int, default=4000)
     c.add_argument("--lr", type=float, default=3e-4)
+    c.add_argument("--warmup", dest="warmup_steps", type=int, default=300)
     c.add_argument("--batch-tokens", type=int, default=3000)
     c.add_argument("--pretrain-steps", type=int, default=4000, help="0 disables masked-token pre-training")
     c.add_argument("--pretrain-lr", type=float, default=1e-3)
-    c.add_argument("--pretrain-budget-min", type=float, default=0.0)
-    c.add_argument("--pretrain-warmup", type=int, default=400)
-    c.add_argument("--warmup", type=int, default=300)
+    c.add_argument("--pretrain-warmup", dest="pretrain_warmup_steps", type=int, default=400)
+    c.add_argument("--pretrain-eval-every", type=int, default=500)
+    c.set_defaults(pretrain_patience=100, pretrain_label_smoothing=0.0)
     t = sub.choices["translator"]
+    t.add_argument("--dec-layers", type=int, default=0, help="decoder layers (default: --layers)")
     t.add_argument("--dropout", type=float, default=0.1)
     t.add_argument("--steps", type=int, default=12000)
     t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--warmup", type=int, default=400)
+    t.add_argument("--warmup", dest="warmup_steps", type=int, default=400)
     t.add_argument("--batch-tokens", type=int, default=2500)
     t.add_argument("--average-last", type=int, default=5)
     return p
@@ -658,6 +630,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    for name in ("batch_tokens", "seed", "device", "amp"):  # shared by both classifier phases
+        setattr(args, "pretrain_" + name, getattr(args, name))
     report = run_classifier(args) if args.kind == "classifier" else run_translator(args)
     summary = {k: v for k, v in report.items() if k in ("test", "vader_test", "test_greedy", "train_seconds", "counts")}
     print(json.dumps(summary, indent=2))

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from export import tokenizer as tokenizer_lib
+from export.batches import pad, token_batches
 from export.model import (
     NEG_INF,
     Classifier,
@@ -18,12 +19,11 @@ from export.model import (
     TranslatorConfig,
     attention,
     causal_bias,
-    greedy_cached,
-    greedy_uncached,
+    greedy,
     padding_bias,
     sinusoidal_table,
 )
-from export.train import TrainConfig, pad, token_batches, translator_loss
+from export.train import TrainConfig, translator_loss
 
 TOL = 1e-5  # fp32 on CPU: cached and full paths differ only by summation order
 
@@ -123,7 +123,7 @@ def test_incremental_decoding_equals_full_decoder() -> None:
 def test_greedy_cached_equals_uncached() -> None:
     model = tiny_translator(4)
     src, mask = pad([[7, 8, 9, 2], [10, 11, 2], [12, 13, 14, 15, 16, 2]])
-    assert greedy_cached(model, src, mask, 12) == greedy_uncached(model, src, mask, 12)
+    assert greedy(model, src, mask, 12) == greedy(model, src, mask, 12, cached=False)
 
 
 def test_padding_in_source_does_not_change_translation() -> None:
@@ -175,7 +175,7 @@ def test_tiny_translator_overfits_a_handful_of_pairs() -> None:
         opt.step()
     assert loss.item() < 0.3
     model.eval()
-    out = greedy_cached(model, src, src_mask, 10)
+    out = greedy(model, src, src_mask, 10)
     assert out == [p[1][1:-1] for p in pairs]
 
 

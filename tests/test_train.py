@@ -15,17 +15,11 @@ from tests.conftest import sentences
 
 def test_lr_schedule_warms_up_then_decays() -> None:
     cfg = train.TrainConfig(steps=110, lr=1.0, warmup_steps=10)
-    f = [train.lr_at(s, cfg, train.schedule_progress(s, cfg, 0.0)) for s in range(110)]
+    f = [train.lr_at(s, cfg) for s in range(110)]
     assert f[0] == pytest.approx(0.1 * (1 - 0.95 * 0 / 110))
     assert f[9] == pytest.approx(1 - 0.95 * 9 / 110)
     assert f[-1] == pytest.approx(1 - 0.95 * 109 / 110)
     assert all(a >= b for a, b in zip(f[9:], f[10:], strict=False))
-
-
-def test_time_budget_drives_the_decay() -> None:
-    cfg = train.TrainConfig(steps=10, time_budget_s=100.0)
-    assert train.schedule_progress(5000, cfg, 50.0) == pytest.approx(0.5)
-    assert train.schedule_progress(1, cfg, 150.0) == 1.0
 
 
 def test_mask_tokens_only_touches_real_tokens() -> None:
@@ -86,7 +80,7 @@ def tiny_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-TINY = ["--vocab-size", "120", "--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "1", "--max-len", "32"]
+TINY = ["--vocab-size", "400", "--d-model", "32", "--heads", "4", "--d-ff", "64", "--layers", "1", "--max-len", "32"]
 
 
 def test_classifier_cli_writes_checkpoint_report_and_curves(tiny_data: Path, tmp_path: Path) -> None:
@@ -111,3 +105,29 @@ def test_translator_cli_writes_checkpoint_and_scores(tiny_data: Path, tmp_path: 
     model, _ = train.load_checkpoint(out)
     # the tied embedding is stored once and re-tied at load
     assert model.encoder.embed is model.embed
+
+
+def test_an_interrupted_run_resumes_to_the_same_weights(
+    tiny_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = ["translator", "--data-dir", str(tiny_data), "--steps", "12", "--warmup", "3", *TINY]
+    args += ["--eval-every", "4", "--batch-tokens", "400", "--average-last", "2", "--threads", "1"]
+    train.main([*args, "--out", str(tmp_path / "whole")])
+
+    real = train.EpochBatches.from_step
+
+    def interrupted(self: train.EpochBatches, step: int):  # type: ignore[no-untyped-def]
+        for i, batch in enumerate(real(self, step)):
+            if step + i == 6:
+                raise KeyboardInterrupt  # after the state written at step 4
+            yield batch
+
+    monkeypatch.setattr(train.EpochBatches, "from_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train.main([*args, "--out", str(tmp_path / "resumed")])
+    monkeypatch.undo()
+    train.main([*args, "--out", str(tmp_path / "resumed")])
+    a, _ = train.load_checkpoint(tmp_path / "whole")
+    b, _ = train.load_checkpoint(tmp_path / "resumed")
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k
