@@ -39,8 +39,8 @@ train: train-classifier train-translator
 
 # Rebuild the bundled store from scratch: data -> training -> validated export.
 models: data train
-	$(PYTHON) -m export.onnx $(RUNS)/sentiment --name sentiment --store $(STORE) --version 1 --force --data-dir $(DATA) $(EXPORT_FLAGS)
-	$(PYTHON) -m export.onnx $(RUNS)/en-de --name en-de --store $(STORE) --version 1 --force --data-dir $(DATA) $(EXPORT_FLAGS)
+	$(PYTHON) -m export.publish $(RUNS)/sentiment --name sentiment --store $(STORE) --version 1 --force --data-dir $(DATA) $(EXPORT_FLAGS)
+	$(PYTHON) -m export.publish $(RUNS)/en-de --name en-de --store $(STORE) --version 1 --force --data-dir $(DATA) $(EXPORT_FLAGS)
 
 # Serve the store (README, "Serving"): settings from SERVE_* variables, 127.0.0.1:8000 by default.
 .PHONY: serve bench-service
@@ -48,9 +48,9 @@ serve: install
 	SERVE_MODEL_STORE=$${SERVE_MODEL_STORE:-$(STORE)} $(PYTHON) -m service
 
 # Load benchmark of the real server against the engine offline (a report; run it on an idle machine).
-# Writes bench/results/service.json. Smoke run: $(PYTHON) bench/service_load.py --fallback-store DIR --smoke
+# Writes bench/results/service.json. Smoke run: $(PYTHON) -m bench.service_load --fallback-store DIR --smoke
 bench-service: install
-	$(PYTHON) bench/service_load.py --store $(STORE)
+	$(PYTHON) -m bench.service_load --store $(STORE)
 
 test: install
 	$(BIN)/pytest
@@ -67,7 +67,7 @@ $(VENV)/.bench-installed: pyproject.toml | $(VENV)/.installed
 	touch $@
 
 bench: $(VENV)/.bench-installed
-	$(PYTHON) bench/engine.py
+	$(PYTHON) -m bench.engine
 
 bench-engine: bench
 

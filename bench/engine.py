@@ -11,15 +11,15 @@ tools of a case measured next to each other, and the median over rounds is repor
 CPU time used by other processes meanwhile is recorded; contended numbers are flagged (†). Throughput counts
 the output tokens of the best hypothesis only: batch × 24 for every tool and beam size.
 
-- ours:      the served path: export.onnx.export_model of export.model.Translator (pre-norm, GELU; a
-             validated fp32 + int8 version folder), service.engine.load_engine, TranslatorEngine.translate_ids
+- ours:      the served path: export.publish.export_model of export.model.Translator (pre-norm, GELU; a
+             validated fp32 + int8 version folder), load_translator, TranslatorEngine.translate_ids
              with its EOS id set to -1, which no step can produce. `ours-int8`: the int8 variant.
              load_engine(threads=2) decodes a batch as 2 sentence shards on one-thread sessions.
 - ct2:       CTranslate2 fp32 (`ct2-int8`: int8) on a transformers MarianMTModel of the same shape (GELU,
              post-norm: Marian has no pre-norm option; the FLOP count differs by one LayerNorm per stack),
              converted offline with a stand-in vocabulary. min/max_decoding_length force the length.
 - hf:        the same Marian model, `generate` with use_cache, min_new_tokens = max_new_tokens.
-- torch:     our Translator in PyTorch eager with its K/V cache: export.model.greedy_cached, and a
+- torch:     our Translator in PyTorch eager with its K/V cache: export.model.greedy, and a
              small cached beam below (no EOS bookkeeping: no EOS is ever produced here).
 - uncached:  our engine's decoding over a full-sequence decoder graph re-run on the growing prefix.
 Also: the classifier (ORT fp32 / int8 vs PyTorch eager) and achieved GFLOP/s against a measured
@@ -49,21 +49,27 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bench.engines import load_engine
+from export.graphs import OPSET
 from export.model import (
     Classifier,
     ClassifierConfig,
     Translator,
     TranslatorConfig,
     causal_bias,
-    greedy_cached,
     padding_bias,
 )
-from export.onnx import OPSET, export_model, kv_names
+from export.model import greedy as torch_greedy
+from export.publish import ExportOptions, export_model
 from export.tokenizer import train_bpe
-from service import registry, runtime
-from service.decoding import DecodeParams, beam_search, greedy
-from service.engine import ClassifierEngine, LoadOptions, TranslatorEngine, load_engine
-from service.registry import StoreEntry
+from service import store
+from service.contract.graphs import kv_names
+from service.engine import runtime
+from service.engine.classifier import ClassifierEngine
+from service.engine.decoding import DecodeParams, beam_search, greedy
+from service.engine.runtime import LoadOptions
+from service.engine.translator import TranslatorEngine
+from service.store import StoreEntry
 
 # CTranslate2 configurations: compute type, and whether the threads run parallel sub-batches
 CT2_TOOLS = {
@@ -203,24 +209,14 @@ def our_translator(s: Shape) -> Translator:
     return Translator(cfg).eval()
 
 
-def publish(model: Classifier | Translator, store: Path, name: str) -> StoreEntry:
+def publish(model: Classifier | Translator, store_dir: Path, name: str) -> StoreEntry:
     """The serving path: export_model (validated fp32 + int8 version folder), then the registry's entry."""
     texts = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(3 + i % 6)) for i in range(8)]
     tok = train_bpe(texts * 20, vocab_size=64)
     labels = ["negative", "neutral", "positive"] if isinstance(model, Classifier) else []
-    export_model(
-        model,
-        tok,
-        store,
-        name,
-        1,
-        variants=("fp32", "int8"),
-        validation_texts=texts,
-        labels=labels,
-        min_parity_sentences=len(texts),
-        log=lambda _: None,
-    )
-    return registry.newest(registry.scan(store))[name]
+    options = ExportOptions(name, 1, variants=("fp32", "int8"), labels=tuple(labels), min_parity_sentences=len(texts))
+    export_model(model, tok, store_dir, options, validation_texts=texts, log=lambda _: None)
+    return store.newest(store.scan(store_dir))[name]
 
 
 class FullDecoderGraph(nn.Module):
@@ -516,7 +512,7 @@ class Bench:
         s = self.s
         model = our_translator(s)
         entry = publish(model, self.tmp / "store", "bench-mt")
-        model.config.eos_id = NEVER  # greedy_cached: exactly new_tokens for every sentence
+        model.config.eos_id = NEVER  # greedy: exactly new_tokens for every sentence
         engines = {}
         for tool, variant in (("ours", "fp32"), ("ours-int8", "int8")):
             engine = self.load(entry, variant)
@@ -531,7 +527,7 @@ class Bench:
         # sanity: the engine and PyTorch eager decode the same model to the same greedy tokens
         ids = self.inputs[max(self.batches)]
         mine = translate_engine(engines["ours"], ids.tolist(), 1, s.new_tokens)
-        ref = greedy_cached(model, torch.from_numpy(ids), torch.ones_like(torch.from_numpy(ids)), s.new_tokens)
+        ref = torch_greedy(model, torch.from_numpy(ids), torch.ones_like(torch.from_numpy(ids)), s.new_tokens)
         parity = sum(list(a) == b for a, b in zip(mine, ref, strict=True)) / len(ref)
         print(f"greedy parity, this engine vs PyTorch: {parity:.0%} of {len(ref)} sentences identical")
         for beam, b in self.cases():
@@ -545,7 +541,7 @@ class Bench:
                 self.record("uncached", b, beam, partial(decode_ours, unc.encode, unc.step, ids, beam, s.new_tokens))
             if "torch" in tools:
                 if beam == 1:
-                    self.record("torch", b, beam, partial(greedy_cached, model, t_ids, t_mask, s.new_tokens))
+                    self.record("torch", b, beam, partial(torch_greedy, model, t_ids, t_mask, s.new_tokens))
                 else:
                     self.record("torch", b, beam, partial(torch_beam_cached, model, t_ids, t_mask, beam, s.new_tokens))
         return parity

@@ -35,9 +35,13 @@ from pathlib import Path
 
 import numpy as np
 
-from service.engine import ClassifierEngine, Engine, TranslatorEngine, pad
+from service.contract.graphs import pad
+from service.engine.classifier import ClassifierEngine, load_classifier
+from service.engine.translator import TranslatorEngine, load_translator
 from service.errors import InputTooLong
-from service.registry import StoreEntry
+from service.store import StoreEntry
+
+Engine = ClassifierEngine | TranslatorEngine
 
 # Bounds against the CPU reference, by the variant on the device. fp32 on CUDA differs only by
 # kernel summation order; fp16 carries a 10-bit mantissa, so a near-tie may flip an argmax and
@@ -117,10 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpu_check: could not run: {reason}. Nothing was checked; exiting 0.")
         return 0
 
-    from service import registry
+    from service import store
 
     accel = ("cuda", "cpu") if args.device == "cuda" else ("cpu",)
-    entries = registry.newest(registry.scan(args.store))
+    entries = store.newest(store.scan(args.store))
     if not entries:
         print(f"gpu_check: FAILED: no model in {args.store}")
         return 1
@@ -143,7 +147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not seqs:
             failures.append(f"{name}: none of the built-in texts fits its max_source_tokens")
             continue
-        print(f"{name}/{entry.version} ({ref.task}), {len(seqs)} texts, reference {setups[0].label}")
+        print(f"{name}/{entry.version} ({ref.manifest.task}), {len(seqs)} texts, reference {setups[0].label}")
         results = compare(engines, setups, seqs, args.min_time)
         for s in setups[1:]:
             failures += check(f"{name} {s.label}", results[s.label], BOUNDS[s.variant])
@@ -171,12 +175,13 @@ def plan(variants: Collection[str], device: str, accel: tuple[str, ...]) -> list
 
 def load_all(entry: StoreEntry, setups: Sequence[Setup], need_cuda: bool) -> dict[str, Engine] | None:
     """One engine per setup; None when a CUDA setup silently fell back to the CPU provider."""
-    from service import runtime
-    from service.engine import ClassifierEngine, LoadOptions, load_engine
+    from service.engine import runtime
+    from service.engine.runtime import LoadOptions
 
     engines: dict[str, Engine] = {}
     for s in setups:
-        engine = load_engine(entry, LoadOptions(providers=s.providers, variant=s.variant))
+        load = load_classifier if entry.require_manifest().task == "classification" else load_translator
+        engine: Engine = load(entry, LoadOptions(providers=s.providers, variant=s.variant))
         session = engine.session if isinstance(engine, ClassifierEngine) else engine.rt.decoder
         if need_cuda and "cuda" in s.providers and not runtime.uses_cuda(session):
             return None
@@ -188,7 +193,6 @@ def compare(
     engines: dict[str, Engine], setups: Sequence[Setup], seqs: list[list[int]], min_s: float
 ) -> dict[str, dict[str, float]]:
     """Parity against the first setup (CPU fp32), then throughput, for every other setup."""
-    from service.engine import ClassifierEngine, TranslatorEngine
 
     ref = engines[setups[0].label]
     out: dict[str, dict[str, float]] = {}
@@ -231,7 +235,7 @@ class ClassifyRun:
 
 class TranslateRun:
     def __init__(self, engine: TranslatorEngine, beam_size: int) -> None:
-        from service.decoding import DecodeParams
+        from service.engine.decoding import DecodeParams
 
         self.engine = engine
         self.params = DecodeParams(beam_size=beam_size, max_new_tokens=min(64, engine.max_new_tokens))

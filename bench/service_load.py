@@ -40,9 +40,12 @@ from typing import Any
 import httpx
 import numpy as np
 
-from service import registry, runtime
-from service.decoding import DecodeParams
-from service.engine import ClassifierEngine, LoadOptions, TranslatorEngine, load_engine
+from bench.engines import load_engine
+from service.engine import runtime
+from service.engine.classifier import ClassifierEngine
+from service.engine.decoding import DecodeParams
+from service.engine.runtime import LoadOptions
+from service.engine.translator import TranslatorEngine
 from service.errors import InputTooLong
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -91,7 +94,7 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 def pick_store(store: Path, fallback: Path | None) -> Path:
     def usable(p: Path) -> bool:
-        return p.is_dir() and any(e.manifest is not None for e in registry.scan(p))
+        return p.is_dir() and any(e.manifest is not None for e in store.scan(p))
 
     if usable(store):
         return store
@@ -297,7 +300,7 @@ def table(results: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     store = pick_store(args.store, args.fallback_store)
-    entries = registry.newest(registry.scan(store))
+    entries = store.newest(store.scan(store))
     options = LoadOptions(threads=args.threads)
     results: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),

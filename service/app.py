@@ -1,6 +1,6 @@
 """`create_app(settings)`: wiring only. The lifespan loads, verifies and warms up the models in the
 background, so /healthz answers at once and /readyz turns 200 only when every model is warm; on
-shutdown the batchers finish admitted work (up to SERVE_DRAIN_TIMEOUT_S).
+shutdown the tasks finish admitted work (up to SERVE_DRAIN_TIMEOUT_S).
 """
 
 from __future__ import annotations
@@ -13,12 +13,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI
 
-from service import handlers, oip, routes
+from service.http import errors, oip, routes
+from service.http.middleware import BodyLimit, RequestContext
+from service.http.schemas import OipInferRequest
+from service.http.state import AppState
 from service.metrics import Metrics
-from service.middleware import BodyLimit, RequestContext
 from service.serving import ModelSet
 from service.settings import Settings
-from service.state import AppState
+from service.tasks import registry
+from service.validation import field_rules
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,7 @@ def create_app(settings: Settings) -> FastAPI:
     # batches of different models queue here rather than fight over the cores.
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
     state = AppState(settings, metrics, ModelSet(settings, metrics, executor))
+    tasks = registry.tasks()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -46,20 +50,21 @@ def create_app(settings: Settings) -> FastAPI:
 
     app = FastAPI(
         title="transformer-serve",
-        summary="Sentiment classification and English-German translation over ONNX Runtime",
+        summary="Transformer text models (classification, translation) over ONNX Runtime",
         lifespan=lifespan,
     )
     app.state.serve = state
-    handlers.install(app)
+    errors.install(app, field_rules(*(cls.Request for cls in tasks), OipInferRequest))
     app.include_router(routes.router)
+    app.include_router(routes.task_router(tasks))
     app.include_router(oip.router)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
-    app.add_middleware(RequestContext, metrics=metrics)  # added last: outermost
+    app.add_middleware(RequestContext, metrics=metrics, endpoints=frozenset(cls.rest_path for cls in tasks))
     return app
 
 
 async def start_models(state: AppState) -> None:
-    """Verify, load and warm up every model in the worker thread, then start the batchers."""
+    """Verify, load and warm up every model in the worker thread, then start their queues."""
     models = state.models
     try:
         await asyncio.get_running_loop().run_in_executor(models.executor, models.load)

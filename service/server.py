@@ -21,8 +21,8 @@ from fastapi import FastAPI
 
 from service import logs
 from service.app import create_app
+from service.http.state import AppState
 from service.settings import Settings, unknown_variables
-from service.state import AppState
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.manifest import Manifest, ManifestError, verify_folder
+from service.contract.manifest import Manifest, ManifestError, verify_folder
 
 log = logging.getLogger(__name__)
 
@@ -19,6 +19,12 @@ class StoreEntry:
     folder: Path
     manifest: Manifest | None
     error: str | None = None  # set when the version must not be served
+
+    def require_manifest(self) -> Manifest:
+        """The verified manifest; a broken version raises its reason."""
+        if self.manifest is None:
+            raise ManifestError(self.error or f"{self.folder}: not loadable")
+        return self.manifest
 
 
 def scan(store: Path) -> list[StoreEntry]:
@@ -52,8 +58,8 @@ def newest(entries: list[StoreEntry]) -> dict[str, StoreEntry]:
 
 def read_pinned(entry: StoreEntry, file_name: str) -> bytes:
     """File bytes, re-hashed after reading so the bytes used are exactly the bytes the manifest pins."""
-    assert entry.manifest is not None
+    manifest = entry.require_manifest()
     data = (entry.folder / file_name).read_bytes()
-    if hashlib.sha256(data).hexdigest() != entry.manifest.files[file_name].sha256:
+    if hashlib.sha256(data).hexdigest() != manifest.files[file_name].sha256:
         raise ManifestError(f"{entry.folder}: {file_name} changed after it was checked")
     return data

@@ -27,7 +27,7 @@ def sentences(n: int, seed: int = 0) -> list[str]:
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer() -> Tokenizer:
-    return tokenizer_lib.train_bpe(sentences(400), vocab_size=120)
+    return tokenizer_lib.train_bpe(sentences(400), vocab_size=400)
 
 
 @pytest.fixture(scope="session")
@@ -62,30 +62,13 @@ def tiny_store(
     tiny_classifier: Classifier,
 ) -> Path:
     """A model store with `tiny-clf` and `tiny-mt` version 1, fp32 + int8 + fp16 variants."""
-    from export.onnx import export_model
+    from export.publish import ExportOptions, export_model
 
     store = tmp_path_factory.mktemp("store")
     texts = sentences(120, seed=7)
     variants = ("fp32", "int8", "fp16")
-    export_model(
-        tiny_classifier,
-        tiny_tokenizer,
-        store,
-        "tiny-clf",
-        1,
-        variants=variants,
-        validation_texts=texts,
-        labels=LABELS,
-        log=lambda _: None,
-    )
-    export_model(
-        tiny_translator,
-        tiny_tokenizer,
-        store,
-        "tiny-mt",
-        1,
-        variants=variants,
-        validation_texts=texts,
-        log=lambda _: None,
-    )
+    clf = ExportOptions("tiny-clf", 1, variants=variants, labels=tuple(LABELS))
+    export_model(tiny_classifier, tiny_tokenizer, store, clf, validation_texts=texts, log=lambda _: None)
+    mt = ExportOptions("tiny-mt", 1, variants=variants, source_language="en", target_language="de")
+    export_model(tiny_translator, tiny_tokenizer, store, mt, validation_texts=texts, log=lambda _: None)
     return store

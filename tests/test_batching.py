@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from service.batching import BatchLimits, DynamicBatcher
 from service.errors import DeadlineExceeded, QueueFull, ShuttingDown
+from service.scheduling.batcher import BatchLimits, DynamicBatcher
 
 
 class Model:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.decoding import DecodeParams, Hypothesis, _top_candidates, beam_search, greedy
+from service.engine.decoding import DecodeParams, Hypothesis, _top_candidates, beam_search, greedy
 
 BOS, EOS = 0, 1
 TINY = 1e-4  # probability of every token a table does not list

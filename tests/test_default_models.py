@@ -6,10 +6,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
-from service import registry
-from service.decoding import DecodeParams
-from service.engine import ClassifierEngine, LoadOptions, TranslatorEngine, load_engine, pad
+from export.model import greedy_loop
+from service import store
+from service.contract.graphs import pad
+from service.engine.classifier import ClassifierEngine, load_classifier
+from service.engine.decoding import DecodeParams
+from service.engine.runtime import LoadOptions
+from service.engine.translator import TranslatorEngine, load_translator
 
 STORE = Path(__file__).resolve().parent.parent / "model_store"
 SENTENCES = [
@@ -25,11 +30,11 @@ SENTENCES = [
 
 
 @pytest.fixture(scope="module")
-def entries() -> dict[str, registry.StoreEntry]:
-    return registry.newest(registry.scan(STORE))
+def entries() -> dict[str, store.StoreEntry]:
+    return store.newest(store.scan(STORE))
 
 
-def test_bundled_store_is_intact_and_validated(entries: dict[str, registry.StoreEntry]) -> None:
+def test_bundled_store_is_intact_and_validated(entries: dict[str, store.StoreEntry]) -> None:
     assert {"sentiment", "en-de"} <= set(entries)
     total = 0
     for entry in entries.values():
@@ -44,30 +49,20 @@ def test_bundled_store_is_intact_and_validated(entries: dict[str, registry.Store
 
 
 def plain_greedy(engine: TranslatorEngine, seqs: list[list[int]], max_new: int) -> list[list[int]]:
-    """A loop with no row dropping or reordering: every row runs every step until all have ended."""
-    rt = engine.rt
+    """The exporter's greedy loop over the engine's runtime: every row runs every step, no row dropping."""
     ids, mask = pad(seqs)
-    state = rt.encode(ids, mask)
+    state = [engine.rt.encode(ids, mask)]
     rows = np.arange(len(seqs))
-    tok = np.full(len(seqs), engine.bos_id, np.int64)
-    out: list[list[int]] = [[] for _ in seqs]
-    done = np.zeros(len(seqs), bool)
-    for _ in range(max_new):
-        logp, state = rt.step(tok, state, rows)
-        tok = logp.argmax(-1).astype(np.int64)
-        for i, t in enumerate(tok):
-            if not done[i]:
-                if t == engine.eos_id:
-                    done[i] = True
-                else:
-                    out[i].append(int(t))
-        if done.all():
-            break
-    return out
+
+    def step(prefix: torch.Tensor) -> np.ndarray:
+        logp, state[0] = engine.rt.step(prefix[:, -1].numpy(), state[0], rows)
+        return logp
+
+    return greedy_loop(step, len(seqs), engine.bos_id, engine.eos_id, max_new, torch.device("cpu"))
 
 
-def test_default_translator_engine_matches_the_plain_cached_loop(entries: dict[str, registry.StoreEntry]) -> None:
-    engine = load_engine(entries["en-de"], LoadOptions(threads=2))
+def test_default_translator_engine_matches_the_plain_cached_loop(entries: dict[str, store.StoreEntry]) -> None:
+    engine = load_translator(entries["en-de"], LoadOptions(threads=2))
     assert isinstance(engine, TranslatorEngine)
     seqs = engine.encode(SENTENCES)
     got = engine.translate_ids(seqs, DecodeParams(beam_size=1, max_new_tokens=64))
@@ -76,8 +71,8 @@ def test_default_translator_engine_matches_the_plain_cached_loop(entries: dict[s
     assert all(row[0].text.strip() for row in beam)
 
 
-def test_default_classifier_reads_obvious_sentiment(entries: dict[str, registry.StoreEntry]) -> None:
-    engine = load_engine(entries["sentiment"], LoadOptions(threads=2))
+def test_default_classifier_reads_obvious_sentiment(entries: dict[str, store.StoreEntry]) -> None:
+    engine = load_classifier(entries["sentiment"], LoadOptions(threads=2))
     assert isinstance(engine, ClassifierEngine)
     preds = engine.predict(
         ["This movie is wonderful, I loved every minute of it!", "Terrible service, I hate this airline so much."]

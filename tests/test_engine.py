@@ -11,31 +11,34 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from export.model import Classifier, Translator, greedy_uncached
-from export.train import pad
-from service import registry, runtime
-from service.decoding import DecodeParams
-from service.engine import MIN_SHARD_ROWS, ClassifierEngine, LoadOptions, TranslatorEngine, load_engine
-from service.engine import pad as engine_pad
+from export.batches import pad
+from export.model import Classifier, Translator, greedy
+from service.contract.graphs import pad as engine_pad
+from service.engine import runtime
+from service.engine.classifier import ClassifierEngine, load_classifier
+from service.engine.decoding import DecodeParams
+from service.engine.runtime import LoadOptions
+from service.engine.translator import MIN_SHARD_ROWS, TranslatorEngine, load_translator
 from service.errors import InputTooLong, InvalidInput
+from service.store import StoreEntry, newest, read_pinned, scan
 from tests.conftest import sentences
 
 
 @pytest.fixture(scope="module")
-def entries(tiny_store: Path) -> dict[str, registry.StoreEntry]:
-    return registry.newest(registry.scan(tiny_store))
+def entries(tiny_store: Path) -> dict[str, StoreEntry]:
+    return newest(scan(tiny_store))
 
 
 @pytest.fixture(scope="module")
-def mt(entries: dict[str, registry.StoreEntry]) -> TranslatorEngine:
-    engine = load_engine(entries["tiny-mt"], LoadOptions(threads=1))
+def mt(entries: dict[str, StoreEntry]) -> TranslatorEngine:
+    engine = load_translator(entries["tiny-mt"], LoadOptions(threads=1))
     assert isinstance(engine, TranslatorEngine)
     return engine
 
 
 @pytest.fixture(scope="module")
-def clf(entries: dict[str, registry.StoreEntry]) -> ClassifierEngine:
-    engine = load_engine(entries["tiny-clf"], LoadOptions(threads=1))
+def clf(entries: dict[str, StoreEntry]) -> ClassifierEngine:
+    engine = load_classifier(entries["tiny-clf"], LoadOptions(threads=1))
     assert isinstance(engine, ClassifierEngine)
     return engine
 
@@ -45,12 +48,12 @@ def test_engine_greedy_equals_pytorch_uncached(mt: TranslatorEngine, tiny_transl
     seqs = mt.encode(texts)
     got = mt.translate_ids(seqs, DecodeParams(beam_size=1, max_new_tokens=24))
     src, mask = pad(seqs)
-    ref = greedy_uncached(tiny_translator, src, mask, 24)
+    ref = greedy(tiny_translator, src, mask, 24, cached=False)
     assert [list(h[0].tokens) for h in got] == ref
 
 
 def test_beam_size_one_equals_greedy_through_the_engine(mt: TranslatorEngine) -> None:
-    from service.decoding import beam_search
+    from service.engine.decoding import beam_search
 
     seqs = mt.encode(sentences(12, seed=22))
     via_greedy = mt.translate_ids(seqs, DecodeParams(beam_size=1, max_new_tokens=20))
@@ -73,10 +76,8 @@ def test_batch_equals_single_runs(mt: TranslatorEngine, beam: int) -> None:
 
 
 @pytest.mark.parametrize("beam", [1, 4])
-def test_row_shards_decode_like_one_batch(
-    entries: dict[str, registry.StoreEntry], mt: TranslatorEngine, beam: int
-) -> None:
-    sharded = load_engine(entries["tiny-mt"], LoadOptions(threads=3))
+def test_row_shards_decode_like_one_batch(entries: dict[str, StoreEntry], mt: TranslatorEngine, beam: int) -> None:
+    sharded = load_translator(entries["tiny-mt"], LoadOptions(threads=3))
     assert isinstance(sharded, TranslatorEngine) and sharded.shards == 3
     seqs = mt.encode(sentences(3 * MIN_SHARD_ROWS + 2, seed=27))  # three shards of unequal size
     params = DecodeParams(beam_size=beam, max_new_tokens=20, num_hypotheses=min(2, beam))
@@ -102,9 +103,12 @@ def test_beam_search_scores_are_consistent(mt: TranslatorEngine) -> None:
             assert h.score == pytest.approx(h.logprob / length, abs=1e-6)
 
 
-def test_translate_returns_text(mt: TranslatorEngine) -> None:
-    out = mt.translate(["The cat sees a dog."], DecodeParams(beam_size=2, max_new_tokens=8, num_hypotheses=2))
-    assert len(out) == 1 and len(out[0]) == 2 and all(isinstance(t.text, str) for t in out[0])
+def test_translate_returns_the_decoded_hypotheses(mt: TranslatorEngine) -> None:
+    params = DecodeParams(beam_size=2, max_new_tokens=8, num_hypotheses=2)
+    out = mt.translate(["The cat sees a dog."], params)
+    hyps = mt.translate_ids(mt.encode(["The cat sees a dog."]), params)[0]
+    assert [t.text for t in out[0]] == [mt.codec.decode(h.tokens) for h in hyps]
+    assert [t.score for t in out[0]] == [h.score for h in hyps] and out[0][0].score >= out[0][1].score
 
 
 def test_limits_are_enforced(mt: TranslatorEngine, clf: ClassifierEngine) -> None:
@@ -133,24 +137,24 @@ def test_classifier_matches_pytorch_and_pads_to_longest(clf: ClassifierEngine, t
     assert np.abs(alone[0] - together[0]).max() < 1e-5
 
 
-def test_int8_and_fp16_variants_load(entries: dict[str, registry.StoreEntry], clf: ClassifierEngine) -> None:
+def test_int8_and_fp16_variants_load(entries: dict[str, StoreEntry], clf: ClassifierEngine) -> None:
     texts = sentences(30, seed=26)
     base = clf.classify_ids(clf.encode(texts))
     for variant in ("int8", "fp16"):
-        engine = load_engine(entries["tiny-clf"], LoadOptions(threads=1, variant=variant))
+        engine = load_classifier(entries["tiny-clf"], LoadOptions(threads=1, variant=variant))
         assert engine.variant == variant
         assert isinstance(engine, ClassifierEngine)
         assert np.abs(engine.classify_ids(engine.encode(texts)) - base).max() < 0.05
-    mt8 = load_engine(entries["tiny-mt"], LoadOptions(threads=1, variant="int8"))
+    mt8 = load_translator(entries["tiny-mt"], LoadOptions(threads=1, variant="int8"))
     assert isinstance(mt8, TranslatorEngine)
     assert len(mt8.translate(["The cat."], DecodeParams(beam_size=2, max_new_tokens=5))) == 1
 
 
-def test_unknown_variant_falls_back_to_default(entries: dict[str, registry.StoreEntry]) -> None:
-    assert load_engine(entries["tiny-clf"], LoadOptions(threads=1, variant="bf16")).variant == "fp32"
+def test_unknown_variant_falls_back_to_default(entries: dict[str, StoreEntry]) -> None:
+    assert load_classifier(entries["tiny-clf"], LoadOptions(threads=1, variant="bf16")).variant == "fp32"
 
 
-def test_registry_reports_a_corrupted_version(tiny_store: Path, tmp_path: Path) -> None:
+def test_store_reports_a_corrupted_version(tiny_store: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
     shutil.copytree(tiny_store / "tiny-clf", store / "tiny-clf")
     shutil.copytree(tiny_store / "tiny-clf" / "1", store / "tiny-clf" / "2")
@@ -158,8 +162,7 @@ def test_registry_reports_a_corrupted_version(tiny_store: Path, tmp_path: Path) 
     manifest["version"] = 2
     (store / "tiny-clf" / "2" / "manifest.json").write_text(json.dumps(manifest))
     (store / "tiny-clf" / "2" / "model.onnx").write_bytes(b"not a model")
-    newest = registry.newest(registry.scan(store))
-    entry = newest["tiny-clf"]
+    entry = newest(scan(store))["tiny-clf"]
     assert entry.version == 2 and entry.manifest is None
     assert entry.error is not None and "model.onnx" in entry.error
 
@@ -184,6 +187,6 @@ def test_providers_fall_back_to_cpu() -> None:
 
 
 def test_tokenizer_file_is_the_one_pinned(tiny_store: Path, tiny_tokenizer: Tokenizer) -> None:
-    entry = registry.newest(registry.scan(tiny_store))["tiny-mt"]
-    data = registry.read_pinned(entry, "tokenizer.json")
+    entry = newest(scan(tiny_store))["tiny-mt"]
+    data = read_pinned(entry, "tokenizer.json")
     assert Tokenizer.from_str(data.decode()).encode("The cat.").ids == tiny_tokenizer.encode("The cat.").ids

@@ -12,11 +12,13 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from export import onnx as exporter
-from export.model import Classifier, Translator
+from export import publish as exporter
+from export import validate
+from export.model import Classifier, Translator, greedy
+from export.publish import ExportOptions
 from export.train import save_checkpoint
-from service.engine import pad
-from service.manifest import ManifestError, read_manifest, verify_folder
+from service.contract.graphs import cross_names, pad
+from service.contract.manifest import ManifestError, read_manifest, verify_folder
 from tests.conftest import LABELS, sentences
 
 
@@ -33,7 +35,7 @@ def test_translator_graphs_have_documented_names_and_dynamic_axes(tiny_store: Pa
     n = m.architecture["n_dec_layers"]
     enc = graph_dims(tiny_store / "tiny-mt" / "1" / "encoder.onnx")
     dec = graph_dims(tiny_store / "tiny-mt" / "1" / "decoder.onnx")
-    assert list(enc) == ["input_ids", "attention_mask", "last_hidden_state"] + exporter.kv_names("cross_key_values", n)
+    assert list(enc) == ["input_ids", "attention_mask", "last_hidden_state"] + cross_names(n)
     assert enc["input_ids"] == ["batch", "source"]
     assert enc["cross_key_values.0.key"] == ["batch", 4, "source", 8]
     assert dec["input_ids"] == ["batch", 1]
@@ -50,15 +52,29 @@ def test_classifier_graph_io(tiny_store: Path) -> None:
     assert dims == {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"], "logits": ["batch", 3]}
 
 
-def test_manifest_records_parity_and_every_file(tiny_store: Path) -> None:
+def test_parity_recomputed_on_the_exported_graphs(
+    tiny_store: Path, tiny_translator: Translator, tiny_classifier: Classifier, tiny_tokenizer: Tokenizer
+) -> None:
+    """The manifest's parity claims, measured again here on other sentences than the export used."""
+    folder = tiny_store / "tiny-mt" / "1"
+    seqs = [e.ids + [2] for e in tiny_tokenizer.encode_batch(sentences(24, seed=41))]
+    for variant, tol in (("", validate.FP32_TOL), (".int8", validate.INT8_LOGIT_TOL), (".fp16", validate.FP16_TOL)):
+        enc, dec = folder / f"encoder{variant}.onnx", folder / f"decoder{variant}.onnx"
+        assert validate.check_translator(tiny_translator, enc, dec, seqs, tol) <= tol
+    enc, dec = validate.session(folder / "encoder.onnx"), validate.session(folder / "decoder.onnx")
+    got = validate.ort_greedy(enc, dec, tiny_translator, seqs, 24)
+    ids, mask = pad(seqs)
+    assert got == greedy(tiny_translator, torch.from_numpy(ids), torch.from_numpy(mask), 24, cached=False)
+    clf_seqs = [e.ids for e in tiny_tokenizer.encode_batch(sentences(16, seed=42))]
+    path = tiny_store / "tiny-clf" / "1" / "model.onnx"
+    assert validate.check_classifier(tiny_classifier, path, clf_seqs, validate.FP32_TOL) <= validate.FP32_TOL
+
+
+def test_manifest_lists_every_file_and_the_contract(tiny_store: Path) -> None:
     mt = verify_folder(tiny_store / "tiny-mt" / "1")
-    assert mt.metrics["fp32_max_abs_diff"] <= exporter.FP32_TOL
-    assert mt.metrics["greedy_identical_rate"] == 1.0
-    assert mt.metrics["greedy_parity_sentences"] >= 100
-    assert mt.metrics["int8_max_abs_diff"] <= exporter.INT8_LOGIT_TOL
-    assert mt.metrics["fp16_max_abs_diff"] <= exporter.FP16_TOL
     assert set(mt.files) == {p.name for p in (tiny_store / "tiny-mt" / "1").iterdir()} - {"manifest.json"}
     assert mt.special_tokens == {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "mask_id": 4}
+    assert (mt.source_language, mt.target_language) == ("en", "de")
     clf = verify_folder(tiny_store / "tiny-clf" / "1")
     assert clf.labels == LABELS and clf.output == "logits" and clf.task == "classification"
 
@@ -74,13 +90,13 @@ def test_int8_classifier_agrees_with_fp32(
 ) -> None:
     seqs = [e.ids for e in tiny_tokenizer.encode_batch(sentences(64, seed=3))]
     ids, mask = pad(seqs)
-    fp32 = exporter.session(tiny_store / "tiny-clf" / "1" / "model.onnx").run(
+    fp32 = validate.session(tiny_store / "tiny-clf" / "1" / "model.onnx").run(
         None, {"input_ids": ids, "attention_mask": mask}
     )[0]
-    int8 = exporter.session(tiny_store / "tiny-clf" / "1" / "model.int8.onnx").run(
+    int8 = validate.session(tiny_store / "tiny-clf" / "1" / "model.int8.onnx").run(
         None, {"input_ids": ids, "attention_mask": mask}
     )[0]
-    assert np.abs(fp32 - int8).max() <= exporter.INT8_LOGIT_TOL
+    assert np.abs(fp32 - int8).max() <= validate.INT8_LOGIT_TOL
     assert (fp32.argmax(-1) == int8.argmax(-1)).mean() >= 0.9
 
 
@@ -128,26 +144,28 @@ def test_missing_manifest_and_path_like_names_are_rejected(tiny_store: Path, tmp
 
 def test_existing_version_needs_force(tmp_path: Path, tiny_classifier: Classifier, tiny_tokenizer: Tokenizer) -> None:
     texts = sentences(20, seed=5)
-    kwargs = dict(validation_texts=texts, labels=LABELS, variants=("fp32",), log=lambda _: None)
-    first = exporter.export_model(tiny_classifier, tiny_tokenizer, tmp_path, "clf", **kwargs)
+
+    def export(**kw: object) -> Path:
+        options = ExportOptions("clf", variants=("fp32",), labels=tuple(LABELS), **kw)  # type: ignore[arg-type]
+        return exporter.export_model(tiny_classifier, tiny_tokenizer, tmp_path, options, texts, log=lambda _: None)
+
+    first = export()
     assert first == tmp_path / "clf" / "1"
     created = read_manifest(first).created
-    with pytest.raises(exporter.ExportError, match="exists; pass --force"):
-        exporter.export_model(tiny_classifier, tiny_tokenizer, tmp_path, "clf", 1, **kwargs)
+    with pytest.raises(validate.ExportError, match="exists; pass --force"):
+        export(version=1)
     assert read_manifest(first).created == created  # untouched
-    again = exporter.export_model(tiny_classifier, tiny_tokenizer, tmp_path, "clf", 1, force=True, **kwargs)
-    verify_folder(again)
-    nxt = exporter.export_model(tiny_classifier, tiny_tokenizer, tmp_path, "clf", **kwargs)
-    assert nxt.name == "2"
+    verify_folder(export(version=1, force=True))
+    assert export().name == "2"
 
 
 def test_failed_validation_leaves_nothing_behind(
     tmp_path: Path, tiny_translator: Translator, tiny_tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(exporter, "FP32_TOL", 0.0)  # no export can pass a zero tolerance
-    with pytest.raises(exporter.ExportError, match="differs from PyTorch"):
+    monkeypatch.setitem(validate.TOLERANCES, "fp32", 0.0)  # no export can pass a zero tolerance
+    with pytest.raises(validate.ExportError, match="differs from PyTorch"):
         exporter.export_model(
-            tiny_translator, tiny_tokenizer, tmp_path, "mt", validation_texts=sentences(120), log=lambda _: None
+            tiny_translator, tiny_tokenizer, tmp_path, ExportOptions("mt"), sentences(120), log=lambda _: None
         )
     assert list(tmp_path.iterdir()) == []
 
@@ -155,9 +173,9 @@ def test_failed_validation_leaves_nothing_behind(
 def test_too_few_parity_sentences_is_an_error(
     tmp_path: Path, tiny_translator: Translator, tiny_tokenizer: Tokenizer
 ) -> None:
-    with pytest.raises(exporter.ExportError, match="at least 100"):
+    with pytest.raises(validate.ExportError, match="at least 100"):
         exporter.export_model(
-            tiny_translator, tiny_tokenizer, tmp_path, "mt", validation_texts=sentences(10), log=lambda _: None
+            tiny_translator, tiny_tokenizer, tmp_path, ExportOptions("mt"), sentences(10), log=lambda _: None
         )
 
 
@@ -201,21 +219,15 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
 def test_unshipped_variants_are_measured_but_not_written(
     tmp_path: Path, tiny_classifier: Classifier, tiny_tokenizer: Tokenizer
 ) -> None:
+    options = ExportOptions(
+        "clf", variants=("fp32", "int8"), default_variant="int8", ship=("int8",), labels=tuple(LABELS)
+    )
     folder = exporter.export_model(
-        tiny_classifier,
-        tiny_tokenizer,
-        tmp_path,
-        "clf",
-        variants=("fp32", "int8"),
-        default_variant="int8",
-        ship=("int8",),
-        validation_texts=sentences(20, seed=9),
-        labels=LABELS,
-        log=lambda _: None,
+        tiny_classifier, tiny_tokenizer, tmp_path, options, sentences(20, seed=9), log=lambda _: None
     )
     m = verify_folder(folder)
     assert m.variants == {"int8": {"model": "model.int8.onnx"}} and m.default_variant == "int8"
     assert not (folder / "model.onnx").exists()
-    assert m.metrics["fp32_max_abs_diff"] <= exporter.FP32_TOL and m.metrics["shipped_variants"] == ["int8"]
-    with pytest.raises(exporter.ExportError, match="must be exported"):
-        exporter.export_model(tiny_classifier, tiny_tokenizer, tmp_path, "x", ship=("fp16",), log=lambda _: None)
+    assert m.metrics["fp32_max_abs_diff"] <= validate.FP32_TOL and m.metrics["shipped_variants"] == ["int8"]
+    with pytest.raises(validate.ExportError, match="must be exported"):
+        exporter.export_model(tiny_classifier, tiny_tokenizer, tmp_path, ExportOptions("x", ship=("fp16",)))

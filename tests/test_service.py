@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
-from service import registry
+from service import store
 from service.app import create_app
-from service.decoding import DecodeParams
-from service.engine import ClassifierEngine, LoadOptions, TranslatorEngine, load_engine
+from service.engine.classifier import ClassifierEngine, load_classifier
+from service.engine.decoding import DecodeParams
+from service.engine.runtime import LoadOptions
+from service.engine.translator import TranslatorEngine, load_translator
+from service.http.state import AppState
 from service.settings import Settings
-from service.state import AppState
 from tests.conftest import sentences
 
 pytestmark = pytest.mark.anyio
@@ -75,9 +77,9 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture(scope="module")
 def engines(tiny_store: Path) -> tuple[ClassifierEngine, TranslatorEngine]:
-    entries = registry.newest(registry.scan(tiny_store))
-    clf = load_engine(entries["tiny-clf"], LoadOptions(threads=1))
-    mt = load_engine(entries["tiny-mt"], LoadOptions(threads=1))
+    entries = store.newest(store.scan(tiny_store))
+    clf = load_classifier(entries["tiny-clf"], LoadOptions(threads=1))
+    mt = load_translator(entries["tiny-mt"], LoadOptions(threads=1))
     assert isinstance(clf, ClassifierEngine) and isinstance(mt, TranslatorEngine)
     return clf, mt
 
@@ -157,7 +159,7 @@ async def test_mixed_decode_requests_batch_correctly(client: httpx.AsyncClient, 
 
 
 async def test_concurrent_requests_share_batches(app: FastAPI, client: httpx.AsyncClient) -> None:
-    batcher = state_of(app).models.models["tiny-clf"].batcher
+    batcher = state_of(app).models.models["tiny-clf"].task.batcher  # type: ignore[union-attr]
     assert batcher is not None
     before = batcher.batches
     texts = sentences(16, seed=35)
@@ -414,7 +416,7 @@ async def test_queue_full_answers_429_with_retry_after(tiny_store: Path) -> None
 async def test_deadline_answers_504_and_the_item_never_runs(tiny_store: Path) -> None:
     application = create_app(settings(tiny_store, request_timeout_s=0.2, max_wait_ms=0))
     async with serving(application) as client:
-        batcher = state_of(application).models.models["tiny-mt"].batcher
+        batcher = state_of(application).models.models["tiny-mt"].task.batcher  # type: ignore[union-attr]
         assert batcher is not None
         gate = block_worker(application)
         try:
@@ -482,7 +484,7 @@ async def test_draining_turns_readiness_and_new_requests_to_503(tiny_store: Path
 async def test_a_bug_is_a_logged_500_and_fails_only_its_batch(
     app: FastAPI, client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    engine = state_of(app).models.models["tiny-clf"].engine
+    engine = state_of(app).models.models["tiny-clf"].task.engine  # type: ignore[union-attr]
     assert isinstance(engine, ClassifierEngine)
 
     def broken(seqs: Any) -> Any:

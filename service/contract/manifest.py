@@ -45,7 +45,8 @@ class Manifest(BaseModel):
     schema_version: int = SCHEMA_VERSION
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     version: int = Field(ge=1)
-    task: Literal["classification", "translation"]
+    task: str = Field(pattern=r"^[a-z][a-z0-9_]*$")  # the service's task registry knows which it serves
+    io_contract: int = Field(default=1, ge=1)  # graphs.IO_CONTRACT_VERSION at export; absent: 1
     created: str
     architecture: dict[str, int | float | str]
     opset: int
@@ -54,12 +55,14 @@ class Manifest(BaseModel):
     # variant ("fp32" | "int8" | "fp16") -> role -> file name
     variants: dict[str, dict[str, str]]
     default_variant: str
-    output: Literal["logits", "logprobs"]
+    output: Literal["logits", "logprobs", "none"]
     tokenizer: str
     special_tokens: dict[str, int]
     labels: list[str] = Field(default_factory=list)
     max_source_tokens: int = Field(ge=1)
     max_new_tokens: int = Field(ge=0)
+    source_language: str | None = None  # BCP 47 ("en"); translators only
+    target_language: str | None = None
     metrics: dict[str, object] = Field(default_factory=dict)
     data_sources: list[dict[str, str]] = Field(default_factory=list)
     files: dict[str, FileEntry]

@@ -17,7 +17,18 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from service.contract import graphs
+from service.contract.manifest import Manifest
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    providers: tuple[str, ...] = ("cpu",)
+    threads: int = 0  # 0: the CPU quota of the container
+    variant: str | None = None  # None: the manifest's default variant
+
 
 PROVIDER_ALIASES = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
 
@@ -81,7 +92,7 @@ def _is_identity(rows: np.ndarray, n: int) -> bool:
 
 
 def run_classifier(session: ort.InferenceSession, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    return session.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
+    return session.run([graphs.LOGITS], {graphs.INPUT_IDS: ids, graphs.ATTENTION_MASK: mask})[0]
 
 
 @dataclass
@@ -108,16 +119,17 @@ class TranslatorRuntime:
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, n_layers: int) -> None:
         self.encoder, self.decoder, self.n_layers = encoder, decoder, n_layers
-        self.past_names = [f"past_key_values.{i}.{k}" for i in range(n_layers) for k in ("key", "value")]
-        self.cross_names = [f"cross_key_values.{i}.{k}" for i in range(n_layers) for k in ("key", "value")]
-        self.present_names = [f"present.{i}.{k}" for i in range(n_layers) for k in ("key", "value")]
+        self.past_names = graphs.past_names(n_layers)
+        self.cross_names = graphs.cross_names(n_layers)
+        self.present_names = graphs.present_names(n_layers)
         shape = decoder.get_inputs()[2].shape  # (batch, heads, past, d_k)
         self.heads, self.d_k = int(shape[1]), int(shape[3])
         self.cuda = uses_cuda(decoder)
 
     def encode(self, ids: np.ndarray, mask: np.ndarray) -> DecoderState:
         """Runs the encoder once per batch: cross-attention K/V for every decoder layer."""
-        outs = self.encoder.run(["last_hidden_state", *self.cross_names], {"input_ids": ids, "attention_mask": mask})
+        feed = {graphs.INPUT_IDS: ids, graphs.ATTENTION_MASK: mask}
+        outs = self.encoder.run([graphs.LAST_HIDDEN_STATE, *self.cross_names], feed)
         b = ids.shape[0]
         empty = np.zeros((b, self.heads, 0, self.d_k), dtype=np.float32)
         return DecoderState(past=[empty] * len(self.past_names), sent=np.arange(b), enc_cross=outs[1:], enc_mask=mask)
@@ -132,10 +144,10 @@ class TranslatorRuntime:
         if self.cuda:
             return self._step_cuda(tokens, state, rows, sent, cross, mask)
         past = state.past if _is_identity(rows, len(state.sent)) else [np.take(p, rows, axis=0) for p in state.past]
-        feed = {"input_ids": tokens.reshape(-1, 1).astype(np.int64), "encoder_attention_mask": mask}
+        feed = {graphs.INPUT_IDS: tokens.reshape(-1, 1).astype(np.int64), graphs.ENCODER_ATTENTION_MASK: mask}
         feed.update(zip(self.past_names, past, strict=True))
         feed.update(zip(self.cross_names, cross, strict=True))
-        outs = self.decoder.run(["logprobs", *self.present_names], feed)
+        outs = self.decoder.run([graphs.LOGPROBS, *self.present_names], feed)
         new = DecoderState(outs[1:], sent, state.enc_cross, state.enc_mask, cross, mask)
         return outs[0], new
 
@@ -154,8 +166,8 @@ class TranslatorRuntime:
         back: the log-probs are needed on the host each step anyway for the numpy search.
         """
         binding = self.decoder.io_binding()
-        binding.bind_cpu_input("input_ids", tokens.reshape(-1, 1).astype(np.int64))
-        binding.bind_cpu_input("encoder_attention_mask", mask)
+        binding.bind_cpu_input(graphs.INPUT_IDS, tokens.reshape(-1, 1).astype(np.int64))
+        binding.bind_cpu_input(graphs.ENCODER_ATTENTION_MASK, mask)
         device_cross = state.device_cross if cross is state.cross else None
         if device_cross is None:
             device_cross = [ort.OrtValue.ortvalue_from_numpy(arr, "cuda", 0) for arr in cross]
@@ -168,10 +180,21 @@ class TranslatorRuntime:
             host = [v.numpy() for v in state.device_past] if state.device_past is not None else state.past
             for name, arr in zip(self.past_names, host, strict=True):
                 binding.bind_cpu_input(name, np.ascontiguousarray(np.take(arr, rows, axis=0)))
-        binding.bind_output("logprobs", "cpu")
+        binding.bind_output(graphs.LOGPROBS, "cpu")
         for name in self.present_names:
             binding.bind_output(name, "cuda")
         self.decoder.run_with_iobinding(binding)
         outs = binding.get_outputs()
         new = DecoderState([], sent, state.enc_cross, state.enc_mask, cross, mask, list(outs[1:]), device_cross)
         return outs[0].numpy(), new
+
+
+def choose_variant(manifest: Manifest, requested: str | None) -> str:
+    """The requested variant when the version ships it, else the manifest's default (logged)."""
+    if requested and requested in manifest.variants:
+        return requested
+    if requested:
+        log.warning(
+            "%s/%s has no %s variant; serving %s", manifest.name, manifest.version, requested, manifest.default_variant
+        )
+    return manifest.default_variant

@@ -6,36 +6,38 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
+from service.contract.graphs import SPECIAL_IDS
 from service.errors import InputTooLong
 
 
 class TextCodec:
+    """`max_tokens` counts the text's own tokens; the EOS a translator source ends with comes on top
+    (the manifest's `max_source_tokens` means the same)."""
+
     def __init__(self, tokenizer_json: bytes, max_tokens: int, eos_id: int | None = None) -> None:
         self.tok = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
         self.max_tokens = max_tokens
-        self.eos_id = eos_id  # appended to translator sources, as in training
-        unk = self.tok.token_to_id("<unk>")
-        if unk is None:
-            raise ValueError("tokenizer has no <unk> token")
-        self.unk_id: int = unk
+        self.suffix: list[int] = [] if eos_id is None else [eos_id]  # appended to translator sources
+        self.unk_id = SPECIAL_IDS["unk_id"]
+        self._special = frozenset(SPECIAL_IDS.values())
 
-    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+    def encode(self, texts: Sequence[str], what: str = "texts") -> list[list[int]]:
         """Token ids per text; an empty text becomes a single <unk> so every row has one real token."""
         out = []
-        eos = self.eos_id
-        suffix: list[int] = [] if eos is None else [eos]
-        extra = len(suffix)
         for i, enc in enumerate(self.tok.encode_batch(list(texts))):
             ids = enc.ids or [self.unk_id]
-            if len(ids) + extra > self.max_tokens:
-                raise InputTooLong(
-                    f"texts[{i}] has {len(ids) + extra} tokens; this model accepts at most {self.max_tokens}"
-                )
-            out.append(ids + suffix)
+            if len(ids) > self.max_tokens:
+                raise InputTooLong(f"{what}[{i}] has {len(ids)} tokens; this model accepts at most {self.max_tokens}")
+            out.append(ids + self.suffix)
         return out
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tok.decode(list(ids))
+    def count(self, text: str) -> int:
+        return len(self.tok.encode(text).ids)
 
-    def decode_batch(self, rows: Sequence[Sequence[int]]) -> list[str]:
-        return self.tok.decode_batch([list(r) for r in rows])
+    def decode(self, ids: Sequence[int]) -> str:
+        """Special ids (a model may emit <unk> or <pad>) are left out; everything else is text."""
+        return str(self.tok.decode([i for i in ids if i not in self._special], skip_special_tokens=False))
+
+    def tokens(self, ids: Sequence[int]) -> list[str]:
+        """The vocabulary pieces of `ids`, for display (attention maps)."""
+        return [self.tok.id_to_token(i) or "" for i in ids]

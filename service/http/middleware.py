@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.handlers import error_response
+from service.http.errors import error_response
 from service.logs import ACCESS
 from service.metrics import Metrics
 
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 SCOPE_KEY = "serve.request"
 REQUEST_ID_HEADER = b"x-request-id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
-INFERENCE_ENDPOINTS = {"/predict", "/translate", "/v2/models/{name}/infer"}
+OIP_INFER = "/v2/models/{name}/infer"
 _INFER_PATH = re.compile(r"^/v2/models/[^/]+/infer$")
 _JSON_TYPE = re.compile(r"^application/([a-z0-9.+-]*\+)?json\s*(;.*)?$", re.IGNORECASE)
 
@@ -47,24 +47,24 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _endpoint(scope: Scope) -> str | None:
+def _endpoint(scope: Scope, endpoints: frozenset[str]) -> str | None:
     """The inference endpoint's route template, for metric labels; None for other paths."""
-    route = scope.get("route")
-    template = getattr(route, "path", None)
-    if template in INFERENCE_ENDPOINTS:
+    template = getattr(scope.get("route"), "path", None)
+    if template in endpoints:
         return str(template)
     path = scope.get("path", "")
-    if path in INFERENCE_ENDPOINTS:
+    if path in endpoints:
         return str(path)
-    return "/v2/models/{name}/infer" if _INFER_PATH.match(path) else None
+    return OIP_INFER if _INFER_PATH.match(path) else None
 
 
 class RequestContext:
     """Outermost: request id (X-Request-ID honoured or generated, always echoed), access log,
-    request metrics, and the one 500 answer for exceptions nothing else handled (logged)."""
+    request metrics, and the one 500 answer for exceptions nothing else handled (logged).
+    `endpoints`: the inference routes whose requests are counted in the request metrics."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
-        self.app, self.metrics = app, metrics
+    def __init__(self, app: ASGIApp, metrics: Metrics, endpoints: frozenset[str]) -> None:
+        self.app, self.metrics, self.endpoints = app, metrics, endpoints | {OIP_INFER}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -100,7 +100,7 @@ class RequestContext:
 
     def _record(self, scope: Scope, info: RequestInfo, status: int) -> None:
         duration = time.monotonic() - info.start
-        endpoint = _endpoint(scope)
+        endpoint = _endpoint(scope, self.endpoints)
         if endpoint is not None:
             self.metrics.requests.labels(endpoint, info.model, str(status)).inc()
             self.metrics.request_duration.labels(endpoint, info.model).observe(duration)

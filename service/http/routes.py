@@ -1,17 +1,22 @@
-"""REST endpoints: HTTP in, HTTP out. Models, batching and errors live elsewhere."""
+"""REST endpoints: health, readiness, metrics, the model list, and one POST route per task.
+
+HTTP in, HTTP out: a task route validates the body with the task's own request model, resolves
+the model, and returns the task's answer.
+"""
 
 from __future__ import annotations
 
-import math
+from collections.abc import Awaitable, Callable, Iterable
 
 from fastapi import APIRouter, Request
+from pydantic import BaseModel
 from starlette.responses import Response
 
-from service import schemas
-from service.engine import ClassifierEngine, TranslatorEngine
 from service.errors import NotReady, ShuttingDown
+from service.http import schemas
+from service.http.state import admit, get_state, set_model
 from service.metrics import CONTENT_TYPE
-from service.state import admit, get_state, set_model
+from service.tasks.base import Task, TextsRequest
 
 ERRORS: dict[int | str, dict[str, object]] = {
     code: {"model": schemas.ErrorResponse, "description": what}
@@ -52,67 +57,46 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/v1/models", response_model=schemas.ModelsResponse, response_model_exclude_none=True)
 async def list_models(request: Request) -> schemas.ModelsResponse:
-    state = get_state(request)
     out = []
-    for m in state.models.models.values():
-        man = m.manifest
-        out.append(
-            schemas.ModelInfo(
-                name=m.name,
-                version=m.version,
-                task=m.task,
-                status=m.status,
-                variant=m.engine.variant if m.engine else None,
-                labels=list(man.labels) if man and man.task == "classification" else None,
-                max_source_tokens=man.max_source_tokens if man else None,
-                max_new_tokens=man.max_new_tokens if man and man.task == "translation" else None,
-                error=m.error,
-            )
-        )
+    for m in get_state(request).models.models.values():
+        info: dict[str, object] = {
+            "name": m.name,
+            "version": m.version,
+            "task": m.task_name,
+            "status": m.status,
+            "error": m.error,
+        }
+        if m.task is not None:
+            info |= {"variant": m.task.variant, **m.task.describe()}
+        out.append(schemas.ModelInfo.model_validate(info))
     return schemas.ModelsResponse(models=out)
 
 
-@router.post("/predict", response_model=schemas.PredictResponse, responses=ERRORS)
-async def predict(body: schemas.PredictRequest, request: Request) -> schemas.PredictResponse:
-    state, deadline = admit(request)
-    s = state.settings
-    schemas.check_texts(body.texts, s.max_texts, s.max_text_chars)
-    model = state.models.resolve(body.model, "classification")
-    set_model(request, model.name)
-    probs = await state.models.classify(model, body.texts, deadline)
-    assert isinstance(model.engine, ClassifierEngine)
-    predictions = [
-        schemas.Prediction(label=p.label, score=p.score, scores=p.scores) for p in model.engine.to_predictions(probs)
-    ]
-    return schemas.PredictResponse(model=model.name, version=model.version, predictions=predictions)
-
-
-@router.post("/translate", response_model=schemas.TranslateResponse, response_model_exclude_none=True, responses=ERRORS)
-async def translate(body: schemas.TranslateRequest, request: Request) -> schemas.TranslateResponse:
-    state, deadline = admit(request)
-    s = state.settings
-    schemas.check_texts(body.texts, s.max_texts, s.max_text_chars)
-    model = state.models.resolve(body.model, "translation")
-    set_model(request, model.name)
-    engine = model.engine
-    assert isinstance(engine, TranslatorEngine)
-    params = body.params(engine.max_new_tokens)
-    hyps = await state.models.translate(model, body.texts, params, deadline)
-    translations = []
-    for row in engine.to_translations(hyps):
-        best = row[0]
-        translations.append(
-            schemas.Translation(
-                text=best.text,
-                score=finite(best.score) if body.return_scores else None,
-                hypotheses=[schemas.Hypothesis(text=t.text, score=finite(t.score)) for t in row]
-                if params.num_hypotheses > 1
-                else None,
-            )
+def task_router(tasks: Iterable[type[Task]]) -> APIRouter:
+    """One POST route per task, typed with the task's own request and response models."""
+    out = APIRouter()
+    for cls in tasks:
+        out.add_api_route(
+            cls.rest_path,
+            _endpoint(cls),
+            methods=["POST"],
+            response_model=cls.Response,
+            response_model_exclude_none=True,
+            responses=ERRORS,
+            summary=cls.summary,
+            name=cls.name,
         )
-    return schemas.TranslateResponse(model=model.name, version=model.version, translations=translations)
+    return out
 
 
-def finite(x: float) -> float:
-    """JSON has no -inf: a hypothesis with an impossible token gets the lowest finite score."""
-    return x if math.isfinite(x) else -1e30
+def _endpoint(cls: type[Task]) -> Callable[[TextsRequest, Request], Awaitable[BaseModel]]:
+    async def endpoint(body: TextsRequest, request: Request) -> BaseModel:
+        state, deadline = admit(request)
+        s = state.settings
+        schemas.check_texts(body.texts, s.max_texts, s.max_text_chars)
+        task = state.models.resolve(body.model, cls.name)
+        set_model(request, task.entry.name)
+        return await task.answer(body, deadline)
+
+    endpoint.__annotations__ = {"body": cls.Request, "request": Request, "return": BaseModel}
+    return endpoint

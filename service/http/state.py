@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from fastapi import Request
 
 from service.errors import ShuttingDown
+from service.http.middleware import request_info
 from service.metrics import Metrics
-from service.middleware import request_info
 from service.serving import ModelSet
 from service.settings import Settings
 

@@ -1,0 +1,141 @@
+"""PyTorch modules as ONNX graphs with the contract's fixed IO names (`service.contract.graphs`).
+
+TorchScript-based exporter, opset 17, single-file models. The translator's first decoder step
+takes an empty past (past = 0), so one decoder graph serves every step.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+import torch
+from torch import Tensor, nn
+
+from export.model import Classifier, Translator
+from export.validate import ExportError
+from service.contract import graphs as io
+from service.contract.manifest import GraphSpec, TensorSpec
+
+OPSET = 17
+
+
+class ClassifierGraph(nn.Module):
+    def __init__(self, model: Classifier) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.model(input_ids, attention_mask)
+
+
+class EncoderGraph(nn.Module):
+    def __init__(self, model: Translator) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, ...]:
+        memory = self.model.encode(input_ids, attention_mask)
+        flat = [t for kv in self.model.cross_kv(memory) for t in kv]
+        return (memory, *flat)
+
+
+class DecoderStepGraph(nn.Module):
+    def __init__(self, model: Translator) -> None:
+        super().__init__()
+        self.model = model
+        self.n = len(model.layers)
+
+    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, *kv: Tensor) -> tuple[Tensor, ...]:
+        past = [(kv[2 * i], kv[2 * i + 1]) for i in range(self.n)]
+        cross = [(kv[2 * self.n + 2 * i], kv[2 * self.n + 2 * i + 1]) for i in range(self.n)]
+        logits, present = self.model.decode(input_ids, past, cross, encoder_attention_mask)
+        # One token per row: flatten (B, 1, V), an alias in ONNX Runtime, where indexing the last position
+        # became a Gather copying the logits every step (1.5% of a 128-row step).
+        logprobs = torch.log_softmax(logits.flatten(0, 1), dim=-1)  # (B, V)
+        return (logprobs, *[t for p in present for t in p])
+
+
+def graph_io(model: Classifier | Translator) -> dict[str, GraphSpec]:
+    """The documented IO contract, written into the manifest and checked against the ONNX files."""
+    c = model.config
+    if isinstance(model, Classifier):
+        ids = [
+            TensorSpec(name=io.INPUT_IDS, dtype="int64", shape=["batch", "sequence"]),
+            TensorSpec(name=io.ATTENTION_MASK, dtype="int64", shape=["batch", "sequence"]),
+        ]
+        out = [TensorSpec(name=io.LOGITS, dtype="float32", shape=["batch", model.config.num_labels])]
+        return {"model": GraphSpec(inputs=ids, outputs=out)}
+    n, h, dk = len(model.layers), c.n_heads, c.d_model // c.n_heads
+
+    def kv(names: list[str], length: str) -> list[TensorSpec]:
+        return [TensorSpec(name=name, dtype="float32", shape=["batch", h, length, dk]) for name in names]
+
+    enc_in = [
+        TensorSpec(name=io.INPUT_IDS, dtype="int64", shape=["batch", "source"]),
+        TensorSpec(name=io.ATTENTION_MASK, dtype="int64", shape=["batch", "source"]),
+    ]
+    enc_out = [
+        TensorSpec(name=io.LAST_HIDDEN_STATE, dtype="float32", shape=["batch", "source", c.d_model]),
+        *kv(io.cross_names(n), "source"),
+    ]
+    dec_in = [
+        TensorSpec(name=io.INPUT_IDS, dtype="int64", shape=["batch", 1]),
+        TensorSpec(name=io.ENCODER_ATTENTION_MASK, dtype="int64", shape=["batch", "source"]),
+        *kv(io.past_names(n), "past"),
+        *kv(io.cross_names(n), "source"),
+    ]
+    dec_out = [
+        TensorSpec(name=io.LOGPROBS, dtype="float32", shape=["batch", c.vocab_size]),
+        *kv(io.present_names(n), "past_plus_one"),
+    ]
+    return {"encoder": GraphSpec(inputs=enc_in, outputs=enc_out), "decoder": GraphSpec(inputs=dec_in, outputs=dec_out)}
+
+
+def _dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
+    return {t.name: {i: d for i, d in enumerate(t.shape) if isinstance(d, str)} for t in spec.inputs + spec.outputs}
+
+
+def _export(module: nn.Module, args: tuple[Tensor, ...], spec: GraphSpec, path: Path) -> None:
+    # The exporter restores the wrapper's training flag recursively afterwards: a wrapper left in
+    # training mode would switch dropout back on in the model that validation then compares against.
+    module.eval()
+    torch.onnx.export(
+        module,
+        args,
+        str(path),
+        input_names=[t.name for t in spec.inputs],
+        output_names=[t.name for t in spec.outputs],
+        dynamic_axes=_dynamic_axes(spec),
+        opset_version=OPSET,
+        dynamo=False,
+        do_constant_folding=True,
+    )
+    proto = onnx.load(str(path))
+    onnx.checker.check_model(proto)
+    if any(init.data_location == onnx.TensorProto.EXTERNAL for init in proto.graph.initializer):
+        raise ExportError(f"{path.name}: external tensor data; the store accepts single-file models only")
+
+
+def export_graphs(model: Classifier | Translator, folder: Path) -> dict[str, str]:
+    """Writes the fp32 graphs; returns role -> file name."""
+    model.eval()
+    spec = graph_io(model)
+    with torch.no_grad():
+        ids = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
+        mask = (ids != 0).long()
+        if isinstance(model, Classifier):
+            _export(ClassifierGraph(model), (ids, mask), spec["model"], folder / "model.onnx")
+            return {"model": "model.onnx"}
+        _export(EncoderGraph(model), (ids, mask), spec["encoder"], folder / "encoder.onnx")
+        cross_kv = model.cross_kv(model.encode(ids, mask))
+        _, past = model.decode(torch.tensor([[1, 11, 12], [1, 13, 14]]), model.empty_past(2), cross_kv, mask)
+        flat_past = [t for kv in past for t in kv]
+        cross = [t for kv in cross_kv for t in kv]
+        _export(
+            DecoderStepGraph(model),
+            (torch.tensor([[15], [16]]), mask, *flat_past, *cross),
+            spec["decoder"],
+            folder / "decoder.onnx",
+        )
+    return {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}

@@ -1,0 +1,73 @@
+"""The classifier engine: texts -> class probabilities over ONNX Runtime, usable without the service.
+
+engine = load_classifier(entry, LoadOptions(variant="int8"))
+engine.predict(["great movie"])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from service.contract.graphs import SPECIAL_IDS, pad
+from service.contract.manifest import Manifest
+from service.engine import runtime
+from service.engine.tokenizer import TextCodec
+from service.store import StoreEntry, read_pinned
+
+
+@dataclass(frozen=True)
+class Prediction:
+    label: str
+    score: float
+    scores: dict[str, float]
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    z = np.exp(x - x.max(axis=-1, keepdims=True))
+    return z / z.sum(axis=-1, keepdims=True)
+
+
+class ClassifierEngine:
+    def __init__(
+        self, manifest: Manifest, session: runtime.ort.InferenceSession, codec: TextCodec, variant: str
+    ) -> None:
+        self.manifest, self.session, self.codec, self.variant = manifest, session, codec, variant
+        self.labels = list(manifest.labels)
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        return self.codec.encode(texts)
+
+    def classify_ids(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
+        """(N, C) probabilities for a batch of token id lists."""
+        ids, mask = pad(seqs, SPECIAL_IDS["pad_id"])
+        return softmax(runtime.run_classifier(self.session, ids, mask).astype(np.float64))
+
+    def to_predictions(self, probs: np.ndarray) -> list[Prediction]:
+        out = []
+        for row in probs:
+            best = int(row.argmax())
+            scores = {lab: float(p) for lab, p in zip(self.labels, row, strict=True)}
+            out.append(Prediction(self.labels[best], float(row[best]), scores))
+        return out
+
+    def predict(self, texts: Sequence[str]) -> list[Prediction]:
+        return self.to_predictions(self.classify_ids(self.encode(texts)))
+
+    def warmup(self) -> None:
+        top = self.manifest.max_source_tokens  # a model with short positions cannot take longer rows
+        for n, length in ((1, 8), (8, 24), (32, 48)):
+            self.classify_ids([[5] * min(length, top)] * n)
+
+
+def load_classifier(entry: StoreEntry, options: runtime.LoadOptions | None = None) -> ClassifierEngine:
+    options = options or runtime.LoadOptions()
+    m = entry.require_manifest()
+    variant = runtime.choose_variant(m, options.variant)
+    providers = runtime.resolve_providers(options.providers)
+    threads = options.threads or runtime.cpu_quota()
+    session = runtime.make_session(read_pinned(entry, m.variant_files(variant)["model"]), providers, threads)
+    codec = TextCodec(read_pinned(entry, m.tokenizer), m.max_source_tokens)
+    return ClassifierEngine(m, session, codec, variant)

@@ -1,0 +1,118 @@
+"""Text classification: `POST /predict`, OIP outputs `label` and `probabilities`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from service.engine.classifier import ClassifierEngine, load_classifier
+from service.engine.runtime import LoadOptions
+from service.metrics import BatchMetrics
+from service.scheduling.batcher import BatchLimits, DynamicBatcher
+from service.store import StoreEntry
+from service.tasks.base import (
+    ModelName,
+    OutputTensor,
+    ResponseModel,
+    Task,
+    TaskContext,
+    TensorSpec,
+    TextsRequest,
+)
+
+
+class PredictRequest(TextsRequest):
+    texts: list[str] = Field(min_length=1, description="texts to classify")
+    model: ModelName | None = Field(default=None, description="model name; default: the only (or default) classifier")
+
+
+class Prediction(ResponseModel):
+    label: str
+    score: float
+    scores: dict[str, float]
+
+
+class PredictResponse(ResponseModel):
+    model: str
+    version: int
+    predictions: list[Prediction]
+
+
+class ClassificationTask(Task):
+    name = "classification"
+    rest_path = "/predict"
+    summary = "Classify texts: the label, its probability and every class's"
+    default_setting = "default_classifier"
+    Request = PredictRequest
+    Response = PredictResponse
+
+    def __init__(self, entry: StoreEntry, engine: ClassifierEngine, context: TaskContext) -> None:
+        super().__init__(entry, engine.variant)
+        self.engine = engine
+        s = context.settings
+        limits = BatchLimits(s.max_batch_size, s.max_wait_ms / 1000, s.max_queue, s.max_batch_tokens)
+        self.batcher: DynamicBatcher[list[int], np.ndarray] = DynamicBatcher(
+            entry.name,
+            _runner(engine, context.metrics),
+            limits,
+            size=len,
+            executor=context.executor,
+            observer=context.metrics,
+        )
+
+    @classmethod
+    def load(cls, entry: StoreEntry, options: LoadOptions, context: TaskContext) -> ClassificationTask:
+        engine = load_classifier(entry, options)
+        engine.warmup()
+        return cls(entry, engine, context)
+
+    def start(self) -> None:
+        self.batcher.start()
+
+    async def close(self, timeout: float) -> None:
+        await self.batcher.close(timeout)
+
+    @property
+    def in_flight(self) -> int:
+        return self.batcher.in_flight
+
+    def describe(self) -> Mapping[str, object]:
+        return {"labels": list(self.engine.labels), "max_source_tokens": self.manifest.max_source_tokens}
+
+    def outputs(self) -> list[TensorSpec]:
+        return [TensorSpec("label", "BYTES", [-1]), TensorSpec("probabilities", "FP32", [-1, len(self.engine.labels)])]
+
+    async def _classify(self, texts: Sequence[str], deadline: float) -> np.ndarray:
+        """(N, C) class probabilities in input order."""
+        return np.stack(await self.batcher.submit_many(self.engine.encode(texts), deadline))
+
+    async def answer(self, body: TextsRequest, deadline: float) -> PredictResponse:
+        predictions = self.engine.to_predictions(await self._classify(body.texts, deadline))
+        return PredictResponse(
+            model=self.entry.name,
+            version=self.entry.version,
+            predictions=[Prediction(label=p.label, score=p.score, scores=p.scores) for p in predictions],
+        )
+
+    async def infer(self, texts: list[str], parameters: Mapping[str, Any], deadline: float) -> list[OutputTensor]:
+        probs = await self._classify(texts, deadline)  # (N, C)
+        n, c = probs.shape
+        labels = [self.engine.labels[i] for i in probs.argmax(axis=1)]
+        return [
+            OutputTensor("label", "BYTES", [n], labels),
+            OutputTensor("probabilities", "FP32", [n, c], probs.astype(np.float32).reshape(-1).tolist()),
+        ]
+
+
+def _runner(engine: ClassifierEngine, obs: BatchMetrics) -> Callable[[list[list[int]]], list[np.ndarray]]:
+    def run(seqs: list[list[int]]) -> list[np.ndarray]:
+        t0 = time.perf_counter()
+        probs = engine.classify_ids(seqs)  # (B, C)
+        obs.compute_time("classify", time.perf_counter() - t0)
+        return list(probs)
+
+    return run

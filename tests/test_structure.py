@@ -1,0 +1,86 @@
+"""The layering the code promises, checked on the parsed imports (not on strings).
+
+- The HTTP layer imports tasks, never the engine, the runtime, numpy or onnxruntime.
+- The engine, the schedulers and the domain errors know nothing about HTTP.
+- Only `service/engine/runtime.py` imports onnxruntime; `service/` never imports torch.
+- `export/` imports nothing from `service/` but the contract package.
+- Outside `service/tasks/` nothing in `service/` names a task ("classification", "translation").
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TASK_NAMES = {"classification", "translation"}
+
+
+def modules(folder: str) -> list[Path]:
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+def imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out |= {f"{node.module}.{a.name}" for a in node.names}
+    return out
+
+
+def offending(path: Path, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(i for i in imports(path) if any(i == f or i.startswith(f + ".") for f in forbidden))
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+@pytest.mark.parametrize("path", modules("service/http"), ids=rel)
+def test_http_layer_never_reaches_into_the_engine(path: Path) -> None:
+    assert offending(path, ("service.engine", "numpy", "onnxruntime")) == []
+
+
+@pytest.mark.parametrize(
+    "path",
+    [*modules("service/engine"), *modules("service/scheduling"), ROOT / "service/errors.py"],
+    ids=rel,
+)
+def test_engine_and_schedulers_know_nothing_of_http(path: Path) -> None:
+    assert offending(path, ("fastapi", "starlette", "uvicorn", "service.http")) == []
+
+
+@pytest.mark.parametrize("path", modules("service"), ids=rel)
+def test_one_module_imports_onnxruntime_and_none_torch(path: Path) -> None:
+    assert offending(path, ("torch",)) == []
+    if path != ROOT / "service/engine/runtime.py":
+        assert offending(path, ("onnxruntime",)) == []
+
+
+@pytest.mark.parametrize("path", modules("export"), ids=rel)
+def test_export_imports_only_the_contract(path: Path) -> None:
+    from_service = [i for i in imports(path) if i == "service" or i.startswith("service.")]
+    assert [i for i in from_service if not i.startswith("service.contract")] == []
+
+
+@pytest.mark.parametrize("path", [p for p in modules("service") if "tasks" not in p.parts], ids=rel)
+def test_no_task_branch_outside_the_task_modules(path: Path) -> None:
+    tree = ast.parse(path.read_text())
+    named = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in TASK_NAMES
+    ]
+    engines = [
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "isinstance"
+        and any("Engine" in ast.unparse(arg) or "Task)" in ast.unparse(arg) for arg in node.args[1:])
+    ]
+    assert named == [] and engines == []
