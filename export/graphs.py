@@ -46,13 +46,22 @@ class DecoderStepGraph(nn.Module):
         self.model = model
         self.n = len(model.layers)
 
-    def forward(self, input_ids: Tensor, encoder_attention_mask: Tensor, *kv: Tensor) -> tuple[Tensor, ...]:
-        past = [(kv[2 * i], kv[2 * i + 1]) for i in range(self.n)]
+    def forward(
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        row_index: Tensor,
+        past_attention_mask: Tensor,
+        encoder_attention_mask: Tensor,
+        *kv: Tensor,
+    ) -> tuple[Tensor, ...]:
+        # The gather is free next to the concatenation that copies the past anyway.
+        past = [(kv[2 * i].index_select(0, row_index), kv[2 * i + 1].index_select(0, row_index)) for i in range(self.n)]
         cross = [(kv[2 * self.n + 2 * i], kv[2 * self.n + 2 * i + 1]) for i in range(self.n)]
-        logits, present = self.model.decode(input_ids, past, cross, encoder_attention_mask)
-        # One token per row: flatten (B, 1, V), an alias in ONNX Runtime, where indexing the last position
-        # became a Gather copying the logits every step (1.5% of a 128-row step).
-        logprobs = torch.log_softmax(logits.flatten(0, 1), dim=-1)  # (B, V)
+        logits, present = self.model.decode_step(
+            input_ids, position_ids, past, past_attention_mask, cross, encoder_attention_mask
+        )
+        logprobs = torch.log_softmax(logits, dim=-1)  # (R, V)
         return (logprobs, *[t for p in present for t in p])
 
 
@@ -81,8 +90,14 @@ def graph_io(model: Classifier | Translator) -> dict[str, GraphSpec]:
     ]
     dec_in = [
         TensorSpec(name=io.INPUT_IDS, dtype="int64", shape=["batch", 1]),
+        TensorSpec(name=io.POSITION_IDS, dtype="int64", shape=["batch"]),
+        TensorSpec(name=io.ROW_INDEX, dtype="int64", shape=["batch"]),
+        TensorSpec(name=io.PAST_ATTENTION_MASK, dtype="int64", shape=["batch", "past"]),
         TensorSpec(name=io.ENCODER_ATTENTION_MASK, dtype="int64", shape=["batch", "source"]),
-        *kv(io.past_names(n), "past"),
+        *[
+            TensorSpec(name=t.name, dtype=t.dtype, shape=["batch_before", *t.shape[1:]])
+            for t in kv(io.past_names(n), "past")
+        ],
         *kv(io.cross_names(n), "source"),
     ]
     dec_out = [
@@ -132,9 +147,10 @@ def export_graphs(model: Classifier | Translator, folder: Path) -> dict[str, str
         _, past = model.decode(torch.tensor([[1, 11, 12], [1, 13, 14]]), model.empty_past(2), cross_kv, mask)
         flat_past = [t for kv in past for t in kv]
         cross = [t for kv in cross_kv for t in kv]
+        positions, past_mask = torch.tensor([3, 2]), torch.tensor([[1, 1, 1], [0, 1, 1]])
         _export(
             DecoderStepGraph(model),
-            (torch.tensor([[15], [16]]), mask, *flat_past, *cross),
+            (torch.tensor([[15], [16]]), positions, torch.tensor([1, 0]), past_mask, mask, *flat_past, *cross),
             spec["decoder"],
             folder / "decoder.onnx",
         )

@@ -174,7 +174,8 @@ class DecoderLayer(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token embedding scaled by √d plus sinusoidal positions, starting at `offset` for cached decoding."""
+    """Token embedding scaled by √d plus sinusoidal positions: from `offset` on for every row, or
+    each row's own `positions` (rows of one decoder step may stand at different positions)."""
 
     def __init__(self, c: EncoderConfig) -> None:
         super().__init__()
@@ -184,9 +185,8 @@ class Embedding(nn.Module):
         self.register_buffer("pe", sinusoidal_table(c.max_len, c.d_model), persistent=False)
         self.dropout = nn.Dropout(c.dropout)
 
-    def forward(self, ids: Tensor, offset: int | Tensor = 0) -> Tensor:
-        t = ids.size(1)
-        pe = self.pe[offset : offset + t]  # (T, D)
+    def forward(self, ids: Tensor, offset: int | Tensor = 0, positions: Tensor | None = None) -> Tensor:
+        pe = self.pe[offset : offset + ids.size(1)] if positions is None else self.pe[positions]  # (T|B×T, D)
         return self.dropout(self.tokens(ids) * self.scale + pe)
 
 
@@ -267,6 +267,26 @@ class Translator(nn.Module):
             x, present = layer(x, layer_past, layer_cross, self_bias, src_bias)
             presents.append(present)
         logits = self.norm(x) @ self.embed.tokens.weight.T  # (B, T, V), tied projection
+        return logits, presents
+
+    def decode_step(
+        self, tokens: Tensor, positions: Tensor, past: list[KV], past_mask: Tensor, cross: list[KV], src_mask: Tensor
+    ) -> tuple[Tensor, list[KV]]:
+        """One token for each of R rows that may stand at different positions (the serving step).
+
+        tokens (R, 1), positions (R,) the index of each row's token, past (R, H, P, d_k) per layer
+        with past_mask (R, P) marking each row's own cached keys (1) among the padding (0). Returns
+        logits (R, V) and the grown cache (R, H, P + 1, d_k): the new key is always attended.
+        """
+        x = self.embed(tokens, positions=positions[:, None])  # (R, 1, D)
+        keep = torch.cat([past_mask, torch.ones_like(tokens, dtype=past_mask.dtype)], dim=1)  # (R, P + 1)
+        self_bias = padding_bias(keep)  # (R, 1, 1, P + 1)
+        src_bias = padding_bias(src_mask)  # (R, 1, 1, S)
+        presents = []
+        for layer, layer_past, layer_cross in zip(self.layers, past, cross, strict=True):
+            x, present = layer(x, layer_past, layer_cross, self_bias, src_bias)
+            presents.append(present)
+        logits = self.norm(x[:, 0]) @ self.embed.tokens.weight.T  # (R, V), tied projection
         return logits, presents
 
     def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:

@@ -32,6 +32,7 @@ from service.contract.graphs import IO_CONTRACT_VERSION, SPECIAL_IDS
 from service.contract.manifest import MANIFEST, Manifest, file_entry
 
 MAX_NEW_TOKENS = 128
+CALIBRATION_SENTENCES = 64  # real sentences whose activations set the int8 scales
 VARIANTS = ("fp32", *MAKERS)
 
 
@@ -103,18 +104,22 @@ def export_model(
     try:
         files = {"fp32": export_graphs(model, tmp)}
         with torch.no_grad():
-            report |= _validate(model, tmp, files["fp32"], "fp32", seqs)
+            report |= _validate(model, tmp, files, "fp32", seqs)
             if not is_clf:
                 report |= _token_parity(model, tmp, files["fp32"], seqs, options.min_parity_sentences)
+            calibration = validate.calibration_feeds(model, tmp, files["fp32"], seqs[:CALIBRATION_SENTENCES])
             for variant in options.variants:
                 if variant == "fp32":
                     continue
                 files[variant] = {}
                 for role, fname in files["fp32"].items():
                     out = fname.replace(".onnx", f".{variant}.onnx")
-                    MAKERS[variant](tmp / fname, tmp / out)
+                    MAKERS[variant](tmp / fname, tmp / out, calibration[role])
                     files[variant][role] = out
-                report |= _validate(model, tmp, files[variant], variant, seqs if is_clf else seqs[:16])
+                report |= _validate(model, tmp, files, variant, seqs)
+            if not is_clf:
+                for variant in ship:
+                    report |= _batch_invariance(model, tmp, files[variant], variant, seqs, options.min_parity_sentences)
         report["export_seconds"] = round(time.perf_counter() - t0, 1)
         for variant, roles in files.items() if test_rows else ():
             t1 = time.perf_counter()
@@ -172,13 +177,22 @@ def export_model(
 
 
 def _validate(
-    model: Classifier | Translator, folder: Path, roles: dict[str, str], variant: str, seqs: Sequence[list[int]]
+    model: Classifier | Translator,
+    folder: Path,
+    files: dict[str, dict[str, str]],
+    variant: str,
+    seqs: Sequence[list[int]],
 ) -> dict[str, object]:
-    tol = validate.TOLERANCES[variant]
+    tol, probs, roles = validate.TOLERANCES[variant], variant in validate.PROBABILITIES_ONLY, files[variant]
     if isinstance(model, Classifier):
-        worst = validate.check_classifier(model, folder / roles["model"], seqs, tol)
+        worst = validate.check_classifier(model, folder / roles["model"], seqs, tol, probs)
+    elif probs:
+        ref = (folder / files["fp32"]["encoder"], folder / files["fp32"]["decoder"])
+        got = (folder / roles["encoder"], folder / roles["decoder"])
+        held_out = seqs[CALIBRATION_SENTENCES:] or seqs  # not the sentences that set the scales
+        worst = validate.check_quantized_translator(model, ref, got, held_out[:32], tol)
     else:
-        worst = validate.check_translator(model, folder / roles["encoder"], folder / roles["decoder"], seqs, tol)
+        worst = validate.check_translator(model, folder / roles["encoder"], folder / roles["decoder"], seqs[:16], tol)
     return {f"{variant}_max_abs_diff": worst}
 
 
@@ -193,6 +207,21 @@ def _token_parity(
     if rate < 1.0:
         raise ExportError(f"cached ONNX greedy differs from PyTorch on {1 - rate:.1%} of {len(parity)} sentences")
     return {"greedy_identical_rate": rate, "greedy_parity_sentences": len(parity)}
+
+
+def _batch_invariance(
+    model: Translator, folder: Path, roles: dict[str, str], variant: str, seqs: Sequence[list[int]], minimum: int
+) -> dict[str, object]:
+    """One answer per input: each sentence alone, in a batch, and joining a running batch."""
+    sample = list(seqs[: max(64, min(minimum, 64))])
+    if len(sample) < min(64, minimum):
+        raise ExportError(f"batch invariance needs at least {min(64, minimum)} validation sentences, got {len(sample)}")
+    max_new = min(MAX_NEW_TOKENS, model.config.max_len)
+    enc, dec = folder / roles["encoder"], folder / roles["decoder"]
+    differ = validate.check_batch_invariance(enc, dec, model, sample, max_new)
+    if differ:
+        raise ExportError(f"{variant}: {differ} of {len(sample)} sentences decode differently alone and in a batch")
+    return {f"{variant}_batch_invariant_sentences": len(sample)}
 
 
 def data_sources_of(card: Path, dataset: str) -> tuple[dict[str, str], ...]:

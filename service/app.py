@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 
 from service.http import errors, oip, routes
 from service.http.middleware import BodyLimit, RequestContext
@@ -55,10 +56,20 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.serve = state
     errors.install(app, field_rules(*(cls.Request for cls in tasks), OipInferRequest))
-    app.include_router(routes.router)
-    app.include_router(routes.task_router(tasks))
-    app.include_router(oip.router)
-    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    routers = [routes.router, routes.task_router(tasks), oip.router]
+    for router in routers:
+        app.include_router(router)
+    post_routes = [
+        r.path_regex
+        for router in routers
+        for r in router.routes
+        if isinstance(r, APIRoute) and "POST" in (r.methods or ())
+    ]
+    app.add_middleware(
+        BodyLimit,
+        max_bytes=settings.max_body_bytes,
+        accepts_body=lambda path: any(rx.match(path) for rx in post_routes),
+    )
     app.add_middleware(RequestContext, metrics=metrics, endpoints=frozenset(cls.rest_path for cls in tasks))
     return app
 

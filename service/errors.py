@@ -5,9 +5,11 @@ from __future__ import annotations
 
 
 class ServiceError(Exception):
-    """Base class: `kind` is the machine-readable error type clients see."""
+    """Base class: `kind` is the machine-readable error type clients see; `retry_after` (seconds),
+    when set, tells a client when trying again makes sense."""
 
     kind = "error"
+    retry_after: int | None = None
 
 
 class InputTooLong(ServiceError):

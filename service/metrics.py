@@ -39,11 +39,15 @@ class Metrics:
             registry=r,
         )
         self.batch_size = Histogram(
-            "inference_batch_size", "Items per executed batch", ["model"], buckets=BATCH_SIZE_BUCKETS, registry=r
+            "inference_batch_size",
+            "Items per executed batch (translation: sentences admitted together into the running batch)",
+            ["model"],
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=r,
         )
         self.compute = Histogram(
             "inference_compute_seconds",
-            "Model compute time per batch (stage: classify, encode, decode)",
+            "Model compute time per run (stage: classify per batch; encode per admission; decode per decoder step)",
             ["model", "stage"],
             buckets=LATENCY_BUCKETS,
             registry=r,
@@ -55,6 +59,18 @@ class Metrics:
             ["model"],
             registry=r,
         )
+        self.active_sequences = Gauge(
+            "inference_active_sequences", "Sentences in the running decoder batch", ["model"], registry=r
+        )
+        self.active_rows = Gauge(
+            "inference_active_rows", "Decoder rows (sentences x beams) in the running batch", ["model"], registry=r
+        )
+        self.cancelled = Counter(
+            "inference_cancelled_sentences",
+            "Sentences that left before finishing (reason: disconnect, deadline, shutdown, error)",
+            ["model", "reason"],
+            registry=r,
+        )
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -64,7 +80,7 @@ class Metrics:
 
 
 class BatchMetrics:
-    """One model's batcher and compute metrics (a `batching.BatchObserver`)."""
+    """One model's queue and compute metrics (a `BatchObserver` and a `StepObserver`)."""
 
     def __init__(self, metrics: Metrics, model: str) -> None:
         self._depth = metrics.queue_depth.labels(model=model)
@@ -72,6 +88,9 @@ class BatchMetrics:
         self._size = metrics.batch_size.labels(model=model)
         self._compute = metrics.compute
         self._tokens = metrics.generated_tokens.labels(model=model)
+        self._active_sequences = metrics.active_sequences.labels(model=model)
+        self._active_rows = metrics.active_rows.labels(model=model)
+        self._cancelled = metrics.cancelled
         self.model = model
         self._depth.set(0)
 
@@ -88,3 +107,10 @@ class BatchMetrics:
 
     def generated(self, tokens: int) -> None:
         self._tokens.inc(tokens)
+
+    def active(self, sentences: int, rows: int) -> None:
+        self._active_sequences.set(sentences)
+        self._active_rows.set(rows)
+
+    def cancelled(self, reason: str, sentences: int) -> None:
+        self._cancelled.labels(model=self.model, reason=reason).inc(sentences)

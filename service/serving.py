@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Literal
 
 from service import store
 from service.contract.manifest import ManifestError, read_manifest
-from service.engine.runtime import LoadOptions
+from service.engine.runtime import LoadOptions, cpu_quota
 from service.errors import InvalidInput, ModelNotFound, NotReady
 from service.metrics import Metrics
 from service.settings import Settings
@@ -74,8 +75,12 @@ class ModelSet:
             if wanted and (m is None or (m.task_name is not None and m.task_name != cls.name)):
                 self.problems.append(f"default {cls.name} model {wanted!r} is not a {cls.name} model in the store")
                 log.error("settings name %r as the default %s model; the store has no such model", wanted, cls.name)
-        options = LoadOptions(s.provider_list, s.threads, s.variant)
+        present = [c for c in registry.tasks() if any(m.task_name == c.name for m in self.models.values())]
+        threads = split_threads(s, s.threads or cpu_quota(), present)
+        log.info("CPU threads per task: %s", ", ".join(f"{k} {v}" for k, v in threads.items()) or "none")
         for name, entry in sorted(entries.items()):
+            task = self.models[name].task_name or ""
+            options = LoadOptions(s.provider_list, threads.get(task, 1), s.variant)
             self._load_one(self.models[name], entry, options)
         self.loaded = True
 
@@ -92,7 +97,7 @@ class ModelSet:
             return
         try:
             t0 = time.perf_counter()
-            context = TaskContext(self.settings, self.executor, self.metrics.observer(model.name))
+            context = TaskContext(self.settings, self.metrics.observer(model.name))
             model.task = cls.load(entry, options, context)
         except Exception as exc:
             first_line = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -179,6 +184,21 @@ class ModelSet:
             names = ", ".join(m.name for m in candidates)
             raise InvalidInput(f"model: several {task_name} models are served ({names}); name one")
         return candidates[0]
+
+
+def split_threads(settings: Settings, total: int, tasks: Sequence[type[Task]]) -> dict[str, int]:
+    """Threads per task, so that tasks working at once never oversubscribe the CPUs: a task's
+    setting when given; else its `cpu_share` of `total`; tasks without a share split what is left.
+    Every task gets at least one (on one CPU, tasks then take turns)."""
+    out = {c.name: int(getattr(settings, c.threads_setting, 0) or 0) for c in tasks}
+    for c in tasks:
+        if not out[c.name] and c.cpu_share:
+            out[c.name] = max(1, round(total * c.cpu_share))
+    rest = [c.name for c in tasks if not out[c.name]]
+    left = total - sum(out.values())
+    for name in rest:
+        out[name] = max(1, left // len(rest))
+    return out
 
 
 def _task_name(entry: store.StoreEntry) -> str | None:

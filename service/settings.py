@@ -27,7 +27,13 @@ class Settings(BaseSettings):
     )
     providers: str = Field(default="cpu", description="ONNX Runtime providers in order, comma-separated (cuda,cpu)")
     threads: int = Field(
-        default=0, ge=0, le=256, description="intra-op threads per model; 0: the container's CPU quota"
+        default=0, ge=0, le=256, description="CPU threads for all models together; 0: the container's CPU quota"
+    )
+    classification_threads: int = Field(
+        default=0, ge=0, le=256, description="threads of the classifier's worker; 0: a quarter of `threads`, at least 1"
+    )
+    translation_threads: int = Field(
+        default=0, ge=0, le=256, description="threads of the translator's step scheduler; 0: the rest, at least 1"
     )
     default_classifier: str | None = Field(default=None, description="model used by /predict without `model`")
     default_translator: str | None = Field(default=None, description="model used by /translate without `model`")
@@ -35,7 +41,17 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(default=32, ge=1, le=1024, description="items (texts) per batch")
     max_batch_tokens: int = Field(default=8192, ge=1, description="padded tokens per batch (rows x longest x beams)")
     max_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="a batch closes this long after its first item")
-    max_queue: int = Field(default=512, ge=1, description="queued items per model before 429")
+    max_queue: int = Field(default=512, ge=1, description="queued items (translation: sentences) per model before 429")
+    # translation: step-level scheduling
+    scheduler: Literal["step", "request"] = Field(
+        default="step", description="translation: step-level (continuous) batching, or request-level batches (baseline)"
+    )
+    step_max_rows: int = Field(
+        default=64, ge=1, le=4096, description="decoder rows (sentences x beams) per step: latency against throughput"
+    )
+    step_max_cache_tokens: int = Field(
+        default=131072, ge=64, description="cache tokens reserved by running sentences: rows x (source + max new)"
+    )
     request_timeout_s: float = Field(default=30.0, gt=0, le=3600, description="deadline per request (504 when passed)")
     drain_timeout_s: float = Field(
         default=30.0, ge=0, le=3600, description="shutdown: time for admitted work to finish"

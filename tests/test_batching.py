@@ -199,3 +199,32 @@ def test_a_lone_client_does_not_wait_after_its_first_batch() -> None:
 
     first, second = run(main())
     assert first >= 0.45 and second < 0.25
+
+
+def test_no_item_is_left_behind_under_steady_load() -> None:
+    """The reproduction of the starvation bug: batch size 4, a 20 ms model, three new items every
+    15 ms for 2.25 s, 1 s deadlines (the old batcher lost one of 450). Every item must be
+    answered, in time, with its own result."""
+
+    def slow(items: list[int]) -> list[int]:
+        time.sleep(0.02)
+        return [2 * x + 1 for x in items]
+
+    async def main() -> list[object]:
+        executor = ThreadPoolExecutor(1)
+        b: DynamicBatcher[int, int] = DynamicBatcher(
+            "fake", slow, BatchLimits(4, 0.001, 4096, 10_000), executor=executor
+        )
+        b.start()
+        calls = []
+        for wave in range(150):
+            for j in range(3):
+                x = 3 * wave + j
+                calls.append(asyncio.ensure_future(b.submit(x, deadline=time.monotonic() + 1.0)))
+            await asyncio.sleep(0.015)
+        out = await asyncio.gather(*calls, return_exceptions=True)
+        await b.close(5)
+        return out
+
+    out = run(main())
+    assert out == [2 * x + 1 for x in range(450)]

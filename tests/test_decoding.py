@@ -224,7 +224,7 @@ def test_beam_size_one_is_greedy_on_tables() -> None:
 def test_early_exit_makes_no_extra_step() -> None:
     model = table_model(BETTER_THAN_GREEDY)
     run_beam(model, DecodeParams(beam_size=2), [100])
-    assert model.rows_per_call == [1, 2]  # both beams end at step 2: nothing more runs
+    assert model.rows_per_call == [2, 2]  # a sentence keeps its K rows; both beams end at step 2
     model = table_model(BETTER_THAN_GREEDY)
     run_greedy(model, [100])
     assert model.rows_per_call == [1, 1]  # 2, then EOS
@@ -233,8 +233,8 @@ def test_early_exit_makes_no_extra_step() -> None:
 def test_finished_sentences_leave_the_batch() -> None:
     model = table_model(BETTER_THAN_GREEDY, ENDLESS, ENDLESS)
     out = run_beam(model, DecodeParams(beam_size=2), [100, 4, 3])
-    # B rows from BOS, then K per sentence; sentence 0 is done after step 2, 2 after step 3.
-    assert model.rows_per_call == [3, 6, 4, 2]
+    # K rows per sentence from the first step; sentence 0 is done after step 2, 2 after step 3.
+    assert model.rows_per_call == [6, 6, 4, 2]
     assert [len(h[0].tokens) for h in out] == [1, 4, 3]
     model = table_model(BETTER_THAN_GREEDY, ENDLESS, ENDLESS)
     run_greedy(model, [100, 4, 3])
@@ -406,3 +406,43 @@ def test_step_returning_wrong_rows_is_an_error() -> None:
         greedy(bad_step, None, BOS, EOS, [3])
     with pytest.raises(ValueError, match="shape"):
         beam_search(bad_step, None, BOS, EOS, DecodeParams(), [3])
+
+
+# --- sampling, penalties, finish reasons ----------------------------------------------------------
+
+
+def test_sampling_is_reproducible_by_seed_and_top_k_1_is_greedy() -> None:
+    model = random_model(21, vocab=30)
+    p = DecodeParams(beam_size=1, sample=True, num_hypotheses=3, max_new_tokens=8, seed=5, temperature=1.3)
+    a, b = run_beam(model, p, [8, 8]), run_beam(model, p, [8, 8])
+    assert a == b
+    other = run_beam(model, DecodeParams(**{**p.__dict__, "seed": 6}), [8, 8])
+    assert other != a  # 6 draws of up to 8 tokens among 30: another seed draws otherwise
+    top1 = DecodeParams(beam_size=1, sample=True, top_k=1, max_new_tokens=8, seed=9)
+    g = run_greedy(model, [8, 8])
+    assert [h[0].tokens for h in run_beam(model, top1, [8, 8])] == [h.tokens for h in g]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 3), st.integers(1, 4))
+def test_no_repeat_ngram_size_holds(seed: int, n: int, k: int) -> None:
+    model = random_model(seed, vocab=6)
+    [hyps] = run_beam(model, DecodeParams(beam_size=k, num_hypotheses=k, max_new_tokens=9, no_repeat_ngram_size=n), [9])
+    for h in hyps:
+        grams = [h.tokens[i : i + n] for i in range(len(h.tokens) - n + 1)]
+        assert len(grams) == len(set(grams)), h.tokens
+
+
+def test_repetition_penalty_multiplies_the_log_prob_of_generated_tokens() -> None:
+    # ENDLESS prefers 2 (.6) over 3 (.4); with penalty 2, a generated 2 scores 2 ln .6 < ln .4.
+    [h] = run_greedy(table_model(ENDLESS), [3])
+    assert h.tokens == (2, 2, 2)
+    [[h]] = run_beam(table_model(ENDLESS), DecodeParams(beam_size=1, max_new_tokens=2, repetition_penalty=2.0), [2])
+    assert h.tokens == (2, 3) and h.logprob == approx(L(0.6) + L(0.4))
+
+
+def test_finish_reason_says_how_a_hypothesis_ended() -> None:
+    [h] = run_greedy(table_model(BETTER_THAN_GREEDY), [10])
+    assert h.finished and h.finish_reason == "eos"
+    [h] = run_greedy(table_model(ENDLESS), [3])
+    assert not h.finished and h.finish_reason == "length"

@@ -135,7 +135,8 @@ async def test_translate_equals_the_engine(client: httpx.AsyncClient, engines: A
                 assert got["score"] == pytest.approx(want[0].score, abs=1e-5)
                 assert [h["text"] for h in got["hypotheses"]] == [w.text for w in want]
             else:
-                assert set(got) == {"text"}
+                assert set(got) == {"text", "finish_reason"}
+            assert got["finish_reason"] == want[0].finish_reason
 
 
 async def test_beam_size_one_is_exactly_greedy(client: httpx.AsyncClient) -> None:
@@ -239,7 +240,22 @@ async def test_invalid_fields_name_the_field_and_range(client: httpx.AsyncClient
         "invalid_input",
         "length_penalty",
     )
-    error_of(await client.post("/translate", json={"texts": t, "decode": "sample"}), 422, "invalid_input", "decode")
+    error_of(await client.post("/translate", json={"texts": t, "decode": "nucleus"}), 422, "invalid_input", "decode")
+    for field, bad in (
+        ("temperature", 0),
+        ("top_p", 0),
+        ("top_p", 1.5),
+        ("top_k", -1),
+        ("no_repeat_ngram_size", -1),
+        ("repetition_penalty", 0),
+        ("seed", -1),
+        ("timeout_ms", 0),
+    ):
+        r = await client.post("/translate", json={"texts": t, "decode": "sample", field: bad})
+        error_of(r, 422, "invalid_input", field)
+    error_of(
+        await client.post("/translate", json={"texts": t, "decode": "sample", "beam_size": 2}), 422, "invalid_input"
+    )
     error_of(
         await client.post("/translate", json={"texts": t, "decode": "greedy", "beam_size": 3}),
         422,
@@ -297,7 +313,7 @@ async def test_bad_requests_are_4xx_and_the_service_keeps_serving(client: httpx.
         415,
         "unsupported_media_type",
     )
-    error_of(await post("/predict", content=b""), 415, "unsupported_media_type")
+    error_of(await post("/predict", content=b""), 422, "invalid_input")  # no Content-Type: read as JSON
     error_of(await post("/predict", content=b"", headers={"content-type": "application/json"}), 422, "invalid_input")
     nan = b'{"texts": ["a"], "length_penalty": NaN}'
     error_of(
@@ -389,9 +405,9 @@ async def test_oip_errors_are_protocol_shaped(client: httpx.AsyncClient) -> None
 
 
 def block_worker(app: FastAPI) -> threading.Event:
-    """Occupies the single model worker thread until the returned event is set."""
+    """Occupies the classifier's worker thread until the returned event is set."""
     gate = threading.Event()
-    state_of(app).models.executor.submit(gate.wait, 20)
+    state_of(app).models.models["tiny-clf"].task.executor.submit(gate.wait, 20)  # type: ignore[union-attr]
     return gate
 
 
@@ -413,21 +429,29 @@ async def test_queue_full_answers_429_with_retry_after(tiny_store: Path) -> None
         assert (await client.post("/predict", json={"texts": ["e", "f"]})).status_code == 200
 
 
-async def test_deadline_answers_504_and_the_item_never_runs(tiny_store: Path) -> None:
-    application = create_app(settings(tiny_store, request_timeout_s=0.2, max_wait_ms=0))
+async def test_deadline_answers_504_and_the_sentence_leaves(tiny_store: Path) -> None:
+    application = create_app(settings(tiny_store, request_timeout_s=0.3, max_wait_ms=0))
     async with serving(application) as client:
-        batcher = state_of(application).models.models["tiny-mt"].task.batcher  # type: ignore[union-attr]
-        assert batcher is not None
-        gate = block_worker(application)
+        rt = state_of(application).models.models["tiny-mt"].task.engine.rt  # type: ignore[union-attr]
+        gate, decode = threading.Event(), rt.decode
+
+        def stuck(*args: Any) -> Any:  # the scheduler thread hangs inside a step
+            gate.wait(20)
+            return decode(*args)
+
+        rt.decode = stuck
         try:
-            before = batcher.batches
+            t0 = asyncio.get_running_loop().time()
             r = await client.post("/translate", json={"texts": ["The cat."]})
             error_of(r, 504, "deadline_exceeded", "deadline")
+            assert asyncio.get_running_loop().time() - t0 < 2.0  # answered on time, not when the step ends
         finally:
             gate.set()
+            del rt.decode
         ok = await client.post("/translate", json={"texts": ["The dog."]})
         assert ok.status_code == 200
-        assert batcher.batches == before + 1  # only the second request ran
+        metrics = (await client.get("/metrics")).text
+        assert _sample(metrics, 'inference_cancelled_sentences_total{model="tiny-mt",reason="deadline"}') == 1
 
 
 async def test_not_ready_until_warm_up_ends(tiny_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:

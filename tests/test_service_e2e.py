@@ -121,3 +121,32 @@ def test_sigterm_drains_then_exits_0(tiny_store: Path, tmp_path: Path) -> None:
             done = queued.result(timeout=20)
             assert done.status_code == 200, done.text
         assert s.proc.wait(20) == 0
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_abandoned_requests_leave_the_running_batch(server: Server) -> None:
+    heavy = {"texts": [f"The small cat {i} sees a big red dog." for i in range(64)], "beam_size": 8}
+    with ThreadPoolExecutor(10) as pool:
+
+        def abandon(_: int) -> None:
+            with contextlib.suppress(httpx.TimeoutException), httpx.Client(base_url=server.url, timeout=0.3) as c:
+                c.post("/translate", json=heavy)
+
+        list(pool.map(abandon, range(10)))
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        end = time.monotonic() + 10
+        while True:
+            metrics = c.get("/metrics").text
+            active = _metric(metrics, 'inference_active_sequences{model="tiny-mt"}')
+            waiting = _metric(metrics, 'inference_queue_depth{model="tiny-mt"}')
+            if active == 0 and waiting == 0:
+                break
+            assert time.monotonic() < end, (active, waiting)
+            time.sleep(0.05)
+        assert _metric(metrics, 'inference_cancelled_sentences_total{model="tiny-mt",reason="disconnect"}') > 0
+        assert c.post("/translate", json={"texts": ["The cat."]}).status_code == 200
+    access = [x for x in server.lines() if x.get("logger") == "service.access" and x.get("path") == "/translate"]
+    assert any(x["status"] == 499 for x in access)

@@ -1,11 +1,20 @@
 """The ONNX graphs' IO contract: tensor names, special token ids, the batch layout, its version.
 
 Classifier `model.onnx`: input_ids, attention_mask (batch, sequence) -> logits (batch, labels).
+
 Translator `encoder.onnx`: input_ids, attention_mask (batch, source) -> last_hidden_state,
-cross_key_values.{i}.key/value (batch, heads, source, d_k). `decoder.onnx`: input_ids (batch, 1),
-encoder_attention_mask (batch, source), past_key_values.{i}.key/value (batch, heads, past, d_k),
-cross_key_values.{i}.key/value -> logprobs (batch, vocab), present.{i}.key/value (batch, heads,
-past + 1, d_k).
+cross_key_values.{i}.key/value (batch, heads, source, d_k).
+
+Translator `decoder.onnx` (IO contract 2), one token for each of R rows that may stand at
+different positions, so sentences can join and leave a running batch at any step:
+  input_ids (R, 1), position_ids (R,) the position of each row's token,
+  row_index (R,) the row of past_key_values each row continues (beam reorder, rows leaving),
+  past_attention_mask (R, past) 1 where a row's own cached key is, 0 on padding,
+  encoder_attention_mask (R, source), past_key_values.{i}.key/value (R_before, heads, past, d_k),
+  cross_key_values.{i}.key/value (R, heads, source, d_k)
+  -> logprobs (R, vocab), present.{i}.key/value (R, heads, past + 1, d_k): the gathered past
+  with the new key appended; the new key is always attended.
+Contract 1 (before step-level batching) had no position_ids, row_index or past_attention_mask.
 """
 
 from __future__ import annotations
@@ -14,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-IO_CONTRACT_VERSION = 1
+IO_CONTRACT_VERSION = 2
 """Bumped whenever a graph's inputs or outputs change meaning; the service refuses other versions."""
 
 SPECIAL_IDS = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "mask_id": 4}
@@ -22,6 +31,7 @@ SPECIAL_IDS = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "mask_id": 4}
 
 INPUT_IDS, ATTENTION_MASK, LOGITS = "input_ids", "attention_mask", "logits"
 LAST_HIDDEN_STATE, ENCODER_ATTENTION_MASK, LOGPROBS = "last_hidden_state", "encoder_attention_mask", "logprobs"
+POSITION_IDS, ROW_INDEX, PAST_ATTENTION_MASK = "position_ids", "row_index", "past_attention_mask"
 
 
 def kv_names(prefix: str, n_layers: int) -> list[str]:

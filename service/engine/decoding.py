@@ -1,20 +1,27 @@
-"""Greedy and beam search over a model step function: pure numpy, batched, model-agnostic.
+"""Greedy, beam and sampling search, one sentence at a time: pure numpy, model-agnostic.
+
+A `Search` is one sentence's decoding state. It occupies a fixed block of `width` rows in every
+decoder step (beam_size rows for beam search, 1 for greedy, num_hypotheses for sampling), takes
+its rows' log-probabilities and answers which rows continue with which tokens. Because a search
+never looks at other sentences, a sentence decodes to the same result alone, in a batch, or
+joining a running batch at any step: the step-level scheduler (`service.scheduling.stepper`)
+and the batch drivers below (`decode`, `greedy`, `beam_search`) share it.
+
+Beam search is kept the fairseq way: the block's K rows start from BOS with scores
+(0, -inf, ..., -inf); candidates are ranked over the block's K*V continuations, 2K of them so
+beams that end are refilled; an EOS among the K best is finalised; the length penalty is
+applied when a hypothesis is finalised. Ties are broken towards the lower (row, token) index,
+so results are reproducible.
 
 The model is reached only through ``step(tokens, state, rows)`` so that decoding can be tested
-with a scripted step function and no server (STYLE.md, practice 2). Beam state is kept the
-fairseq way: flat ``[A*K]`` rows (A unfinished sentences, K beams each), candidates ranked per
-sentence over its ``K*V`` continuations, 2K candidates so beams that end are refilled, and the
-length penalty applied when a hypothesis is finalised.
-
-Ties are broken towards the lower (beam, token) index, so results are reproducible and a batch
-of N sentences decodes exactly like N single sentences.
+with a scripted step function and no server (STYLE.md, practice 2).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,20 +47,38 @@ _THRESHOLD_BLOCKS = 512
 
 @dataclass(frozen=True)
 class DecodeParams:
-    """Everything one decode needs besides the model; validated once, here."""
+    """Everything one sentence's decoding needs besides the model; validated once, here."""
 
-    beam_size: int = 4  # 1..8; 1 gives greedy's result
+    beam_size: int = 4  # 1..8; 1 is greedy
     max_new_tokens: int = 128  # generated tokens, EOS included
     length_penalty: float = 1.0  # 0..2; score = logprob / length**length_penalty
-    num_hypotheses: int = 1  # 1..beam_size, returned best first
+    num_hypotheses: int = 1  # 1..beam_size (beam); independent samples (sampling)
+    sample: bool = False  # draw tokens instead of searching (beam_size must be 1)
+    temperature: float = 1.0  # > 0; sampling only
+    top_k: int = 0  # 0: no limit; sampling only
+    top_p: float = 1.0  # (0, 1]; sampling only
+    seed: int = 0  # sampling: the same seed draws the same tokens
+    repetition_penalty: float = 1.0  # > 0; a generated token's log-prob is multiplied by it
+    no_repeat_ngram_size: int = 0  # 0: off; n: no n-gram occurs twice in a hypothesis
 
     def __post_init__(self) -> None:
         _check_int("beam_size", self.beam_size, 1, MAX_BEAM_SIZE)
         _check_int("max_new_tokens", self.max_new_tokens, 1, None)
-        _check_int("num_hypotheses", self.num_hypotheses, 1, self.beam_size)
-        lp = self.length_penalty
-        if isinstance(lp, bool) or not isinstance(lp, int | float) or not 0.0 <= lp <= 2.0:
-            raise ValueError(f"length_penalty must be a number in [0, 2], got {lp!r}")
+        _check_int("num_hypotheses", self.num_hypotheses, 1, MAX_BEAM_SIZE if self.sample else self.beam_size)
+        _check_int("top_k", self.top_k, 0, None)
+        _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, None)
+        _check_int("seed", self.seed, 0, None)
+        _check_float("length_penalty", self.length_penalty, 0.0, 2.0)
+        _check_float("temperature", self.temperature, 0.0, None, low_open=True)
+        _check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
+        _check_float("repetition_penalty", self.repetition_penalty, 0.0, None, low_open=True)
+        if self.sample and self.beam_size != 1:
+            raise ValueError(f"sampling draws independent hypotheses: beam_size must be 1, got {self.beam_size}")
+
+    @property
+    def width(self) -> int:
+        """Rows the sentence occupies in every decoder step."""
+        return self.num_hypotheses if self.sample else self.beam_size
 
 
 @dataclass(frozen=True)
@@ -65,6 +90,164 @@ class Hypothesis:
     score: float  # logprob / length**length_penalty, length = generated tokens incl. EOS
     finished: bool  # ended with EOS (False when cut at max_new_tokens)
 
+    @property
+    def finish_reason(self) -> Literal["eos", "length"]:
+        return "eos" if self.finished else "length"
+
+
+class Search:
+    """One sentence: `tokens` are its rows' inputs to the next step; `advance(logp)` takes that
+    step's (width, V) log-probabilities and returns for each row the row it continues (its
+    parent, within the block), or None once the sentence is done (`hypotheses()` then)."""
+
+    def __init__(self, params: DecodeParams, bos_id: int, eos_id: int, limit: int | None = None) -> None:
+        self.params, self.eos_id = params, eos_id
+        self.limit = params.max_new_tokens if limit is None else min(limit, params.max_new_tokens)
+        self.width = k = params.width
+        self.t = 0  # steps taken
+        self.tokens = np.full(k, bos_id, dtype=np.int64)  # (K,) each row's last token
+        # Beam rows start as one: (0, -inf, ...) so the first step ranks row 0's continuations
+        # only. Sampled rows are independent draws from the start.
+        self.cum = np.zeros(k) if params.sample else np.array([0.0] + [-np.inf] * (k - 1))
+        self.hist = np.zeros((k, self.limit), dtype=np.int64)  # (K, T) generated ids
+        self.alive = np.ones(k, dtype=bool)  # sampling: rows that have not ended
+        self.found: list[Hypothesis] = []
+        self.done = self.limit == 0
+        if self.done:
+            self.found.append(_hypothesis(np.zeros(0, np.int64), 0.0, 0, False, params.length_penalty))
+        self._rng = np.random.default_rng(params.seed) if params.sample else None
+
+    def advance(self, logp: np.ndarray) -> np.ndarray | None:
+        logp = _check_logprobs(logp, self.width)
+        self.t += 1
+        logp = self._penalised(logp)
+        parents = self._sample(logp) if self._rng is not None else self._beam(logp)
+        if parents is None:
+            self.done = True
+        return parents
+
+    def hypotheses(self) -> list[Hypothesis]:
+        """Best first: up to num_hypotheses (fewer only if the vocabulary cannot supply them)."""
+        return sorted(self.found, key=lambda h: -h.score)[: self.params.num_hypotheses]
+
+    # -- beam search (greedy is K = 1) ---------------------------------------------------------
+
+    def _beam(self, logp: NDArray[np.floating]) -> np.ndarray | None:
+        k, t, lp = self.width, self.t, self.params.length_penalty
+        score, row, tok = _top_candidates(logp, self.cum, k, 2 * k, self.eos_id)
+        score, row, tok = score[0], row[0], tok[0]  # (2K,) ranked
+        is_eos = tok == self.eos_id
+        # fairseq: an EOS among the K best candidates ends that hypothesis.
+        for j in np.flatnonzero(is_eos[:k] & np.isfinite(score[:k])):
+            if len(self.found) < k:
+                self.found.append(_hypothesis(self.hist[row[j], : t - 1], score[j], t, True, lp))
+        # Refill: the K best non-EOS candidates continue (stable sort keeps their rank order).
+        pick = np.argsort(is_eos, kind="stable")[:k]
+        live_score, live_row, live_tok = score[pick], row[pick], tok[pick]
+        live_score[is_eos[pick]] = -np.inf  # too few candidates: dead rows, fed EOS, never finalised
+        alive = np.isfinite(live_score)
+        if len(self.found) >= k or not alive.any():
+            return None
+        if t >= self.limit:
+            for j in np.flatnonzero(alive):
+                prefix = np.append(self.hist[live_row[j], : t - 1], live_tok[j])
+                self.found.append(_hypothesis(prefix, live_score[j], t, False, lp))
+            return None
+        self.hist = self.hist[live_row]
+        self.hist[:, t - 1] = live_tok
+        self.tokens, self.cum = live_tok, live_score
+        return live_row
+
+    # -- sampling ----------------------------------------------------------------------------
+
+    def _sample(self, logp: NDArray[np.floating]) -> np.ndarray | None:
+        p, t, rng = self.params, self.t, self._rng
+        assert rng is not None
+        for r in np.flatnonzero(self.alive):
+            tok = _draw(logp[r], p.temperature, p.top_k, p.top_p, rng)
+            self.cum[r] += float(logp[r, tok])
+            if tok == self.eos_id:
+                self.found.append(_hypothesis(self.hist[r, : t - 1], self.cum[r], t, True, p.length_penalty))
+                self.alive[r] = False
+            else:
+                self.hist[r, t - 1] = tok
+                self.tokens[r] = tok
+        self.tokens[~self.alive] = self.eos_id
+        if self.alive.any() and t >= self.limit:
+            for r in np.flatnonzero(self.alive):
+                self.found.append(_hypothesis(self.hist[r, :t], self.cum[r], t, False, p.length_penalty))
+            self.alive[:] = False
+        if not self.alive.any():
+            return None
+        return np.arange(self.width)
+
+    # -- penalties -----------------------------------------------------------------------------
+
+    def _penalised(self, logp: NDArray[np.floating]) -> NDArray[np.floating]:
+        """Repetition penalty and n-gram blocking on the rows' own history (a copy when either is on)."""
+        p, done = self.params, self.t - 1  # tokens generated before this step
+        if (p.repetition_penalty == 1.0 and not p.no_repeat_ngram_size) or done == 0:
+            return logp
+        logp = np.array(logp, dtype=np.float64)
+        n = p.no_repeat_ngram_size
+        for r in range(self.width):
+            hist = self.hist[r, :done]
+            if p.repetition_penalty != 1.0:
+                seen = np.unique(hist)
+                logp[r, seen] *= p.repetition_penalty  # log-probs are <= 0: a penalty > 1 lowers them
+            if n and done >= n - 1:
+                logp[r, _banned(hist, n)] = -np.inf
+        return logp
+
+
+def _banned(hist: NDArray[np.int64], n: int) -> list[int]:
+    """Tokens that would repeat an n-gram of `hist` after its last n-1 tokens."""
+    if n == 1:
+        return sorted(set(hist.tolist()))
+    tail = hist[len(hist) - (n - 1) :].tolist()
+    return [int(hist[i + n - 1]) for i in range(len(hist) - n + 1) if hist[i : i + n - 1].tolist() == tail]
+
+
+def _draw(logp: NDArray[np.floating], temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
+    """One token from softmax(logp / temperature) restricted to the top_k tokens and the top_p mass."""
+    scaled = np.asarray(logp, dtype=np.float64) / temperature
+    order = np.argsort(-scaled, kind="stable")
+    if top_k:
+        order = order[:top_k]
+    probs = np.exp(scaled[order] - scaled[order[0]])
+    probs /= probs.sum()
+    if top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(probs), top_p) + 1)  # the smallest prefix reaching top_p
+        order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
+    return int(order[min(int(np.searchsorted(np.cumsum(probs), rng.random(), side="right")), len(order) - 1)])
+
+
+# -- batch drivers -------------------------------------------------------------------------------
+
+
+def decode(step: StepFn[S], state: S, searches: Sequence[Search]) -> list[list[Hypothesis]]:
+    """Decodes sentences that start together: row i of the initial `state` is sentence i.
+
+    Each sentence occupies `width` consecutive rows; a sentence that is done leaves the batch
+    at once, so later steps run on fewer rows.
+    """
+    live = [i for i, s in enumerate(searches) if not s.done]
+    rows = np.concatenate([np.full(searches[i].width, i, dtype=np.int64) for i in live] or [np.zeros(0, np.int64)])
+    while live:
+        tokens = np.concatenate([searches[i].tokens for i in live])
+        logp, state = step(tokens, state, rows)
+        logp = _check_logprobs(logp, rows.size)
+        keep, next_rows, start = [], [], 0
+        for i in live:
+            s = searches[i]
+            parents = s.advance(logp[start : start + s.width])
+            if parents is not None:
+                keep.append(i)
+                next_rows.append(parents + start)
+            start += s.width
+        live, rows = keep, np.concatenate(next_rows) if next_rows else np.zeros(0, np.int64)
+    return [s.hypotheses() for s in searches]
+
 
 def greedy(
     step: StepFn[S],
@@ -75,47 +258,11 @@ def greedy(
     *,
     length_penalty: float = 1.0,
 ) -> list[Hypothesis]:
-    """Argmax decoding of B = len(max_new_tokens) sentences, one row each in ``state``.
-
-    A sentence leaves the batch as soon as it emits EOS or reaches its own max_new_tokens, so
-    later steps run on fewer rows; a max of 0 gives an empty, unfinished hypothesis. The
-    length penalty only sets ``score`` (it cannot change an argmax).
-    """
+    """Argmax decoding of B = len(max_new_tokens) sentences, one row each in ``state``; a max of
+    0 gives an empty, unfinished hypothesis. The length penalty only sets ``score``."""
     limits = _as_limits(max_new_tokens)
-    b = limits.size
-    out = np.zeros((b, int(limits.max(initial=0))), dtype=np.int64)  # (B, T) generated ids
-    logprob = np.zeros(b)
-    length = np.zeros(b, dtype=np.int64)
-    finished = np.zeros(b, dtype=bool)
-
-    sent = np.flatnonzero(limits > 0)  # sentence of each live row
-    rows = sent.copy()  # row i of the initial state is sentence i
-    tokens = np.full(sent.size, bos_id, dtype=np.int64)
-    t = 0
-    while sent.size:
-        logp, state = step(tokens, state, rows)
-        logp = _check_logprobs(logp, sent.size)  # (R, V)
-        t += 1
-        tokens = logp.argmax(axis=1)  # first maximum: lower id wins ties
-        logprob[sent] += logp[np.arange(sent.size), tokens]  # float64 sums, as beam_search
-        out[sent, t - 1] = tokens
-        length[sent] = t
-        ended = tokens == eos_id
-        finished[sent] = ended
-        keep = ~ended & (limits[sent] > t)
-        rows = np.flatnonzero(keep)
-        sent, tokens = sent[keep], tokens[keep]
-
-    return [
-        _hypothesis(
-            out[i, : length[i] - finished[i]],
-            logprob[i],
-            int(length[i]),
-            bool(finished[i]),
-            length_penalty,
-        )
-        for i in range(b)
-    ]
+    params = DecodeParams(beam_size=1, max_new_tokens=max(1, int(limits.max(initial=1))), length_penalty=length_penalty)
+    return [h[0] for h in decode(step, state, [Search(params, bos_id, eos_id, int(n)) for n in limits])]
 
 
 def beam_search(
@@ -131,70 +278,13 @@ def beam_search(
     """Beam search over B sentences, one row each in the initial ``state``.
 
     B is len(max_new_tokens) when given (each value capped by params.max_new_tokens), else
-    ``batch_size`` (all sentences use params.max_new_tokens); if both are given they must
-    agree. The first step runs on the B rows from BOS; each sentence then keeps K =
-    beam_size rows. An EOS among a sentence's K best candidates is finalised (fairseq rule);
-    the K best non-EOS candidates continue. A sentence is done, and leaves the batch, when it
-    has K finished hypotheses or reaches its max_new_tokens (its live beams are then finalised
-    as unfinished). Returns, per sentence, up to ``num_hypotheses`` hypotheses by penalised
-    score, best first (fewer only if the vocabulary is too small to supply them). Where fewer
-    than K continuations exist (V < 2K, or -inf log-probs) spare rows are dead: score -inf,
-    fed EOS, never finalised; they keep the (A, K) layout.
+    ``batch_size`` (all sentences use params.max_new_tokens); if both are given they must agree.
     """
     limits = _beam_limits(params, max_new_tokens, batch_size)
-    k = params.beam_size
-    lp = params.length_penalty
-    hyps: list[list[Hypothesis]] = [[] for _ in range(limits.size)]
-    for i in np.flatnonzero(limits == 0):
-        hyps[i].append(_hypothesis(np.zeros(0, np.int64), 0.0, 0, False, lp))
-    n_finished = np.zeros(limits.size, dtype=np.int64)
+    return decode(step, state, [Search(params, bos_id, eos_id, int(n)) for n in limits])
 
-    sent = np.flatnonzero(limits > 0)  # (A,) unfinished sentences
-    rows = sent.copy()  # row i of the initial state is sentence i
-    tokens = np.full(sent.size, bos_id, dtype=np.int64)  # (A*width,)
-    cum = np.zeros(sent.size)  # (A*width,) float64 log-prob of each row's prefix
-    hist = np.zeros((sent.size, int(limits.max(initial=0))), dtype=np.int64)  # (A*width, T)
-    width = 1  # rows per sentence: 1 from BOS, then K
-    t = 0
-    while sent.size:
-        logp, state = step(tokens, state, rows)
-        logp = _check_logprobs(logp, rows.size)  # (A*width, V)
-        t += 1
-        score, row, tok = _top_candidates(logp, cum, width, 2 * k, eos_id)  # (A, 2K) ranked
-        is_eos = tok == eos_id
 
-        # fairseq: an EOS among the K best candidates ends that hypothesis.
-        for a, j in zip(*np.nonzero(is_eos[:, :k] & np.isfinite(score[:, :k])), strict=True):
-            s = sent[a]
-            if n_finished[s] < k:
-                hyps[s].append(_hypothesis(hist[row[a, j], : t - 1], score[a, j], t, True, lp))
-                n_finished[s] += 1
-
-        # Refill: the K best non-EOS candidates continue (stable sort keeps their rank order).
-        pick = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # (A, K)
-        live_score = np.take_along_axis(score, pick, axis=1)
-        live_row = np.take_along_axis(row, pick, axis=1)
-        live_tok = np.take_along_axis(tok, pick, axis=1)
-        live_score[np.take_along_axis(is_eos, pick, axis=1)] = -np.inf  # too few: dead beams
-        alive = np.isfinite(live_score)
-
-        done = (n_finished[sent] >= k) | ~alive.any(axis=1)
-        cut = ~done & (limits[sent] <= t)
-        for a in np.flatnonzero(cut):
-            for j in np.flatnonzero(alive[a]):
-                prefix = np.append(hist[live_row[a, j], : t - 1], live_tok[a, j])
-                hyps[sent[a]].append(_hypothesis(prefix, live_score[a, j], t, False, lp))
-
-        keep = ~(done | cut)
-        rows = live_row[keep].ravel()  # rows of the state just returned
-        tokens = live_tok[keep].ravel()
-        cum = live_score[keep].ravel()
-        hist = hist[rows]
-        hist[:, t - 1] = tokens
-        sent = sent[keep]
-        width = k
-
-    return [sorted(h, key=lambda x: -x.score)[: params.num_hypotheses] for h in hyps]
+# -- candidates ----------------------------------------------------------------------------------
 
 
 def _top_candidates(
@@ -291,3 +381,11 @@ def _check_int(name: str, value: object, lo: int, hi: int | None) -> None:
     if value < lo or (hi is not None and value > hi):
         bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise ValueError(f"{name} must be {bound}, got {value}")
+
+
+def _check_float(name: str, value: object, lo: float, hi: float | None, *, low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    if value < lo or (low_open and value == lo) or (hi is not None and value > hi):
+        bound = ("(" if low_open else "[") + f"{lo}, " + (f"{hi}]" if hi is not None else "inf)")
+        raise ValueError(f"{name} must be in {bound}, got {value}")

@@ -11,7 +11,7 @@ import logging
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -87,106 +87,48 @@ def uses_cuda(session: ort.InferenceSession) -> bool:
     return session.get_providers()[0] == "CUDAExecutionProvider"
 
 
-def _is_identity(rows: np.ndarray, n: int) -> bool:
-    return len(rows) == n and bool((rows == np.arange(n)).all())
-
-
 def run_classifier(session: ort.InferenceSession, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return session.run([graphs.LOGITS], {graphs.INPUT_IDS: ids, graphs.ATTENTION_MASK: mask})[0]
 
 
-@dataclass
-class DecoderState:
-    """KV cache and encoder outputs of the live rows, passed explicitly in and out of each step.
-
-    `sent` maps every live row to its sentence in the encoder batch. Cross-attention K/V and the
-    source mask are gathered from the encoder outputs only when that mapping changes (beams
-    expand after step one; sentences leave when done), never recomputed.
-    """
-
-    past: list[np.ndarray]  # 2L arrays (R, H, P, d_k)
-    sent: np.ndarray  # (R,) sentence index of each live row
-    enc_cross: list[np.ndarray]  # 2L arrays (B, H, S, d_k), as the encoder produced them
-    enc_mask: np.ndarray  # (B, S)
-    cross: list[np.ndarray] = field(default_factory=list)  # enc_cross gathered by `sent`
-    mask: np.ndarray | None = None
-    device_past: list[ort.OrtValue] | None = None  # CUDA: present K/V kept on the device
-    device_cross: list[ort.OrtValue] | None = None  # CUDA: `cross` copied to the device once
-
-
 class TranslatorRuntime:
-    """Encoder and cached decoder step for one model; a `StepFn` for service.decoding."""
+    """The translator's two graphs behind plain numpy calls (IO contract 2, `service.contract.graphs`)."""
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, n_layers: int) -> None:
         self.encoder, self.decoder, self.n_layers = encoder, decoder, n_layers
         self.past_names = graphs.past_names(n_layers)
         self.cross_names = graphs.cross_names(n_layers)
         self.present_names = graphs.present_names(n_layers)
-        shape = decoder.get_inputs()[2].shape  # (batch, heads, past, d_k)
+        shape = next(i for i in decoder.get_inputs() if i.name == self.past_names[0]).shape  # (R, H, past, d_k)
         self.heads, self.d_k = int(shape[1]), int(shape[3])
-        self.cuda = uses_cuda(decoder)
 
-    def encode(self, ids: np.ndarray, mask: np.ndarray) -> DecoderState:
-        """Runs the encoder once per batch: cross-attention K/V for every decoder layer."""
+    def encode(self, ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
+        """Cross-attention K/V of every decoder layer: 2L arrays (B, H, S, d_k), once per sentence."""
         feed = {graphs.INPUT_IDS: ids, graphs.ATTENTION_MASK: mask}
-        outs = self.encoder.run([graphs.LAST_HIDDEN_STATE, *self.cross_names], feed)
-        b = ids.shape[0]
-        empty = np.zeros((b, self.heads, 0, self.d_k), dtype=np.float32)
-        return DecoderState(past=[empty] * len(self.past_names), sent=np.arange(b), enc_cross=outs[1:], enc_mask=mask)
+        return list(self.encoder.run(self.cross_names, feed))
 
-    def step(self, tokens: np.ndarray, state: DecoderState, rows: np.ndarray) -> tuple[np.ndarray, DecoderState]:
-        sent = state.sent[rows]
-        if state.mask is None or not np.array_equal(sent, state.sent) or not state.cross:
-            cross = [np.ascontiguousarray(a[sent]) for a in state.enc_cross]  # (R, H, S, d_k)
-            mask = state.enc_mask[sent]
-        else:
-            cross, mask = state.cross, state.mask
-        if self.cuda:
-            return self._step_cuda(tokens, state, rows, sent, cross, mask)
-        past = state.past if _is_identity(rows, len(state.sent)) else [np.take(p, rows, axis=0) for p in state.past]
-        feed = {graphs.INPUT_IDS: tokens.reshape(-1, 1).astype(np.int64), graphs.ENCODER_ATTENTION_MASK: mask}
+    def decode(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        row_index: np.ndarray,
+        past_mask: np.ndarray,
+        enc_mask: np.ndarray,
+        past: Sequence[np.ndarray],
+        cross: Sequence[np.ndarray],
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One step for R rows: (R, V) log-probs and the grown cache, 2L arrays (R, H, P + 1, d_k)."""
+        feed = {
+            graphs.INPUT_IDS: tokens.reshape(-1, 1),
+            graphs.POSITION_IDS: positions,
+            graphs.ROW_INDEX: row_index,
+            graphs.PAST_ATTENTION_MASK: past_mask,
+            graphs.ENCODER_ATTENTION_MASK: enc_mask,
+        }
         feed.update(zip(self.past_names, past, strict=True))
         feed.update(zip(self.cross_names, cross, strict=True))
         outs = self.decoder.run([graphs.LOGPROBS, *self.present_names], feed)
-        new = DecoderState(outs[1:], sent, state.enc_cross, state.enc_mask, cross, mask)
-        return outs[0], new
-
-    def _step_cuda(
-        self,
-        tokens: np.ndarray,
-        state: DecoderState,
-        rows: np.ndarray,
-        sent: np.ndarray,
-        cross: list[np.ndarray],
-        mask: np.ndarray,
-    ) -> tuple[np.ndarray, DecoderState]:
-        """IO binding: present K/V stay on the GPU and feed the next step without a host copy.
-
-        A beam reorder (rows not the identity) copies the cache to the host, gathers and binds it
-        back: the log-probs are needed on the host each step anyway for the numpy search.
-        """
-        binding = self.decoder.io_binding()
-        binding.bind_cpu_input(graphs.INPUT_IDS, tokens.reshape(-1, 1).astype(np.int64))
-        binding.bind_cpu_input(graphs.ENCODER_ATTENTION_MASK, mask)
-        device_cross = state.device_cross if cross is state.cross else None
-        if device_cross is None:
-            device_cross = [ort.OrtValue.ortvalue_from_numpy(arr, "cuda", 0) for arr in cross]
-        for name, value in zip(self.cross_names, device_cross, strict=True):
-            binding.bind_ortvalue_input(name, value)
-        if state.device_past is not None and _is_identity(rows, len(state.sent)):
-            for name, value in zip(self.past_names, state.device_past, strict=True):
-                binding.bind_ortvalue_input(name, value)
-        else:
-            host = [v.numpy() for v in state.device_past] if state.device_past is not None else state.past
-            for name, arr in zip(self.past_names, host, strict=True):
-                binding.bind_cpu_input(name, np.ascontiguousarray(np.take(arr, rows, axis=0)))
-        binding.bind_output(graphs.LOGPROBS, "cpu")
-        for name in self.present_names:
-            binding.bind_output(name, "cuda")
-        self.decoder.run_with_iobinding(binding)
-        outs = binding.get_outputs()
-        new = DecoderState([], sent, state.enc_cross, state.enc_mask, cross, mask, list(outs[1:]), device_cross)
-        return outs[0].numpy(), new
+        return outs[0], list(outs[1:])
 
 
 def choose_variant(manifest: Manifest, requested: str | None) -> str:

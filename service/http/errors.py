@@ -62,12 +62,15 @@ class AsciiJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
-def error_response(path: str, message: str, kind: str, status: int | None = None) -> Response:
+def error_response(
+    path: str, message: str, kind: str, status: int | None = None, retry_after: int | None = None
+) -> Response:
     status = status or http_status(kind)
     body: dict[str, str] = {"error": message}
     if not path.startswith("/v2"):
         body["type"] = kind
-    headers = {"Retry-After": str(RETRY_AFTER_S[kind])} if kind in RETRY_AFTER_S else None
+    retry_after = retry_after or RETRY_AFTER_S.get(kind)
+    headers = {"Retry-After": str(retry_after)} if retry_after else None
     return AsciiJSONResponse(body, status_code=status, headers=headers)
 
 
@@ -76,7 +79,7 @@ def install(app: FastAPI, rules: Mapping[str, str]) -> None:
 
     async def service_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, ServiceError)
-        return error_response(request.url.path, str(exc) or exc.kind, exc.kind)
+        return error_response(request.url.path, str(exc) or exc.kind, exc.kind, retry_after=exc.retry_after)
 
     async def validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)

@@ -6,10 +6,12 @@ the raw stream, so a lying or missing Content-Length cannot get more than the li
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -21,6 +23,8 @@ from service.metrics import Metrics
 log = logging.getLogger(__name__)
 
 SCOPE_KEY = "serve.request"
+DISCONNECTED = "serve.disconnected"  # set in the scope when the client left before its answer
+CLIENT_CLOSED = 499  # status logged for such a request (nginx's convention)
 REQUEST_ID_HEADER = b"x-request-id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 OIP_INFER = "/v2/models/{name}/infer"
@@ -84,6 +88,8 @@ class RequestContext:
 
         try:
             await self.app(scope, receive, send_with_id)
+            if scope.get(DISCONNECTED) and status == 0:
+                status = CLIENT_CLOSED
         except Exception:
             log.exception(
                 "unhandled error in %s %s",
@@ -126,13 +132,18 @@ class RequestContext:
 
 
 class BodyLimit:
-    """Requests with a body must be JSON and at most `max_bytes`; the body is read here, then replayed."""
+    """POST bodies of the service's routes: JSON (a missing Content-Type is read as JSON, a wrong
+    one is a 415), at most `max_bytes` (counted on the stream), read here and replayed to the
+    route. While the route works, the connection is watched: a client that disconnects before
+    its answer has started cancels the route (its sentences leave the running batch); the
+    request is logged with status 499. Paths that are no POST route go straight to routing (404/405).
+    """
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app: ASGIApp, max_bytes: int, accepts_body: Callable[[str], bool]) -> None:
+        self.app, self.max_bytes, self.accepts_body = app, max_bytes, accepts_body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") not in ("POST", "PUT", "PATCH"):
+        if scope["type"] != "http" or scope.get("method") != "POST" or not self.accepts_body(scope.get("path", "")):
             await self.app(scope, receive, send)
             return
         path = scope.get("path", "")
@@ -145,8 +156,8 @@ class BodyLimit:
             if int(declared) > self.max_bytes:
                 await error_response(path, too_large, "payload_too_large")(scope, receive, send)
                 return
-        content_type = _header(scope, b"content-type") or ""
-        if not _JSON_TYPE.match(content_type.strip()):
+        content_type = (_header(scope, b"content-type") or "").strip()
+        if content_type and not _JSON_TYPE.match(content_type):
             wrong_type = "Content-Type must be application/json"
             await error_response(path, wrong_type, "unsupported_media_type")(scope, receive, send)
             return
@@ -163,14 +174,43 @@ class BodyLimit:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
-        replayed = False
+        await _run_watched(self.app, scope, b"".join(chunks), receive, send)
 
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
 
-        await self.app(scope, replay, send)
+async def _run_watched(app: ASGIApp, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+    """Runs the route with the body replayed; cancels it if the client disconnects first."""
+    left = asyncio.Event()
+    started = False
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await left.wait()
+        return {"type": "http.disconnect"}
+
+    async def tracked_send(message: Message) -> None:
+        nonlocal started
+        started = started or message["type"] == "http.response.start"
+        await send(message)
+
+    route = asyncio.ensure_future(app(scope, replay, tracked_send))
+
+    async def watch() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        left.set()
+        if not started and not route.done():
+            scope[DISCONNECTED] = True
+            route.cancel()
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        await route
+    except asyncio.CancelledError:
+        if not scope.get(DISCONNECTED):
+            raise  # the server is cancelling us, not the client
+    finally:
+        watcher.cancel()

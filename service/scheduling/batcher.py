@@ -1,18 +1,20 @@
-"""Dynamic batching: an asyncio queue of (item, future) drained by one task. Knows nothing about models.
+"""Dynamic batching for one-shot models (the classifier): a list of waiting items and an
+`asyncio.Event`, drained by one task. Knows nothing about models or HTTP.
 
 A batch starts with the oldest waiting item and closes when `max_batch_size` items of the same
 key are waiting or `max_wait_s` after that oldest item arrived, or earlier, as soon as as many
 items wait as the key's previous batch ran with: a lone client (previous batch 1) never waits,
 while under steady load a batch still fills up to the level it had. From the waiting items with the
 oldest item's key it takes those closest in size to it (size ~ tokens), as long as the padded
-cost ``len(batch) * max(size)`` stays within `max_batch_cost`; the rest stay queued in arrival
-order. So one batch never mixes keys (e.g. decoding parameters), padding stays small, and every
-item is eventually the oldest one, so nothing starves.
+cost ``len(batch) * max(size)`` stays within `max_batch_cost`; the rest stay waiting in arrival
+order. So one batch never mixes keys, padding stays small, and every item is eventually the
+oldest one, so nothing starves: every submitted item is in `_waiting` (or running) from the
+moment `submit_many` returns control, where `depth`, deadlines and `close()` see it.
 
-`run_batch(items) -> results` is synchronous model work: it runs in `executor` (a worker thread),
-never on the event loop. A failing batch sets its exception on the futures of that batch only.
-An item whose deadline passes while queued is dropped before it runs (`DeadlineExceeded`), also
-when it passes while its batch waits for the worker thread (which may be busy with another model).
+`run_batch(items) -> results` is synchronous model work: it runs in `executor` (the model's own
+worker thread), never on the event loop. A failing batch sets its exception on the futures of
+that batch only. An item whose deadline passes while waiting is dropped before it runs
+(`DeadlineExceeded`), also when it passes while its batch waits for the worker thread.
 """
 
 from __future__ import annotations
@@ -88,27 +90,25 @@ class DynamicBatcher(Generic[T, R]):
         self.name, self.run_batch, self.limits = name, run_batch, limits
         self._key, self._size, self._executor = key, size, executor
         self._observer = observer or _NoObserver()
-        self._queue: asyncio.Queue[_Pending[T, R]] = asyncio.Queue()
-        self._waiting: list[_Pending[T, R]] = []  # taken off the queue, not yet run; arrival order
-        self._getter: asyncio.Task[_Pending[T, R]] | None = None
+        self._waiting: list[_Pending[T, R]] = []  # arrival order, not yet running
+        self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._last_size: dict[Hashable, int] = {}  # per key: items in its last batch
         self._current: list[_Pending[T, R]] = []  # the batch now running
-        self._running = 0
         self.batches = 0  # executed batches (for tests and logs)
 
     # -- client side -------------------------------------------------------------------------
 
     @property
     def depth(self) -> int:
-        """Items queued and not yet running."""
-        return self._queue.qsize() + len(self._waiting)
+        """Items waiting, not yet running."""
+        return len(self._waiting)
 
     @property
     def in_flight(self) -> int:
-        """Items admitted and not yet finished: queued or running."""
-        return self.depth + self._running
+        """Items admitted and not yet finished: waiting or running."""
+        return len(self._waiting) + len(self._current)
 
     async def submit(self, item: T, deadline: float | None = None) -> R:
         """The result for one item; raises QueueFull, ShuttingDown, DeadlineExceeded or the batch's error."""
@@ -134,8 +134,8 @@ class DynamicBatcher(Generic[T, R]):
             _Pending(item, loop.create_future(), self._key(item), max(1, self._size(item)), now, deadline)
             for item in items
         ]
-        for p in pending:
-            self._queue.put_nowait(p)
+        self._waiting.extend(pending)
+        self._arrived.set()
         self._observer.queue_depth(self.depth)
         futures = [p.future for p in pending]
         try:
@@ -161,10 +161,9 @@ class DynamicBatcher(Generic[T, R]):
     async def close(self, timeout: float) -> None:
         """Stops admitting; admitted items still run for up to `timeout` s; the rest fail with ShuttingDown."""
         self._closing = True
+        self._arrived.set()  # the loop may be waiting for arrivals
         if self._task is None:
             return
-        if self._getter is not None:
-            self._getter.cancel()  # the loop may be blocked on an empty queue
         try:
             await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except TimeoutError:
@@ -173,10 +172,7 @@ class DynamicBatcher(Generic[T, R]):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
         finally:
-            if self._getter is not None:
-                self._getter.cancel()
-            leftovers = self._current + self._waiting + [self._queue.get_nowait() for _ in range(self._queue.qsize())]
-            self._waiting, self._current, self._running = [], [], 0
+            leftovers, self._waiting, self._current = self._current + self._waiting, [], []
             for p in leftovers:
                 if not p.future.done():
                     p.future.set_exception(ShuttingDown(f"model {self.name} shut down before this item ran"))
@@ -198,44 +194,25 @@ class DynamicBatcher(Generic[T, R]):
 
     async def _step(self) -> bool:
         """Forms and runs one batch; True when closed and nothing is left."""
-        while True:
-            self._take_queued()
-            self._drop_dead()
-            if self._waiting:
-                break
-            if self._closing and self._queue.empty():
+        self._drop_dead()
+        while not self._waiting:
+            if self._closing:
                 return True
-            await self._receive(None)
+            self._arrived.clear()
+            await self._arrived.wait()
+            self._drop_dead()
         first = self._waiting[0]
         close_at = first.enqueued + self.limits.max_wait_s
-        while not self._full(first.key) and (left := close_at - time.monotonic()) > 0:
-            if not await self._receive(left):
-                break
+        while not self._closing and not self._full(first.key) and (left := close_at - time.monotonic()) > 0:
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), left)
         self._drop_dead()
         batch = self._select()
         if batch:
             self._last_size[batch[0].key] = len(batch)
             await self._run(batch)
         return False
-
-    async def _receive(self, timeout: float | None) -> bool:
-        """Waits for one more queued item (without losing it on timeout); False on timeout."""
-        if self._getter is None:
-            self._getter = asyncio.ensure_future(self._queue.get())
-        done, _ = await asyncio.wait({self._getter}, timeout=timeout)
-        if not done:
-            return False
-        if self._getter.cancelled():  # close() woke us up
-            self._getter = None
-            return False
-        self._waiting.append(self._getter.result())
-        self._getter = None
-        self._take_queued()
-        return True
-
-    def _take_queued(self) -> None:
-        while not self._queue.empty():
-            self._waiting.append(self._queue.get_nowait())
 
     def _drop_dead(self) -> None:
         """Removes items nobody awaits (timed out, cancelled) and fails those whose deadline passed."""
@@ -276,7 +253,8 @@ class DynamicBatcher(Generic[T, R]):
         return chosen
 
     async def _run(self, batch: list[_Pending[T, R]]) -> None:
-        self._running, self._current = len(batch), batch
+        self._current = batch
+        self._observer.queue_depth(self.depth)
         try:
             ran, results = await asyncio.get_running_loop().run_in_executor(self._executor, self._work, batch)
         except Exception as exc:  # a failing batch fails its own items only
@@ -291,8 +269,7 @@ class DynamicBatcher(Generic[T, R]):
                 if not p.future.done():
                     p.future.set_exception(DeadlineExceeded("the request deadline passed while queued"))
         finally:
-            self._running, self._current = 0, []
-            self._observer.queue_depth(self.depth)
+            self._current = []
 
     def _work(self, batch: list[_Pending[T, R]]) -> tuple[list[_Pending[T, R]], Sequence[R]]:
         """In the worker thread: drops items that expired or were withdrawn meanwhile, runs the rest."""

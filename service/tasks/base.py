@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
@@ -62,10 +61,10 @@ class OutputTensor:
 
 @dataclass(frozen=True)
 class TaskContext:
-    """What a task gets from the service: its settings, worker thread and metrics."""
+    """What a task gets from the service: its settings and metrics. A task runs its model work on
+    its own worker thread(s), so tasks never wait for each other."""
 
     settings: Settings
-    executor: Executor
     metrics: BatchMetrics
 
 
@@ -74,6 +73,8 @@ class Task(ABC):
     rest_path: ClassVar[str]  # POST route of the REST API, e.g. "/predict"
     summary: ClassVar[str]  # one line for the API document
     default_setting: ClassVar[str]  # the Settings field that names this task's default model
+    threads_setting: ClassVar[str] = ""  # the Settings field with its thread count (0 or none: automatic)
+    cpu_share: ClassVar[float | None] = None  # automatic thread count: this share of all; None: what is left
     Request: ClassVar[type[TextsRequest]]
     Response: ClassVar[type[BaseModel]]
 

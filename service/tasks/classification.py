@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -47,6 +48,8 @@ class ClassificationTask(Task):
     rest_path = "/predict"
     summary = "Classify texts: the label, its probability and every class's"
     default_setting = "default_classifier"
+    threads_setting = "classification_threads"
+    cpu_share = 0.25
     Request = PredictRequest
     Response = PredictResponse
 
@@ -55,12 +58,13 @@ class ClassificationTask(Task):
         self.engine = engine
         s = context.settings
         limits = BatchLimits(s.max_batch_size, s.max_wait_ms / 1000, s.max_queue, s.max_batch_tokens)
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"classify-{entry.name}")
         self.batcher: DynamicBatcher[list[int], np.ndarray] = DynamicBatcher(
             entry.name,
             _runner(engine, context.metrics),
             limits,
             size=len,
-            executor=context.executor,
+            executor=self.executor,
             observer=context.metrics,
         )
 
@@ -75,6 +79,7 @@ class ClassificationTask(Task):
 
     async def close(self, timeout: float) -> None:
         await self.batcher.close(timeout)
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
     @property
     def in_flight(self) -> int:

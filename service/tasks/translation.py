@@ -1,21 +1,30 @@
-"""Translation: `POST /translate`, OIP output `translation`; decoding options per request."""
+"""Translation: `POST /translate`, OIP output `translation`; decoding options per request.
+
+Sentences run on the model's step scheduler (`SERVE_SCHEDULER=step`, the default), or, as a
+baseline for measurements, in request-level batches (`request`): one batch decoded to its end
+before the next starts.
+"""
 
 from __future__ import annotations
 
-import dataclasses
+import hashlib
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import Field, ValidationError, model_validator
 
-from service.engine.decoding import MAX_BEAM_SIZE, DecodeParams, Hypothesis
+from service.engine.decoding import MAX_BEAM_SIZE, DecodeParams, Hypothesis, Search
+from service.engine.running import RunningBatch
 from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine, load_translator
 from service.errors import InvalidInput
 from service.metrics import BatchMetrics
 from service.scheduling.batcher import BatchLimits, DynamicBatcher
+from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
 from service.store import StoreEntry
 from service.tasks.base import (
     ModelName,
@@ -33,30 +42,60 @@ MAX_NEW_TOKENS = 256  # the request bound; each model's own limit (manifest) may
 
 
 class DecodeOptions(StrictModel):
-    decode: Literal["beam", "greedy"] = Field(default="beam", description="greedy is beam_size 1")
+    decode: Literal["beam", "greedy", "sample"] = Field(
+        default="beam", description="greedy is beam_size 1; sample draws tokens (temperature, top_k, top_p, seed)"
+    )
     beam_size: int = Field(default=4, ge=1, le=MAX_BEAM_SIZE)
     max_new_tokens: int | None = Field(
         default=None, ge=1, le=MAX_NEW_TOKENS, description="generated tokens incl. EOS; default: the model's limit"
     )
     length_penalty: float = Field(default=1.0, ge=0.0, le=2.0)
-    num_hypotheses: int = Field(default=1, ge=1, le=MAX_BEAM_SIZE, description="1..beam_size, returned best first")
+    num_hypotheses: int = Field(
+        default=1, ge=1, le=MAX_BEAM_SIZE, description="beam: 1..beam_size, best first; sample: independent draws"
+    )
+    temperature: float = Field(default=1.0, gt=0.0, le=100.0, description="sample: softmax temperature")
+    top_k: int = Field(default=0, ge=0, description="sample: draw among the k likeliest tokens; 0: all")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="sample: draw within this probability mass")
+    seed: int | None = Field(default=None, ge=0, le=2**63 - 1, description="sample: same seed, same draws")
+    repetition_penalty: float = Field(
+        default=1.0, gt=0.0, le=100.0, description="a generated token's log-probability is multiplied by it"
+    )
+    no_repeat_ngram_size: int = Field(default=0, ge=0, le=16, description="no n-gram of this size occurs twice; 0: off")
 
     @model_validator(mode="after")
     def _consistent(self) -> DecodeOptions:
-        if self.decode == "greedy":
+        if self.decode in ("greedy", "sample"):
             if "beam_size" in self.model_fields_set and self.beam_size != 1:
-                raise ValueError(f"decode 'greedy' means beam_size 1, got beam_size {self.beam_size}")
+                raise ValueError(f"decode {self.decode!r} means beam_size 1, got beam_size {self.beam_size}")
             self.beam_size = 1
-        if self.num_hypotheses > self.beam_size:
+        if self.decode != "sample" and self.num_hypotheses > self.beam_size:
             raise ValueError(f"num_hypotheses must be between 1 and beam_size ({self.beam_size})")
         return self
 
-    def params(self, model_limit: int) -> DecodeParams:
-        """Decode parameters for a model whose manifest allows `model_limit` new tokens."""
+    def params(self, model_limit: int, sentence: int) -> DecodeParams:
+        """Decode parameters of the request's `sentence`-th sentence for a model allowing `model_limit` tokens."""
         wanted = self.max_new_tokens if self.max_new_tokens is not None else model_limit
         if wanted > model_limit:
             raise InvalidInput(f"max_new_tokens must be between 1 and {model_limit} for this model, got {wanted}")
-        return DecodeParams(self.beam_size, wanted, self.length_penalty, self.num_hypotheses)
+        return DecodeParams(
+            beam_size=self.beam_size,
+            max_new_tokens=wanted,
+            length_penalty=self.length_penalty,
+            num_hypotheses=self.num_hypotheses,
+            sample=self.decode == "sample",
+            temperature=self.temperature,
+            top_k=self.top_k,
+            top_p=self.top_p,
+            seed=_sentence_seed(self.seed, sentence),
+            repetition_penalty=self.repetition_penalty,
+            no_repeat_ngram_size=self.no_repeat_ngram_size,
+        )
+
+
+def _sentence_seed(seed: int | None, sentence: int) -> int:
+    """Each sentence draws from its own generator: the request's seed and the sentence's place."""
+    base = seed if seed is not None else int.from_bytes(hashlib.sha256(str(time.time_ns()).encode()).digest()[:8])
+    return int.from_bytes(hashlib.sha256(f"{base}:{sentence}".encode()).digest()[:8], "big") >> 1
 
 
 DECODE_RULES = field_rules(DecodeOptions)
@@ -66,15 +105,20 @@ class TranslateRequest(TextsRequest, DecodeOptions):
     texts: list[str] = Field(min_length=1, description="texts to translate")
     model: ModelName | None = Field(default=None, description="model name; default: the only (or default) translator")
     return_scores: bool = False
+    timeout_ms: int | None = Field(
+        default=None, ge=1, le=3_600_000, description="this request's deadline; the server's is the upper bound"
+    )
 
 
 class Hypothesis_(ResponseModel):
     text: str
     score: float
+    finish_reason: Literal["eos", "length"]
 
 
 class Translation(ResponseModel):
     text: str
+    finish_reason: Literal["eos", "length"] = Field(description="eos: ended; length: cut at max_new_tokens")
     score: float | None = None
     hypotheses: list[Hypothesis_] | None = None
 
@@ -85,40 +129,45 @@ class TranslateResponse(ResponseModel):
     translations: list[Translation]
 
 
-@dataclass(frozen=True)
-class TranslateItem:
-    ids: list[int]
-    params: DecodeParams  # max_new_tokens is this item's own limit
+class SentenceQueue(Protocol):
+    """How a translator runs sentences: the step scheduler, or request-level batches."""
 
+    def start(self) -> None: ...
 
-def decode_key(item: TranslateItem) -> tuple[int, float, int]:
-    """Items batch together when they decode alike; max_new_tokens may differ (per-row limits)."""
-    p = item.params
-    return (p.beam_size, p.length_penalty, p.num_hypotheses)
+    async def close(self, timeout: float) -> None: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+    async def submit(
+        self, items: Sequence[tuple[Sequence[int], Search]], deadline: float
+    ) -> list[list[Hypothesis]]: ...
 
 
 class TranslationTask(Task):
     name = "translation"
     rest_path = "/translate"
-    summary = "Translate texts with greedy or beam-search decoding"
+    summary = "Translate texts with greedy, beam-search or sampled decoding"
     default_setting = "default_translator"
+    threads_setting = "translation_threads"
     Request = TranslateRequest
     Response = TranslateResponse
 
     def __init__(self, entry: StoreEntry, engine: TranslatorEngine, context: TaskContext) -> None:
         super().__init__(entry, engine.variant)
         self.engine = engine
-        s = context.settings
-        limits = BatchLimits(s.max_batch_size, s.max_wait_ms / 1000, s.max_queue, s.max_batch_tokens)
-        self.batcher: DynamicBatcher[TranslateItem, list[Hypothesis]] = DynamicBatcher(
-            entry.name,
-            _runner(engine, context.metrics),
-            limits,
-            key=decode_key,
-            size=lambda it: len(it.ids) * it.params.beam_size,
-            executor=context.executor,
-            observer=context.metrics,
-        )
+        s, obs = context.settings, context.metrics
+        self.queue: SentenceQueue
+        if s.scheduler == "step":
+            limits = StepLimits(s.step_max_rows, s.step_max_cache_tokens, s.max_queue)
+
+            def make_batch() -> RunningBatch[Sentence]:
+                return RunningBatch(engine.rt, engine.pad_id, timer=obs.compute_time)
+
+            self.queue = StepScheduler(entry.name, make_batch, limits, obs)
+        else:
+            batch_limits = BatchLimits(s.max_batch_size, s.max_wait_ms / 1000, s.max_queue, s.max_batch_tokens)
+            self.queue = RequestBatches(entry.name, engine, batch_limits, obs)
 
     @classmethod
     def load(cls, entry: StoreEntry, options: LoadOptions, context: TaskContext) -> TranslationTask:
@@ -127,38 +176,48 @@ class TranslationTask(Task):
         return cls(entry, engine, context)
 
     def start(self) -> None:
-        self.batcher.start()
+        self.queue.start()
 
     async def close(self, timeout: float) -> None:
-        await self.batcher.close(timeout)
+        await self.queue.close(timeout)
 
     @property
     def in_flight(self) -> int:
-        return self.batcher.in_flight
+        return self.queue.in_flight
 
     def describe(self) -> Mapping[str, object]:
         m = self.manifest
-        return {"max_source_tokens": m.max_source_tokens, "max_new_tokens": m.max_new_tokens}
+        return {
+            "max_source_tokens": m.max_source_tokens,
+            "max_new_tokens": m.max_new_tokens,
+            "source_language": m.source_language,
+            "target_language": m.target_language,
+        }
 
     def outputs(self) -> list[TensorSpec]:
         return [TensorSpec("translation", "BYTES", [-1])]
 
     async def _translate(self, texts: Sequence[str], options: DecodeOptions, deadline: float) -> list[list[Hypothesis]]:
-        params = options.params(self.engine.max_new_tokens)
-        items = [TranslateItem(ids, params) for ids in self.engine.encode(texts)]
-        return await self.batcher.submit_many(items, deadline)
+        limit = self.engine.max_new_tokens
+        ids = self.engine.encode(texts)
+        items = [(seq, self.engine.search(options.params(limit, i))) for i, seq in enumerate(ids)]
+        return await self.queue.submit(items, deadline)
 
     async def answer(self, body: TextsRequest, deadline: float) -> TranslateResponse:
         assert isinstance(body, TranslateRequest)
-        hyps = await self._translate(body.texts, body, deadline)
+        if body.timeout_ms is not None:
+            deadline = min(deadline, time.monotonic() + body.timeout_ms / 1000)
         out = []
-        for row in self.engine.to_translations(hyps):
+        for row in self.engine.to_translations(await self._translate(body.texts, body, deadline)):
             best = row[0]
             out.append(
                 Translation(
                     text=best.text,
+                    finish_reason=best.finish_reason,
                     score=finite(best.score) if body.return_scores else None,
-                    hypotheses=[Hypothesis_(text=t.text, score=finite(t.score)) for t in row]
+                    hypotheses=[
+                        Hypothesis_(text=t.text, score=finite(t.score), finish_reason=t.finish_reason) for t in row
+                    ]
                     if body.num_hypotheses > 1
                     else None,
                 )
@@ -171,7 +230,13 @@ class TranslationTask(Task):
             options = DecodeOptions.model_validate(chosen)
         except ValidationError as exc:
             raise InvalidInput(describe_validation(exc.errors(), DECODE_RULES, prefix="parameters.")) from None
-        best = [row[0].text for row in self.engine.to_translations(await self._translate(texts, options, deadline))]
+        timeout = parameters.get("timeout")  # the protocol's request timeout, in microseconds (as Triton)
+        if timeout is not None:
+            if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+                raise InvalidInput("parameters.timeout must be a positive integer (microseconds)")
+            deadline = min(deadline, time.monotonic() + timeout / 1e6)
+        hyps = await self._translate(texts, options, deadline)
+        best = [row[0].text for row in self.engine.to_translations(hyps)]
         return [OutputTensor("translation", "BYTES", [len(texts)], best)]
 
 
@@ -180,12 +245,46 @@ def finite(x: float) -> float:
     return x if math.isfinite(x) else -1e30
 
 
-def _runner(engine: TranslatorEngine, obs: BatchMetrics) -> Callable[[list[TranslateItem]], list[list[Hypothesis]]]:
-    def run(items: list[TranslateItem]) -> list[list[Hypothesis]]:
-        limits = [it.params.max_new_tokens for it in items]
-        params = dataclasses.replace(items[0].params, max_new_tokens=max(limits))
-        hyps = engine.translate_ids([it.ids for it in items], params, limits, timer=obs.compute_time)
-        obs.generated(sum(len(h[0].tokens) + int(h[0].finished) for h in hyps if h))
-        return hyps
+@dataclass(frozen=True)
+class _Item:
+    ids: Sequence[int]
+    search: Search
+
+
+class RequestBatches:
+    """The request-level baseline: a batch of sentences is formed, decoded to its end, then the
+    next starts (what the step scheduler replaced; kept to measure against)."""
+
+    def __init__(self, name: str, engine: TranslatorEngine, limits: BatchLimits, obs: BatchMetrics) -> None:
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"translate-{name}")
+        self.batcher: DynamicBatcher[_Item, list[Hypothesis]] = DynamicBatcher(
+            name,
+            _run_batch(engine, obs),
+            limits,
+            size=lambda it: len(it.ids) * it.search.width,
+            executor=self.executor,
+            observer=obs,
+        )
+
+    def start(self) -> None:
+        self.batcher.start()
+
+    async def close(self, timeout: float) -> None:
+        await self.batcher.close(timeout)
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def in_flight(self) -> int:
+        return self.batcher.in_flight
+
+    async def submit(self, items: Sequence[tuple[Sequence[int], Search]], deadline: float) -> list[list[Hypothesis]]:
+        return await self.batcher.submit_many([_Item(ids, search) for ids, search in items], deadline)
+
+
+def _run_batch(engine: TranslatorEngine, obs: BatchMetrics) -> Callable[[list[_Item]], list[list[Hypothesis]]]:
+    def run(items: list[_Item]) -> list[list[Hypothesis]]:
+        out = engine.run([it.ids for it in items], [it.search for it in items], timer=obs.compute_time)
+        obs.generated(sum(len(h[0].tokens) + int(h[0].finished) for h in out if h))
+        return out
 
     return run

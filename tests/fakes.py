@@ -1,0 +1,76 @@
+"""A translator runtime with exact arithmetic, for the batch and scheduler tests.
+
+Its "K/V cache" stores the tokens each row has seen (heads 1, d_k 1) and its "cross-attention"
+stores the sentence's first source id, so the log-probabilities of a row depend only on what
+`RunningBatch` fed it: the sentence it belongs to and the prefix its past holds. Wrong row
+bookkeeping (a bad gather, an unmasked padding column, a moved block) gives wrong prefixes, and
+results that differ from decoding the sentence alone.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from functools import cache
+
+import numpy as np
+
+BOS, EOS, PAD = 1, 2, 0
+
+
+@cache
+def table_logprobs(seed: int, sentence: int, prefix: tuple[int, ...], vocab: int) -> np.ndarray:
+    """A fixed random log-softmax per (sentence, prefix); EOS likelier as the prefix grows."""
+    logits = np.random.default_rng([seed, sentence, *prefix]).normal(size=vocab) * 2.0
+    logits[EOS] += 0.4 * len(prefix) - 2.0
+    logits[[PAD, BOS]] = -30.0
+    return (logits - np.logaddexp.reduce(logits)).astype(np.float32)
+
+
+class FakeRuntime:
+    """`TranslatorRuntime`'s interface over `table_logprobs`. `gate`, when set, pauses each step
+    until released; `steps` counts decoder calls, `rows` records each call's row count."""
+
+    n_layers, heads, d_k = 1, 1, 1
+
+    def __init__(self, seed: int = 0, vocab: int = 12) -> None:
+        self.seed, self.vocab = seed, vocab
+        self.steps = 0
+        self.rows: list[int] = []
+        self.gate: threading.Event | None = None
+        self.fail: Callable[[], bool] = lambda: False
+
+    def encode(self, ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
+        cross = np.zeros((ids.shape[0], 1, ids.shape[1], 1), np.float32)
+        # the sentence: its first source id, in every real column; padding: a value no sentence has
+        cross[:, 0, :, 0] = np.where(mask == 1, ids[:, :1], -1.0)
+        return [cross, cross]
+
+    def decode(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        row_index: np.ndarray,
+        past_mask: np.ndarray,
+        enc_mask: np.ndarray,
+        past: Sequence[np.ndarray],
+        cross: Sequence[np.ndarray],
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        if self.gate is not None:
+            self.gate.wait(20)
+        if self.fail():
+            raise RuntimeError("simulated runtime failure")
+        self.steps += 1
+        self.rows.append(len(tokens))
+        gathered = past[0][row_index]  # (R, 1, P, 1)
+        present = np.concatenate([gathered, tokens.reshape(-1, 1, 1, 1).astype(np.float32)], axis=2)
+        out = np.zeros((len(tokens), self.vocab), np.float32)
+        for r in range(len(tokens)):
+            valid = present[r, 0, :-1, 0][past_mask[r] == 1].astype(int).tolist()
+            assert len(valid) == positions[r], "position_ids must count the row's own past"
+            sentence = cross[0][r, 0, enc_mask[r] == 1, 0]
+            assert len(set(sentence.tolist())) == 1, "a row must see exactly its own sentence"
+            fed = (*valid, int(tokens[r]))
+            assert fed[0] == BOS
+            out[r] = table_logprobs(self.seed, int(sentence[0]), fed[1:], self.vocab)
+        return out, [present, present]

@@ -1,0 +1,256 @@
+"""The running batch and the step scheduler over an exact fake runtime (tests/fakes.py): every
+sentence's result equals decoding it alone, whatever joins, leaves or shares its steps."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.engine.decoding import DecodeParams, Hypothesis, Search
+from service.engine.running import RunningBatch
+from service.errors import DeadlineExceeded, InputTooLong, QueueFull, ShuttingDown
+from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
+from tests.fakes import BOS, EOS, PAD, FakeRuntime
+
+params_strategy = st.one_of(
+    st.builds(
+        lambda k, n, lp, mx: DecodeParams(beam_size=k, num_hypotheses=min(n, k), length_penalty=lp, max_new_tokens=mx),
+        st.integers(1, 4),
+        st.integers(1, 4),
+        st.sampled_from([0.0, 0.6, 1.0, 1.5]),
+        st.integers(1, 9),
+    ),
+    st.builds(
+        lambda n, t, p, seed, mx: DecodeParams(
+            beam_size=1, sample=True, num_hypotheses=n, temperature=t, top_p=p, seed=seed, max_new_tokens=mx
+        ),
+        st.integers(1, 3),
+        st.sampled_from([0.5, 1.0, 1.7]),
+        st.sampled_from([0.5, 0.9, 1.0]),
+        st.integers(0, 2**31),
+        st.integers(1, 9),
+    ),
+    st.builds(
+        lambda k, rp, ng: DecodeParams(beam_size=k, repetition_penalty=rp, no_repeat_ngram_size=ng, max_new_tokens=9),
+        st.integers(1, 3),
+        st.sampled_from([1.0, 1.5, 3.0]),
+        st.integers(0, 3),
+    ),
+)
+
+
+def source(i: int, rng: random.Random) -> list[int]:
+    """A source whose first id names the sentence (the fake's cross-attention carries it)."""
+    return [100 + i] + [rng.randint(5, 11) for _ in range(rng.randint(0, 6))] + [EOS]
+
+
+def alone(rt: FakeRuntime, src: Sequence[int], params: DecodeParams) -> list[Hypothesis]:
+    batch: RunningBatch[int] = RunningBatch(rt, PAD)  # type: ignore[arg-type]
+    batch.join([src], [Search(params, BOS, EOS)], [0])
+    out: list[Hypothesis] = []
+    while batch.blocks:
+        for _, hyps in batch.step():
+            out = hyps
+    return out
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.data())
+def test_random_arrivals_and_departures_decode_as_alone(data: st.DataObject) -> None:
+    rng = random.Random(data.draw(st.integers(0, 2**32)))
+    rt = FakeRuntime(seed=rng.randint(0, 999))
+    n = data.draw(st.integers(1, 9))
+    params = [data.draw(params_strategy) for _ in range(n)]
+    srcs = [source(i, rng) for i in range(n)]
+    cancel = set(data.draw(st.lists(st.integers(0, n - 1), max_size=2)))
+    want = [alone(rt, s, p) for s, p in zip(srcs, params, strict=True)]
+    batch: RunningBatch[int] = RunningBatch(rt, PAD)  # type: ignore[arg-type]
+    got: dict[int, list[Hypothesis]] = {}
+    pending, step = list(range(n)), 0
+    while pending or batch.blocks:
+        k = rng.randint(0 if batch.blocks else 1, 3)  # the arrival schedule
+        joining, pending = pending[:k], pending[k:]
+        batch.join([srcs[i] for i in joining], [Search(params[i], BOS, EOS) for i in joining], joining)
+        if step == 2:  # some sentences leave early (a client went away)
+            batch.drop(lambda i: i not in cancel)
+        got.update(batch.step())
+        step += 1
+    for i in range(n):
+        if i not in got:
+            assert i in cancel
+            continue
+        assert got[i] == want[i], (i, params[i])
+
+
+def test_rows_of_finished_and_dropped_sentences_leave_at_once() -> None:
+    rt = FakeRuntime(seed=3)
+    batch: RunningBatch[int] = RunningBatch(rt, PAD)  # type: ignore[arg-type]
+    short, long = DecodeParams(beam_size=2, max_new_tokens=1), DecodeParams(beam_size=3, max_new_tokens=6)
+    batch.join([[100, EOS], [101, EOS], [102, EOS]], [Search(p, BOS, EOS) for p in (short, long, long)], [0, 1, 2])
+    assert [i for i, _ in batch.step()] == [0] and batch.rows == 6
+    assert batch.drop(lambda i: i != 2) == [2] and batch.rows == 3
+    while batch.blocks:
+        batch.step()
+    assert rt.rows[:2] == [8, 3]  # 2 + 3 + 3 rows, then only sentence 1
+
+
+# -- the scheduler thread --------------------------------------------------------------------
+
+
+class Observer:
+    def __init__(self) -> None:
+        self.cancelled_by: dict[str, int] = {}
+        self.admitted = 0
+
+    def queue_depth(self, depth: int) -> None:
+        pass
+
+    def batch_started(self, size: int, queue_waits: Sequence[float]) -> None:
+        self.admitted += size
+
+    def compute_time(self, stage: str, seconds: float) -> None:
+        pass
+
+    def generated(self, tokens: int) -> None:
+        pass
+
+    def active(self, sentences: int, rows: int) -> None:
+        pass
+
+    def cancelled(self, reason: str, sentences: int) -> None:
+        self.cancelled_by[reason] = self.cancelled_by.get(reason, 0) + sentences
+
+
+def scheduler(rt: FakeRuntime, **limits: float) -> tuple[StepScheduler, Observer]:
+    obs = Observer()
+
+    def make_batch() -> RunningBatch[Sentence]:
+        return RunningBatch(rt, PAD, timer=obs.compute_time)  # type: ignore[arg-type]
+
+    s = StepScheduler("fake", make_batch, StepLimits(**limits), obs)  # type: ignore[arg-type]
+    s.start()
+    return s, obs
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    return asyncio.run(asyncio.wait_for(coro, 30))
+
+
+def test_concurrent_requests_with_mixed_parameters_equal_alone() -> None:
+    rt, rng = FakeRuntime(seed=11), random.Random(5)
+    requests = []
+    for r in range(12):
+        n = rng.randint(1, 4)
+        items = [
+            (source(10 * r + j, rng), DecodeParams(beam_size=rng.randint(1, 4), max_new_tokens=8)) for j in range(n)
+        ]
+        requests.append(items)
+
+    async def main() -> list[list[list[Hypothesis]]]:
+        s, _ = scheduler(rt, max_rows=8)
+
+        async def one(items: list[tuple[list[int], DecodeParams]]) -> list[list[Hypothesis]]:
+            await asyncio.sleep(rng.random() * 0.05)
+            return await s.submit([(src, Search(p, BOS, EOS)) for src, p in items], time.monotonic() + 20)
+
+        out = await asyncio.gather(*(one(items) for items in requests))
+        await s.close(1)
+        return out
+
+    got = run(main())
+    for items, answers in zip(requests, got, strict=True):
+        for (src, p), hyps in zip(items, answers, strict=True):
+            assert hyps == alone(rt, src, p)
+
+
+def test_a_short_request_is_not_stuck_behind_a_long_one() -> None:
+    rt, rng = FakeRuntime(seed=4), random.Random(1)
+    long = [(source(i, rng), Search(DecodeParams(beam_size=4, max_new_tokens=9), BOS, EOS)) for i in range(40)]
+
+    async def main() -> tuple[float, float]:
+        s, _ = scheduler(rt, max_rows=8)
+        big = asyncio.ensure_future(s.submit(long, time.monotonic() + 20))
+        await asyncio.sleep(0.02)
+        t0 = time.monotonic()
+        await s.submit([([999, EOS], Search(DecodeParams(beam_size=1, max_new_tokens=9), BOS, EOS))], t0 + 20)
+        short_done = time.monotonic()
+        await big
+        await s.close(1)
+        return short_done, time.monotonic()
+
+    short_done, big_done = run(main())
+    assert short_done < big_done
+
+
+def test_cancelled_and_expired_requests_leave_the_batch() -> None:
+    rt = FakeRuntime(seed=2)
+    rt.gate = threading.Event()
+
+    async def main() -> Observer:
+        s, obs = scheduler(rt, max_rows=16)
+
+        def items(n: int) -> list[tuple[list[int], Search]]:
+            return [([100 + i, EOS], Search(DecodeParams(beam_size=4, max_new_tokens=9), BOS, EOS)) for i in range(n)]
+
+        task = asyncio.ensure_future(s.submit(items(3), time.monotonic() + 20))
+        expiring = asyncio.ensure_future(s.submit(items(1), time.monotonic() + 0.1))
+        await asyncio.sleep(0.05)
+        task.cancel()  # the client disconnected
+        with pytest.raises(DeadlineExceeded):
+            await expiring  # answered on time although the scheduler thread is stuck in a step
+        rt.gate.set()  # type: ignore[union-attr]
+        ok = await s.submit(items(1), time.monotonic() + 5)
+        assert ok[0] and s.in_flight == 0
+        await s.close(1)
+        return obs
+
+    obs = run(main())
+    assert obs.cancelled_by == {"disconnect": 3, "deadline": 1}
+
+
+def test_overload_is_refused_at_once() -> None:
+    rt = FakeRuntime(seed=2)
+    rt.gate = threading.Event()
+
+    async def main() -> None:
+        s, _ = scheduler(rt, max_rows=8, max_queue=6, max_cache_tokens=200)
+        five = [([100 + i, EOS], Search(DecodeParams(beam_size=1, max_new_tokens=9), BOS, EOS)) for i in range(5)]
+        first = asyncio.ensure_future(s.submit(five, time.monotonic() + 20))
+        await asyncio.sleep(0.05)
+        t0 = time.perf_counter()
+        with pytest.raises(QueueFull):
+            await s.submit(five[:2], time.monotonic() + 20)  # 5 + 2 > 6 sentences
+        assert time.perf_counter() - t0 < 0.01
+        with pytest.raises(InputTooLong, match="cache tokens"):  # 8 x (2 + 30) > 200
+            await s.submit([([7, EOS], Search(DecodeParams(beam_size=8, max_new_tokens=30), BOS, EOS))], t0 + 20)
+        rt.gate.set()  # type: ignore[union-attr]
+        assert len(await first) == 5
+        await s.close(1)
+
+    run(main())
+
+
+def test_a_failing_step_fails_its_sentences_only_and_shutdown_refuses_new_work() -> None:
+    rt = FakeRuntime(seed=6)
+    failing = threading.Event()
+    rt.fail = failing.is_set
+
+    async def main() -> None:
+        s, obs = scheduler(rt, max_rows=16)
+        failing.set()
+        with pytest.raises(RuntimeError, match="simulated"):
+            await s.submit([([100, EOS], Search(DecodeParams(), BOS, EOS))], time.monotonic() + 5)
+        failing.clear()
+        assert await s.submit([([101, EOS], Search(DecodeParams(), BOS, EOS))], time.monotonic() + 5)
+        await s.close(1)
+        with pytest.raises(ShuttingDown):
+            await s.submit([([102, EOS], Search(DecodeParams(), BOS, EOS))], time.monotonic() + 5)
+
+    run(main())
