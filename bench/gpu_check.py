@@ -12,7 +12,7 @@ for each model:
 - parity against a CPU-provider reference: fp32 when the store ships it, else fp16 (the bundled
   store ships int8 + fp16 only, so there the check compares the same fp16 graph on CUDA and CPU;
   for fp16-against-fp32 parity point --store at an export with fp32 too, e.g.
-  `python -m export.onnx runs/en-de --name en-de --store /tmp/full --variants fp32,int8,fp16`).
+  `python -m export.publish runs/en-de --name en-de --store /tmp/full --variants fp32,int8,fp16`).
   Classifier probabilities and labels; translator first-step log-probs and whole greedy and beam-4
   token sequences (the beam path exercises the IO-binding cache reorder), for CUDA fp32 (when
   shipped) and CUDA fp16. A bound missed -> exit 1.
@@ -282,10 +282,12 @@ def fitting(engine: Engine, texts: Sequence[str]) -> list[list[int]]:
 
 def first_step(engine: TranslatorEngine, seqs: list[list[int]]) -> np.ndarray:
     """(B, V) log-probs of the first decoder step after BOS: the logits-level comparison."""
+    rt, n = engine.rt, len(seqs)
     ids, mask = pad(seqs, engine.pad_id)
-    state = engine.rt.encode(ids, mask)
-    bos = np.full(len(seqs), engine.bos_id, dtype=np.int64)
-    logprobs, _ = engine.rt.step(bos, state, np.arange(len(seqs)))
+    cross = rt.encode(ids, mask)
+    past = [np.zeros((n, rt.heads, 0, rt.d_k), np.float32)] * (2 * rt.n_layers)
+    bos, first = np.full(n, engine.bos_id, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    logprobs, _ = rt.decode(bos, first, np.arange(n), np.zeros((n, 0), np.int64), mask, past, cross)
     return np.asarray(logprobs, dtype=np.float64)
 
 

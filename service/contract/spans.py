@@ -83,7 +83,7 @@ _RULES: tuple[tuple[str, str], ...] = (
     ("marker", r"▁+"),
 )
 _PATTERN = re.compile("|".join(f"(?P<{kind}>{rx})" for kind, rx in _RULES))
-_OUTPUT_PLACEHOLDER = re.compile(r"( ?)⟨(\d+)⟩")
+_OUTPUT_PLACEHOLDER = re.compile(r"( ?)⟨(\d+)⟩( ?)")
 
 
 @dataclass(frozen=True)
@@ -149,11 +149,11 @@ def unmask(translation: str, spans: tuple[str, ...] | list[str]) -> str:
     used: set[int] = set()
 
     def restore(m: re.Match[str]) -> str:
-        k = int(m.group(2)) - 1
+        before, k, after = m.group(1), int(m.group(2)) - 1, m.group(3)
         if 0 <= k < len(spans) and k not in used:
             used.add(k)
-            return m.group(1) + spans[k]
-        return ""  # repeated or unknown placeholder, with the space before it
+            return before + spans[k] + after
+        return " " if before and after else ""  # a repeated or unknown placeholder goes, with one space
 
     out = _OUTPUT_PLACEHOLDER.sub(restore, translation)
     missing = [s for k, s in enumerate(spans) if k not in used]

@@ -21,15 +21,21 @@ class TextCodec:
         self.unk_id = SPECIAL_IDS["unk_id"]
         self._special = frozenset(SPECIAL_IDS.values())
 
-    def encode(self, texts: Sequence[str], what: str = "texts") -> list[list[int]]:
-        """Token ids per text; an empty text becomes a single <unk> so every row has one real token."""
+    def encode(self, texts: Sequence[str], names: Sequence[str] | None = None) -> list[list[int]]:
+        """Token ids per text; an empty text becomes a single <unk> so every row has one real token.
+        `names` say which input each text is, for the error of one that is too long."""
         out = []
         for i, enc in enumerate(self.tok.encode_batch(list(texts))):
             ids = enc.ids or [self.unk_id]
             if len(ids) > self.max_tokens:
-                raise InputTooLong(f"{what}[{i}] has {len(ids)} tokens; this model accepts at most {self.max_tokens}")
+                name = names[i] if names is not None else f"texts[{i}]"
+                raise InputTooLong(f"{name} has {len(ids)} tokens; this model accepts at most {self.max_tokens}")
             out.append(ids + self.suffix)
         return out
+
+    def has_tokens(self, pieces: Sequence[str]) -> bool:
+        """Whether each piece is one token of the vocabulary (placeholders of a span-aware model)."""
+        return all(self.tok.token_to_id(p) is not None for p in pieces)
 
     def count(self, text: str) -> int:
         return len(self.tok.encode(text).ids)

@@ -10,14 +10,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from service.contract import spans
 from service.contract.graphs import IO_CONTRACT_VERSION
 from service.contract.manifest import Manifest, ManifestError
-from service.engine import runtime
+from service.engine import runtime, text
 from service.engine.decoding import DecodeParams, Hypothesis, Search
 from service.engine.running import RunningBatch
 from service.engine.tokenizer import TextCodec
 from service.errors import InvalidInput
 from service.store import StoreEntry, read_pinned
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Texts as the sentences the model translates: one source per sentence, in text order."""
+
+    layouts: list[text.Layout]
+    sources: list[list[int]]
+    owner: list[int]  # the text of each source
 
 
 @dataclass(frozen=True)
@@ -38,9 +48,46 @@ class TranslatorEngine:
         st = manifest.special_tokens
         self.pad_id, self.bos_id, self.eos_id = st["pad_id"], st["bos_id"], st["eos_id"]
         self.max_new_tokens = manifest.max_new_tokens
+        self.language = manifest.source_language or "en"
+        # A model trained on masked text has one token per placeholder; an older one gets raw spans.
+        self.protects_spans = codec.has_tokens(spans.PLACEHOLDERS)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """Source ids of whole texts (no line or sentence splitting: see `prepare`)."""
         return self.codec.encode(texts)
+
+    def prepare(self, texts: Sequence[str]) -> Prepared:
+        """Texts as sentences to translate: lines and sentences split, spans masked, ids encoded."""
+        layouts = [text.split(t, self.language, self.protects_spans) for t in texts]
+        owner = [i for i, layout in enumerate(layouts) for _ in layout.segments]
+        names = [
+            f"texts[{i}] sentence {j + 1}" for i, layout in enumerate(layouts) for j in range(len(layout.segments))
+        ]
+        sentences = [seg.text for layout in layouts for seg in layout.segments]
+        return Prepared(layouts, self.codec.encode(sentences, names), owner)
+
+    def assemble(
+        self, prepared: Prepared, hyps: Sequence[Sequence[Hypothesis]], length_penalty: float
+    ) -> list[list[Translation]]:
+        """Per text, its n-best translations: the k-th combines each sentence's k-th hypothesis (or
+        its last, when a sentence has fewer); score = summed log-prob / summed length**penalty."""
+        per_text: list[list[Sequence[Hypothesis]]] = [[] for _ in prepared.layouts]
+        for i, row in zip(prepared.owner, hyps, strict=True):
+            per_text[i].append(row)
+        out = []
+        for layout, rows in zip(prepared.layouts, per_text, strict=True):
+            n = max((len(r) for r in rows), default=1)
+            ranked = []
+            for k in range(n):
+                chosen = [r[min(k, len(r) - 1)] for r in rows]
+                logprob = sum(h.logprob for h in chosen)
+                length = sum(len(h.tokens) + h.finished for h in chosen)
+                score = logprob / length**length_penalty if length else logprob
+                reason: Literal["eos", "length"] = "eos" if all(h.finished for h in chosen) else "length"
+                words = text.join(layout, [self.codec.decode(h.tokens) for h in chosen])
+                ranked.append(Translation(words, score, logprob, reason))
+            out.append(sorted(ranked, key=lambda t: -t.score))
+        return out
 
     def search(self, params: DecodeParams, limit: int | None = None) -> Search:
         """A fresh search for one sentence of this model."""
@@ -79,13 +126,11 @@ class TranslatorEngine:
                 out[i] = hyps
         return out
 
-    def to_translations(self, hyps: Sequence[Sequence[Hypothesis]]) -> list[list[Translation]]:
-        return [
-            [Translation(self.codec.decode(h.tokens), h.score, h.logprob, h.finish_reason) for h in row] for row in hyps
-        ]
-
     def translate(self, texts: Sequence[str], params: DecodeParams | None = None) -> list[list[Translation]]:
-        return self.to_translations(self.translate_ids(self.encode(texts), params or DecodeParams()))
+        """Texts in, n-best translations out, exactly as the service answers (same sentence layout)."""
+        params = params or DecodeParams()
+        prepared = self.prepare(texts)
+        return self.assemble(prepared, self.translate_ids(prepared.sources, params), params.length_penalty)
 
     def warmup(self) -> None:
         top = self.manifest.max_source_tokens

@@ -20,6 +20,7 @@ from pydantic import Field, ValidationError, model_validator
 from service.engine.decoding import MAX_BEAM_SIZE, DecodeParams, Hypothesis, Search
 from service.engine.running import RunningBatch
 from service.engine.runtime import LoadOptions
+from service.engine.translator import Translation as EngineTranslation
 from service.engine.translator import TranslatorEngine, load_translator
 from service.errors import InvalidInput
 from service.metrics import BatchMetrics
@@ -110,7 +111,7 @@ class TranslateRequest(TextsRequest, DecodeOptions):
     )
 
 
-class Hypothesis_(ResponseModel):
+class ScoredText(ResponseModel):
     text: str
     score: float
     finish_reason: Literal["eos", "length"]
@@ -120,7 +121,7 @@ class Translation(ResponseModel):
     text: str
     finish_reason: Literal["eos", "length"] = Field(description="eos: ended; length: cut at max_new_tokens")
     score: float | None = None
-    hypotheses: list[Hypothesis_] | None = None
+    hypotheses: list[ScoredText] | None = None
 
 
 class TranslateResponse(ResponseModel):
@@ -197,18 +198,22 @@ class TranslationTask(Task):
     def outputs(self) -> list[TensorSpec]:
         return [TensorSpec("translation", "BYTES", [-1])]
 
-    async def _translate(self, texts: Sequence[str], options: DecodeOptions, deadline: float) -> list[list[Hypothesis]]:
+    async def _translate(
+        self, texts: Sequence[str], options: DecodeOptions, deadline: float
+    ) -> list[list[EngineTranslation]]:
+        """n-best translations per text: its lines and sentences decoded side by side."""
+        prepared = self.engine.prepare(texts)
         limit = self.engine.max_new_tokens
-        ids = self.engine.encode(texts)
-        items = [(seq, self.engine.search(options.params(limit, i))) for i, seq in enumerate(ids)]
-        return await self.queue.submit(items, deadline)
+        items = [(seq, self.engine.search(options.params(limit, k))) for k, seq in enumerate(prepared.sources)]
+        hyps = await self.queue.submit(items, deadline) if items else []
+        return self.engine.assemble(prepared, hyps, options.length_penalty)
 
     async def answer(self, body: TextsRequest, deadline: float) -> TranslateResponse:
         assert isinstance(body, TranslateRequest)
         if body.timeout_ms is not None:
             deadline = min(deadline, time.monotonic() + body.timeout_ms / 1000)
         out = []
-        for row in self.engine.to_translations(await self._translate(body.texts, body, deadline)):
+        for row in await self._translate(body.texts, body, deadline):
             best = row[0]
             out.append(
                 Translation(
@@ -216,7 +221,7 @@ class TranslationTask(Task):
                     finish_reason=best.finish_reason,
                     score=finite(best.score) if body.return_scores else None,
                     hypotheses=[
-                        Hypothesis_(text=t.text, score=finite(t.score), finish_reason=t.finish_reason) for t in row
+                        ScoredText(text=t.text, score=finite(t.score), finish_reason=t.finish_reason) for t in row
                     ]
                     if body.num_hypotheses > 1
                     else None,
@@ -235,8 +240,7 @@ class TranslationTask(Task):
             if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
                 raise InvalidInput("parameters.timeout must be a positive integer (microseconds)")
             deadline = min(deadline, time.monotonic() + timeout / 1e6)
-        hyps = await self._translate(texts, options, deadline)
-        best = [row[0].text for row in self.engine.to_translations(hyps)]
+        best = [row[0].text for row in await self._translate(texts, options, deadline)]
         return [OutputTensor("translation", "BYTES", [len(texts)], best)]
 
 

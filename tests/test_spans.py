@@ -1,0 +1,86 @@
+"""Protected spans: what the translator must copy verbatim, masked and always restored."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from service.contract.spans import PLACEHOLDER_COUNT, find_spans, mask, mask_pair, placeholder, unmask
+
+CASES = {
+    "Could not open %s for writing.": ["%s"],
+    "Field %1$s of %2$d, %-5.2f MB, %(name)s, %qD, 100%% done": ["%1$s", "%2$d", "%-5.2f", "%(name)s", "%qD", "100%%"],
+    "Hello {0}, {name} and {{literal}}": ["{0}", "{name}", "{{", "}}"],
+    "Set $HOME, ${VAR}, $(ARG) and @PACKAGE@ or #PAGECOUNT#": ["$HOME", "${VAR}", "$(ARG)", "@PACKAGE@", "#PAGECOUNT#"],
+    "See https://example.org/a_(b) or www.example.com/x?y=1.": ["https://example.org/a_(b)", "www.example.com/x?y=1"],
+    "Write to me@example.org now": ["me@example.org"],
+    "Edit /etc/fstab, ~/.config/app.ini, ./configure, C:\\Windows\\win.ini and src/main.c": [
+        "/etc/fstab",
+        "~/.config/app.ini",
+        "./configure",
+        "C:\\Windows\\win.ini",
+        "src/main.c",
+    ],
+    "Run ls -la or make --jobs=4 with -fsanitize=address": ["-la", "--jobs=4", "-fsanitize=address"],
+    "It costs 1,299.95 for 10⁵ units from 2024-01-15 at 12:30:45 on 192.168.0.1 (v1.2.3, 3D)": [
+        "1,299.95",
+        "10⁵",
+        "2024-01-15",
+        "12:30:45",
+        "192.168.0.1",
+        "v1.2.3",
+        "3D",
+    ],
+    "Click <a href='x'>here</a> &amp; <br/>": ["<a href='x'>", "</a>", "&amp;", "<br/>"],
+    "Open example.com or README.md": ["example.com", "README.md"],
+    "A literal ⟨2⟩ stays": ["⟨2⟩"],
+}
+
+
+@pytest.mark.parametrize(("text", "want"), CASES.items())
+def test_rules_find_the_spans(text: str, want: list[str]) -> None:
+    assert [text[s.start : s.end] for s in find_spans(text)] == want
+
+
+@pytest.mark.parametrize("text", ["and/or input/output", "e-mail non-free", "a 100 % sure - well", "It's R&D."])
+def test_plain_words_are_not_spans(text: str) -> None:
+    assert [text[s.start : s.end] for s in find_spans(text)] == [s for s in ["100"] if s in text]
+
+
+def test_touching_spans_merge_and_the_count_is_capped() -> None:
+    assert mask("%s%d files").spans == ("%s%d",)
+    many = " ".join(f"{{x{i}}}" for i in range(PLACEHOLDER_COUNT + 3))
+    m = mask(many)
+    assert len(m.spans) == PLACEHOLDER_COUNT and "{x16}" in m.text  # the extra ones stay as text
+
+
+def test_unmask_never_loses_or_repeats_a_span() -> None:
+    spans = ("%s", "{0}", "42")
+    assert unmask("⟨2⟩ und ⟨1⟩ mit ⟨3⟩", spans) == "{0} und %s mit 42"
+    assert unmask("⟨1⟩ ⟨1⟩ fehlt", spans) == "%s fehlt {0} 42"  # repeat dropped, missing appended in order
+    assert unmask("⟨9⟩ nur", spans) == "nur %s {0} 42"
+    assert unmask("", spans) == "%s {0} 42"
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=80))
+def test_mask_then_unmask_is_the_identity(text: str) -> None:
+    m = mask(text)
+    assert unmask(m.text, m.spans) == text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=60), st.permutations(range(6)))
+def test_every_span_survives_any_reordering(text: str, order: list[int]) -> None:
+    m = mask(text)
+    shuffled = " ".join(placeholder(i + 1) for i in order if i < len(m.spans))
+    out = unmask(shuffled, m.spans)
+    for s in m.spans:
+        assert s in out
+
+
+def test_training_pairs_are_masked_alike() -> None:
+    assert mask_pair("Copy {a} to {b}", "{b} aus {a} kopieren") == ("Copy ⟨1⟩ to ⟨2⟩", "⟨2⟩ aus ⟨1⟩ kopieren")
+    assert mask_pair("Open %s", "%s öffnen", first=5) == ("Open ⟨5⟩", "⟨5⟩ öffnen")
+    assert mask_pair("Deleted %s", "Gelöscht") is None

@@ -1,0 +1,66 @@
+"""Lines, sentences and spans of a text, and the lossless tokenizer."""
+
+from __future__ import annotations
+
+import unicodedata
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from export import tokenizer as tokenizer_lib
+from service.engine import text
+from tests.conftest import sentences
+
+
+def identity(layout: text.Layout) -> str:
+    return text.join(layout, [s.text for s in layout.segments])
+
+
+def test_lines_and_sentences_keep_their_separators() -> None:
+    t = "  Could not open %s. Try again!  \r\n\r\nSecond line\n"
+    layout = text.split(t)
+    assert [s.text for s in layout.segments] == ["Could not open ⟨1⟩.", "Try again!", "Second line"]
+    assert layout.segments[0].spans == ("%s",)
+    assert text.join(layout, ["Öffnen von ⟨1⟩ nicht möglich.", "Nochmal!", "Zweite Zeile"]) == (
+        "  Öffnen von %s nicht möglich. Nochmal!  \r\n\r\nZweite Zeile\n"
+    )
+
+
+def test_a_three_line_text_gives_three_lines() -> None:
+    layout = text.split("Line one.\nLine two.\nLine three.")
+    assert text.join(layout, ["A", "B", "C"]).split("\n") == ["A", "B", "C"]
+
+
+def test_spans_are_found_before_sentences_are_split() -> None:
+    layout = text.split("See https://x.org/a.b. Version 1.2.3 is out.")
+    assert [(s.text, s.spans) for s in layout.segments] == [
+        ("See ⟨1⟩.", ("https://x.org/a.b",)),
+        ("Version ⟨1⟩ is out.", ("1.2.3",)),
+    ]
+
+
+def test_without_protection_nothing_is_masked() -> None:
+    layout = text.split("Open %s now.", protect=False)
+    assert [(s.text, s.spans) for s in layout.segments] == [("Open %s now.", ())]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=120))
+def test_split_then_join_is_the_identity(t: str) -> None:
+    assert identity(text.split(t)) == t
+
+
+TOKENIZER = tokenizer_lib.train_bpe(sentences(300) + ["naïve café", "Größe ändern"], vocab_size=400)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=60))
+def test_tokenizer_is_lossless(s: str) -> None:
+    """decode(encode(s)) is s up to NFC, with leading spaces dropped and ▁ (U+2581) read as a space."""
+    decoded = TOKENIZER.decode(TOKENIZER.encode(s).ids, skip_special_tokens=False)
+    assert decoded == unicodedata.normalize("NFC", s).replace("▁", " ").lstrip(" ")
+
+
+def test_special_token_text_is_just_text() -> None:
+    ids = TOKENIZER.encode("</s> <pad> <unk>").ids
+    assert not {0, 1, 2, 3, 4} & set(ids)
