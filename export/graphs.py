@@ -25,8 +25,8 @@ class ClassifierGraph(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.model(input_ids, attention_mask)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        return self.model.with_attention(input_ids, attention_mask)
 
 
 class EncoderGraph(nn.Module):
@@ -58,11 +58,11 @@ class DecoderStepGraph(nn.Module):
         # The gather is free next to the concatenation that copies the past anyway.
         past = [(kv[2 * i].index_select(0, row_index), kv[2 * i + 1].index_select(0, row_index)) for i in range(self.n)]
         cross = [(kv[2 * self.n + 2 * i], kv[2 * self.n + 2 * i + 1]) for i in range(self.n)]
-        logits, present = self.model.decode_step(
+        logits, present, weights = self.model.decode_step(
             input_ids, position_ids, past, past_attention_mask, cross, encoder_attention_mask
         )
         logprobs = torch.log_softmax(logits, dim=-1)  # (R, V)
-        return (logprobs, *[t for p in present for t in p])
+        return (logprobs, *[t for p in present for t in p], weights)
 
 
 def graph_io(model: Classifier | Translator) -> dict[str, GraphSpec]:
@@ -73,7 +73,11 @@ def graph_io(model: Classifier | Translator) -> dict[str, GraphSpec]:
             TensorSpec(name=io.INPUT_IDS, dtype="int64", shape=["batch", "sequence"]),
             TensorSpec(name=io.ATTENTION_MASK, dtype="int64", shape=["batch", "sequence"]),
         ]
-        out = [TensorSpec(name=io.LOGITS, dtype="float32", shape=["batch", model.config.num_labels])]
+        h = model.config.n_heads
+        out = [
+            TensorSpec(name=io.LOGITS, dtype="float32", shape=["batch", model.config.num_labels]),
+            TensorSpec(name=io.ATTENTIONS, dtype="float32", shape=["batch", h, "sequence", "sequence"]),
+        ]
         return {"model": GraphSpec(inputs=ids, outputs=out)}
     n, h, dk = len(model.layers), c.n_heads, c.d_model // c.n_heads
 
@@ -103,6 +107,7 @@ def graph_io(model: Classifier | Translator) -> dict[str, GraphSpec]:
     dec_out = [
         TensorSpec(name=io.LOGPROBS, dtype="float32", shape=["batch", c.vocab_size]),
         *kv(io.present_names(n), "past_plus_one"),
+        TensorSpec(name=io.CROSS_ATTENTIONS, dtype="float32", shape=["batch", n, h, "source"]),
     ]
     return {"encoder": GraphSpec(inputs=enc_in, outputs=enc_out), "decoder": GraphSpec(inputs=dec_in, outputs=dec_out)}
 

@@ -71,13 +71,15 @@ def load_config(path: Path) -> ClassifierConfig | TranslatorConfig:
 # ---------------------------------------------------------------------------------------------
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> Tensor:
-    """softmax(Q Kᵀ / √d_k + bias) V, with bias 0 for allowed and NEG_INF for masked keys."""
+def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """softmax(Q Kᵀ / √d_k + bias) V, with bias 0 for allowed and NEG_INF for masked keys; also
+    returns the weights softmax(...) (B, H, T, S), which the export offers as attention maps."""
     d_k = q.size(-1)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B, H, T, S)
     if bias is not None:
         scores = scores + bias
-    return torch.softmax(scores, dim=-1) @ v  # (B, H, T, d_k)
+    weights = torch.softmax(scores, dim=-1)  # (B, H, T, S)
+    return weights @ v, weights  # (B, H, T, d_k)
 
 
 def padding_bias(mask: Tensor) -> Tensor:
@@ -121,12 +123,12 @@ class MultiHeadAttention(nn.Module):
     def project_kv(self, x: Tensor) -> KV:
         return self.split(self.k_proj(x)), self.split(self.v_proj(x))
 
-    def forward(self, x: Tensor, kv: KV, bias: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, kv: KV, bias: Tensor | None) -> tuple[Tensor, Tensor]:
         q = self.split(self.q_proj(x))  # (B, H, T, d_k)
-        out = attention(q, kv[0], kv[1], bias)  # (B, H, T, d_k)
+        out, weights = attention(q, kv[0], kv[1], bias)  # (B, H, T, d_k), (B, H, T, S)
         b, _, t, _ = out.shape
         out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_k)  # (B, T, D)
-        return self.dropout(self.out_proj(out))
+        return self.dropout(self.out_proj(out)), weights
 
 
 class FeedForward(nn.Module):
@@ -148,10 +150,11 @@ class EncoderLayer(nn.Module):
         self.norm2 = nn.LayerNorm(c.d_model)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.dropout)
 
-    def forward(self, x: Tensor, bias: Tensor) -> Tensor:
+    def forward(self, x: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
         h = self.norm1(x)
-        x = x + self.attn(h, self.attn.project_kv(h), bias)
-        return x + self.ffn(self.norm2(x))
+        out, weights = self.attn(h, self.attn.project_kv(h), bias)
+        x = x + out
+        return x + self.ffn(self.norm2(x)), weights
 
 
 class DecoderLayer(nn.Module):
@@ -164,13 +167,17 @@ class DecoderLayer(nn.Module):
         self.norm3 = nn.LayerNorm(c.d_model)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.dropout)
 
-    def forward(self, x: Tensor, past: KV, cross: KV, self_bias: Tensor, src_bias: Tensor) -> tuple[Tensor, KV]:
+    def forward(
+        self, x: Tensor, past: KV, cross: KV, self_bias: Tensor, src_bias: Tensor
+    ) -> tuple[Tensor, KV, Tensor]:
+        """The new hidden states, the grown self-attention cache, the cross-attention weights (B, H, T, S)."""
         h = self.norm1(x)
         k, v = self.self_attn.project_kv(h)  # (B, H, T, d_k)
         present = (torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2))  # (B, H, P+T, d_k)
-        x = x + self.self_attn(h, present, self_bias)
-        x = x + self.cross_attn(self.norm2(x), cross, src_bias)
-        return x + self.ffn(self.norm3(x)), present
+        x = x + self.self_attn(h, present, self_bias)[0]
+        out, cross_weights = self.cross_attn(self.norm2(x), cross, src_bias)
+        x = x + out
+        return x + self.ffn(self.norm3(x)), present, cross_weights
 
 
 class Embedding(nn.Module):
@@ -198,11 +205,16 @@ class Encoder(nn.Module):
         self.norm = nn.LayerNorm(c.d_model)
 
     def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
+        return self.with_attention(ids, mask)[0]
+
+    def with_attention(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Hidden states (B, S, D) and the last layer's self-attention weights (B, H, S, S)."""
         bias = padding_bias(mask)  # (B, 1, 1, S)
         x = self.embed(ids)  # (B, S, D)
+        weights = torch.zeros(0)
         for layer in self.layers:
-            x = layer(x, bias)
-        return self.norm(x)  # (B, S, D)
+            x, weights = layer(x, bias)
+        return self.norm(x), weights
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,10 +233,14 @@ class Classifier(nn.Module):
         self.head = nn.Linear(c.d_model, c.num_labels)
 
     def forward(self, ids: Tensor, mask: Tensor) -> Tensor:
-        x = self.encoder(ids, mask)  # (B, S, D)
+        return self.with_attention(ids, mask)[0]
+
+    def with_attention(self, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """(B, C) logits and the last encoder layer's self-attention weights (B, H, S, S)."""
+        x, weights = self.encoder.with_attention(ids, mask)  # (B, S, D)
         m = mask.unsqueeze(-1).to(x.dtype)  # (B, S, 1)
         pooled = (x * m).sum(1) / m.sum(1).clamp(min=1.0)  # (B, D)
-        return self.head(self.head_dropout(pooled))  # (B, C) logits
+        return self.head(self.head_dropout(pooled)), weights
 
     def mlm_logits(self, ids: Tensor, mask: Tensor, scored: Tensor) -> Tensor:
         """Token logits at the `scored` (B, S) positions only: the vocabulary projection is most of
@@ -264,30 +280,32 @@ class Translator(nn.Module):
         src_bias = padding_bias(src_mask)  # (B, 1, 1, S)
         presents = []
         for layer, layer_past, layer_cross in zip(self.layers, past, cross, strict=True):
-            x, present = layer(x, layer_past, layer_cross, self_bias, src_bias)
+            x, present, _ = layer(x, layer_past, layer_cross, self_bias, src_bias)
             presents.append(present)
         logits = self.norm(x) @ self.embed.tokens.weight.T  # (B, T, V), tied projection
         return logits, presents
 
     def decode_step(
         self, tokens: Tensor, positions: Tensor, past: list[KV], past_mask: Tensor, cross: list[KV], src_mask: Tensor
-    ) -> tuple[Tensor, list[KV]]:
+    ) -> tuple[Tensor, list[KV], Tensor]:
         """One token for each of R rows that may stand at different positions (the serving step).
 
         tokens (R, 1), positions (R,) the index of each row's token, past (R, H, P, d_k) per layer
         with past_mask (R, P) marking each row's own cached keys (1) among the padding (0). Returns
-        logits (R, V) and the grown cache (R, H, P + 1, d_k): the new key is always attended.
+        logits (R, V), the grown cache (R, H, P + 1, d_k) (the new key is always attended) and the
+        cross-attention weights of the token over the source, (R, layers, H, S).
         """
         x = self.embed(tokens, positions=positions[:, None])  # (R, 1, D)
         keep = torch.cat([past_mask, torch.ones_like(tokens, dtype=past_mask.dtype)], dim=1)  # (R, P + 1)
         self_bias = padding_bias(keep)  # (R, 1, 1, P + 1)
         src_bias = padding_bias(src_mask)  # (R, 1, 1, S)
-        presents = []
+        presents, weights = [], []
         for layer, layer_past, layer_cross in zip(self.layers, past, cross, strict=True):
-            x, present = layer(x, layer_past, layer_cross, self_bias, src_bias)
+            x, present, cross_weights = layer(x, layer_past, layer_cross, self_bias, src_bias)
             presents.append(present)
+            weights.append(cross_weights[:, :, 0])  # (R, H, S)
         logits = self.norm(x[:, 0]) @ self.embed.tokens.weight.T  # (R, V), tied projection
-        return logits, presents
+        return logits, presents, torch.stack(weights, dim=1)
 
     def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) for training: the whole target at once, no cache."""

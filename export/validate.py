@@ -157,11 +157,12 @@ def check_classifier(
     worst = 0.0
     for batch in _cases(seqs):
         ids, mask = pad(batch)
-        ref = model(_t(ids), _t(mask)).detach()
-        got = torch.from_numpy(sess.run([io.LOGITS], {io.INPUT_IDS: ids, io.ATTENTION_MASK: mask})[0])
+        ref, ref_attention = (t.detach() for t in model.with_attention(_t(ids), _t(mask)))
+        logits, attention = sess.run([io.LOGITS, io.ATTENTIONS], {io.INPUT_IDS: ids, io.ATTENTION_MASK: mask})
+        got = torch.from_numpy(logits)
         if probabilities:
             ref, got = torch.softmax(ref, -1), torch.softmax(got, -1)
-        worst = max(worst, float((ref - got).abs().max()))
+        worst = max(worst, float((ref - got).abs().max()), float((ref_attention - attention).abs().max()))
     if worst > tol:
         raise ExportError(f"{path.name}: ONNX Runtime logits differ from PyTorch by {worst:.2e} > {tol:.0e}")
     return worst
@@ -206,8 +207,18 @@ def check_translator(model: Translator, enc_path: Path, dec_path: Path, seqs: Se
             }
             got = dec.run(None, feed)
             worst = max(worst, float(np.abs(ref - got[0]).max()))
-            for r, g in zip([t for kv in ref_past for t in kv], got[1:], strict=True):
+            for r, g in zip([t for kv in ref_past for t in kv], got[1:-1], strict=True):
                 worst = max(worst, float(np.abs(r.detach().numpy() - g[:, :, padding:]).max()))
+            step_past = [(_t(flat[2 * i])[perm], _t(flat[2 * i + 1])[perm]) for i in range(n)]
+            _, _, ref_weights = model.decode_step(
+                prefix[:, past_len : past_len + 1],
+                _t(feed[io.POSITION_IDS]),
+                step_past,
+                _t(feed[io.PAST_ATTENTION_MASK]),
+                cross_t,
+                t_mask,
+            )
+            worst = max(worst, float(np.abs(ref_weights.detach().numpy() - got[-1]).max()))
     if worst > tol:
         raise ExportError(
             f"{enc_path.name}/{dec_path.name}: ONNX Runtime differs from PyTorch by {worst:.2e} > {tol:.0e}"

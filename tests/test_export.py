@@ -50,7 +50,12 @@ def test_translator_graphs_have_documented_names_and_dynamic_axes(tiny_store: Pa
 
 def test_classifier_graph_io(tiny_store: Path) -> None:
     dims = graph_dims(tiny_store / "tiny-clf" / "1" / "model.onnx")
-    assert dims == {"input_ids": ["batch", "sequence"], "attention_mask": ["batch", "sequence"], "logits": ["batch", 3]}
+    assert dims == {
+        "input_ids": ["batch", "sequence"],
+        "attention_mask": ["batch", "sequence"],
+        "logits": ["batch", 3],
+        "attentions": ["batch", 4, "sequence", "sequence"],
+    }
 
 
 def test_parity_recomputed_on_the_exported_graphs(

@@ -37,7 +37,8 @@ def tiny_translator(seed: int = 0) -> Translator:
 def test_attention_matches_naive_loops() -> None:
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 3, 4, 8), torch.randn(2, 3, 5, 8), torch.randn(2, 3, 5, 8)
-    out = attention(q, k, v, None)
+    out, weights = attention(q, k, v, None)
+    assert torch.allclose(weights.sum(-1), torch.ones(2, 3, 4))
     ref = torch.zeros_like(out)
     for b in range(2):
         for h in range(3):
@@ -51,7 +52,7 @@ def test_attention_matches_naive_loops() -> None:
 def test_attention_matches_torch_sdpa() -> None:
     torch.manual_seed(1)
     q, k, v = torch.randn(2, 4, 6, 16), torch.randn(2, 4, 6, 16), torch.randn(2, 4, 6, 16)
-    assert torch.allclose(attention(q, k, v, None), F.scaled_dot_product_attention(q, k, v), atol=1e-5)
+    assert torch.allclose(attention(q, k, v, None)[0], F.scaled_dot_product_attention(q, k, v), atol=1e-5)
 
 
 def test_padded_keys_get_zero_weight() -> None:
@@ -62,7 +63,7 @@ def test_padded_keys_get_zero_weight() -> None:
     v_b = v_a.clone()
     v_b[..., 3:, :] = 1e3  # values behind padding must not leak into the output
     bias = padding_bias(mask)
-    assert torch.allclose(attention(q, k, v_a, bias), attention(q, k, v_b, bias), atol=1e-6)
+    assert torch.allclose(attention(q, k, v_a, bias)[0], attention(q, k, v_b, bias)[0], atol=1e-6)
     weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(8) + bias, -1)
     assert float(weights[..., 3:].max()) == 0.0
 

@@ -1,6 +1,7 @@
 """The ONNX graphs' IO contract: tensor names, special token ids, the batch layout, its version.
 
-Classifier `model.onnx`: input_ids, attention_mask (batch, sequence) -> logits (batch, labels).
+Classifier `model.onnx`: input_ids, attention_mask (batch, sequence) -> logits (batch, labels),
+attentions (batch, heads, sequence, sequence): the last layer's self-attention weights.
 
 Translator `encoder.onnx`: input_ids, attention_mask (batch, source) -> last_hidden_state,
 cross_key_values.{i}.key/value (batch, heads, source, d_k).
@@ -13,7 +14,11 @@ different positions, so sentences can join and leave a running batch at any step
   encoder_attention_mask (R, source), past_key_values.{i}.key/value (R_before, heads, past, d_k),
   cross_key_values.{i}.key/value (R, heads, source, d_k)
   -> logprobs (R, vocab), present.{i}.key/value (R, heads, past + 1, d_k): the gathered past
-  with the new key appended; the new key is always attended.
+  with the new key appended (the new key is always attended), cross_attentions (R, layers, heads,
+  source): the weights each row's token gives the source, per layer and head.
+Attention weights are outputs of the serving graphs rather than of extra graphs: they are
+computed anyway, a caller fetches them only when asked, and extra graphs would carry a second
+copy of every weight (the bundled store has a size budget).
 Contract 1 (before step-level batching) had no position_ids, row_index or past_attention_mask.
 """
 
@@ -32,6 +37,7 @@ SPECIAL_IDS = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "mask_id": 4}
 INPUT_IDS, ATTENTION_MASK, LOGITS = "input_ids", "attention_mask", "logits"
 LAST_HIDDEN_STATE, ENCODER_ATTENTION_MASK, LOGPROBS = "last_hidden_state", "encoder_attention_mask", "logprobs"
 POSITION_IDS, ROW_INDEX, PAST_ATTENTION_MASK = "position_ids", "row_index", "past_attention_mask"
+ATTENTIONS, CROSS_ATTENTIONS = "attentions", "cross_attentions"
 
 
 def kv_names(prefix: str, n_layers: int) -> list[str]:

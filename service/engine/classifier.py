@@ -53,6 +53,12 @@ class ClassifierEngine:
             out.append(Prediction(self.labels[best], float(row[best]), scores))
         return out
 
+    def attention(self, text: str) -> tuple[list[str], np.ndarray]:
+        """The text's tokens and its last layer's self-attention (H, S, S): rows attend to columns."""
+        [ids] = self.encode([text])
+        arr, mask = pad([ids], SPECIAL_IDS["pad_id"])
+        return self.codec.tokens(ids), runtime.classifier_attention(self.session, arr, mask)[0]
+
     def predict(self, texts: Sequence[str]) -> list[Prediction]:
         return self.to_predictions(self.classify_ids(self.encode(texts)))
 

@@ -91,6 +91,11 @@ def run_classifier(session: ort.InferenceSession, ids: np.ndarray, mask: np.ndar
     return session.run([graphs.LOGITS], {graphs.INPUT_IDS: ids, graphs.ATTENTION_MASK: mask})[0]
 
 
+def classifier_attention(session: ort.InferenceSession, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """(B, H, S, S) self-attention weights of the classifier's last layer."""
+    return session.run([graphs.ATTENTIONS], {graphs.INPUT_IDS: ids, graphs.ATTENTION_MASK: mask})[0]
+
+
 class TranslatorRuntime:
     """The translator's two graphs behind plain numpy calls (IO contract 2, `service.contract.graphs`)."""
 
@@ -116,8 +121,10 @@ class TranslatorRuntime:
         enc_mask: np.ndarray,
         past: Sequence[np.ndarray],
         cross: Sequence[np.ndarray],
+        attention: list[np.ndarray] | None = None,
     ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """One step for R rows: (R, V) log-probs and the grown cache, 2L arrays (R, H, P + 1, d_k)."""
+        """One step for R rows: (R, V) log-probs and the grown cache, 2L arrays (R, H, P + 1, d_k).
+        `attention`, when given, receives the cross-attention weights (R, L, H, S) of the step."""
         feed = {
             graphs.INPUT_IDS: tokens.reshape(-1, 1),
             graphs.POSITION_IDS: positions,
@@ -127,7 +134,10 @@ class TranslatorRuntime:
         }
         feed.update(zip(self.past_names, past, strict=True))
         feed.update(zip(self.cross_names, cross, strict=True))
-        outs = self.decoder.run([graphs.LOGPROBS, *self.present_names], feed)
+        names = [graphs.LOGPROBS, *self.present_names] + ([graphs.CROSS_ATTENTIONS] if attention is not None else [])
+        outs = self.decoder.run(names, feed)
+        if attention is not None:
+            attention.append(outs.pop())
         return outs[0], list(outs[1:])
 
 

@@ -10,8 +10,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import numpy as np
+
 from service.contract import spans
-from service.contract.graphs import IO_CONTRACT_VERSION
+from service.contract.graphs import IO_CONTRACT_VERSION, pad
 from service.contract.manifest import Manifest, ManifestError
 from service.engine import runtime, text
 from service.engine.decoding import DecodeParams, Hypothesis, Search
@@ -28,6 +30,13 @@ class Prepared:
     layouts: list[text.Layout]
     sources: list[list[int]]
     owner: list[int]  # the text of each source
+
+
+@dataclass(frozen=True)
+class AttentionMap:
+    source_tokens: list[str]
+    target_tokens: list[str]
+    weights: np.ndarray  # (layers, heads, target, source)
 
 
 @dataclass(frozen=True)
@@ -131,6 +140,22 @@ class TranslatorEngine:
         params = params or DecodeParams()
         prepared = self.prepare(texts)
         return self.assemble(prepared, self.translate_ids(prepared.sources, params), params.length_penalty)
+
+    def attention(self, source: Sequence[int], hyp: Hypothesis) -> AttentionMap:
+        """Cross-attention of one decoded sentence: the hypothesis is fed again, one cached step
+        per token (EOS included when it ended so), and each step's weights over the source kept."""
+        rt = self.rt
+        ids, mask = pad([source], self.pad_id)
+        cross = rt.encode(ids, mask)
+        past = [np.zeros((1, rt.heads, 0, rt.d_k), np.float32)] * (2 * rt.n_layers)
+        targets = [*hyp.tokens, self.eos_id] if hyp.finished else list(hyp.tokens)
+        weights: list[np.ndarray] = []
+        for t, token in enumerate([self.bos_id, *targets[:-1]] if targets else []):
+            past_mask = np.ones((1, t), np.int64)
+            tok, pos, row = np.array([token], np.int64), np.array([t], np.int64), np.zeros(1, np.int64)
+            _, past = rt.decode(tok, pos, row, past_mask, mask, past, cross, attention=weights)
+        stacked = np.concatenate(weights) if weights else np.zeros((0, rt.n_layers, rt.heads, len(source)))
+        return AttentionMap(self.codec.tokens(source), self.codec.tokens(targets), np.transpose(stacked, (1, 2, 0, 3)))
 
     def warmup(self) -> None:
         top = self.manifest.max_source_tokens

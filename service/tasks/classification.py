@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.runtime import LoadOptions
@@ -29,12 +30,25 @@ from service.tasks.base import (
 class PredictRequest(TextsRequest):
     texts: list[str] = Field(min_length=1, description="texts to classify")
     model: ModelName | None = Field(default=None, description="model name; default: the only (or default) classifier")
+    return_attention: bool = Field(default=False, description="the last layer's self-attention (one text per request)")
+
+    @model_validator(mode="after")
+    def _one_text_for_attention(self) -> PredictRequest:
+        if self.return_attention and len(self.texts) != 1:
+            raise ValueError("return_attention takes one text per request")
+        return self
+
+
+class SelfAttention(ResponseModel):
+    tokens: list[str]
+    weights: list[list[list[float]]] = Field(description="[head][query][key]; rows sum to 1")
 
 
 class Prediction(ResponseModel):
     label: str
     score: float
     scores: dict[str, float]
+    attention: SelfAttention | None = None
 
 
 class PredictResponse(ResponseModel):
@@ -96,11 +110,19 @@ class ClassificationTask(Task):
         return np.stack(await self.batcher.submit_many(self.engine.encode(texts), deadline))
 
     async def answer(self, body: TextsRequest, deadline: float) -> PredictResponse:
+        assert isinstance(body, PredictRequest)
         predictions = self.engine.to_predictions(await self._classify(body.texts, deadline))
+        attention = None
+        if body.return_attention:
+            loop = asyncio.get_running_loop()
+            tokens, weights = await loop.run_in_executor(self.executor, self.engine.attention, body.texts[0])
+            attention = SelfAttention(tokens=tokens, weights=weights.tolist())
         return PredictResponse(
             model=self.entry.name,
             version=self.entry.version,
-            predictions=[Prediction(label=p.label, score=p.score, scores=p.scores) for p in predictions],
+            predictions=[
+                Prediction(label=p.label, score=p.score, scores=p.scores, attention=attention) for p in predictions
+            ],
         )
 
     async def infer(self, texts: list[str], parameters: Mapping[str, Any], deadline: float) -> list[OutputTensor]:

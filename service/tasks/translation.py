@@ -7,6 +7,7 @@ before the next starts.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import time
@@ -20,8 +21,8 @@ from pydantic import Field, ValidationError, model_validator
 from service.engine.decoding import MAX_BEAM_SIZE, DecodeParams, Hypothesis, Search
 from service.engine.running import RunningBatch
 from service.engine.runtime import LoadOptions
+from service.engine.translator import Prepared, TranslatorEngine, load_translator
 from service.engine.translator import Translation as EngineTranslation
-from service.engine.translator import TranslatorEngine, load_translator
 from service.errors import InvalidInput
 from service.metrics import BatchMetrics
 from service.scheduling.batcher import BatchLimits, DynamicBatcher
@@ -109,6 +110,15 @@ class TranslateRequest(TextsRequest, DecodeOptions):
     timeout_ms: int | None = Field(
         default=None, ge=1, le=3_600_000, description="this request's deadline; the server's is the upper bound"
     )
+    return_attention: bool = Field(
+        default=False, description="cross-attention of the best hypothesis, per sentence (one text per request)"
+    )
+
+    @model_validator(mode="after")
+    def _one_text_for_attention(self) -> TranslateRequest:
+        if self.return_attention and len(self.texts) != 1:
+            raise ValueError("return_attention takes one text per request")
+        return self
 
 
 class ScoredText(ResponseModel):
@@ -117,11 +127,20 @@ class ScoredText(ResponseModel):
     finish_reason: Literal["eos", "length"]
 
 
+class CrossAttention(ResponseModel):
+    """One sentence: which source tokens each generated token attended to."""
+
+    source_tokens: list[str]
+    target_tokens: list[str]
+    weights: list[list[list[list[float]]]] = Field(description="[layer][head][target][source]; rows sum to 1")
+
+
 class Translation(ResponseModel):
     text: str
     finish_reason: Literal["eos", "length"] = Field(description="eos: ended; length: cut at max_new_tokens")
     score: float | None = None
     hypotheses: list[ScoredText] | None = None
+    attention: list[CrossAttention] | None = Field(default=None, description="per sentence of the text")
 
 
 class TranslateResponse(ResponseModel):
@@ -157,6 +176,7 @@ class TranslationTask(Task):
     def __init__(self, entry: StoreEntry, engine: TranslatorEngine, context: TaskContext) -> None:
         super().__init__(entry, engine.variant)
         self.engine = engine
+        self.attention_worker = ThreadPoolExecutor(1, thread_name_prefix=f"attention-{entry.name}")
         s, obs = context.settings, context.metrics
         self.queue: SentenceQueue
         if s.scheduler == "step":
@@ -181,6 +201,7 @@ class TranslationTask(Task):
 
     async def close(self, timeout: float) -> None:
         await self.queue.close(timeout)
+        self.attention_worker.shutdown(wait=False, cancel_futures=True)
 
     @property
     def in_flight(self) -> int:
@@ -198,22 +219,44 @@ class TranslationTask(Task):
     def outputs(self) -> list[TensorSpec]:
         return [TensorSpec("translation", "BYTES", [-1])]
 
-    async def _translate(
+    async def _decode(
         self, texts: Sequence[str], options: DecodeOptions, deadline: float
-    ) -> list[list[EngineTranslation]]:
-        """n-best translations per text: its lines and sentences decoded side by side."""
+    ) -> tuple[Prepared, list[list[Hypothesis]]]:
+        """The texts' sentences and their hypotheses: lines and sentences decoded side by side."""
         prepared = self.engine.prepare(texts)
         limit = self.engine.max_new_tokens
         items = [(seq, self.engine.search(options.params(limit, k))) for k, seq in enumerate(prepared.sources)]
-        hyps = await self.queue.submit(items, deadline) if items else []
+        return prepared, (await self.queue.submit(items, deadline) if items else [])
+
+    async def _translate(
+        self, texts: Sequence[str], options: DecodeOptions, deadline: float
+    ) -> list[list[EngineTranslation]]:
+        prepared, hyps = await self._decode(texts, options, deadline)
         return self.engine.assemble(prepared, hyps, options.length_penalty)
+
+    async def _attention(self, prepared: Prepared, hyps: list[list[Hypothesis]]) -> list[CrossAttention]:
+        """Replays each sentence's best hypothesis for its attention, off the scheduler's thread."""
+
+        def maps() -> list[CrossAttention]:
+            out = []
+            for source, row in zip(prepared.sources, hyps, strict=True):
+                m = self.engine.attention(source, row[0])
+                weights = m.weights.tolist()
+                out.append(
+                    CrossAttention(source_tokens=m.source_tokens, target_tokens=m.target_tokens, weights=weights)
+                )
+            return out
+
+        return await asyncio.get_running_loop().run_in_executor(self.attention_worker, maps)
 
     async def answer(self, body: TextsRequest, deadline: float) -> TranslateResponse:
         assert isinstance(body, TranslateRequest)
         if body.timeout_ms is not None:
             deadline = min(deadline, time.monotonic() + body.timeout_ms / 1000)
+        prepared, hyps = await self._decode(body.texts, body, deadline)
+        attention = await self._attention(prepared, hyps) if body.return_attention else None
         out = []
-        for row in await self._translate(body.texts, body, deadline):
+        for row in self.engine.assemble(prepared, hyps, body.length_penalty):
             best = row[0]
             out.append(
                 Translation(
@@ -225,6 +268,7 @@ class TranslationTask(Task):
                     ]
                     if body.num_hypotheses > 1
                     else None,
+                    attention=attention,
                 )
             )
         return TranslateResponse(model=self.entry.name, version=self.entry.version, translations=out)
