@@ -10,7 +10,7 @@ DEVICE  ?= cpu
 # All three variants are validated and measured; int8 (CPU default) and fp16 (GPU) are shipped.
 EXPORT_FLAGS ?= --variants fp32,int8,fp16 --ship int8,fp16 --default-variant int8
 
-.PHONY: install data train train-classifier train-translator models test lint bench bench-engine clean k8s-check image-check
+.PHONY: install data train train-classifier train-translator models browser test lint bench bench-engine clean k8s-check image-check
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -52,7 +52,19 @@ serve: install
 bench-service: install
 	$(PYTHON) -m bench.service_load --store $(STORE)
 
-test: install
+# tests/test_page.py drives a real headless browser: Debian's chromium and its chromedriver.
+CHROMIUM     ?= /usr/bin/chromium
+CHROMEDRIVER ?= /usr/bin/chromedriver
+SUDO         ?= $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT_BROWSER  := DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends chromium chromium-driver
+
+browser:
+	@if [ ! -x $(CHROMIUM) ] || [ ! -x $(CHROMEDRIVER) ]; then \
+		echo "installing chromium and chromium-driver (apt-get)"; \
+		$(APT_BROWSER) || { $(SUDO) apt-get update && $(APT_BROWSER); }; \
+	fi
+
+test: install browser
 	$(BIN)/pytest
 
 lint: install
@@ -71,8 +83,10 @@ bench: $(VENV)/.bench-installed
 
 bench-engine: bench
 
-# Deployment (README, "Deployment"): offline manifest validation + Dockerfile lint; a real image
-# build and run without a Docker daemon (root; a few minutes from empty).
+# Deployment (README, "Deployment"): offline manifest validation + Dockerfile lint + alert rules and
+# dashboard queries through promtool (k8s/README.md; fetched from Debian's archive on first use, root
+# if apt has no package lists yet); a real image build and run without a Docker daemon (root; a few
+# minutes from empty).
 k8s-check: install
 	$(PYTHON) .ci/k8s_check.py
 

@@ -78,7 +78,8 @@ CT2_TOOLS = {
     "ct2-int8": ("int8", False),
     "ct2-int8-workers": ("int8", True),
 }
-TOOLS = ("ours", "ours-int8", *CT2_TOOLS, "hf", "torch", "uncached", "classifier", "matmul")
+CLASSIFIER_TOOLS = ("clf-ort-fp32", "clf-ort-int8", "clf-torch")
+TOOLS = ("ours", "ours-int8", *CT2_TOOLS, "hf", "torch", "uncached", *CLASSIFIER_TOOLS, "matmul")
 NEVER = -1  # an EOS id no step can produce: every tool generates exactly `new_tokens`
 BOS = 1
 WORDS = "the a cat dog house tree red blue small big runs sleeps sees file open save close window".split()
@@ -212,7 +213,7 @@ def our_translator(s: Shape) -> Translator:
 def publish(model: Classifier | Translator, store_dir: Path, name: str) -> StoreEntry:
     """The serving path: export_model (validated fp32 + int8 version folder), then the registry's entry."""
     texts = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(3 + i % 6)) for i in range(8)]
-    tok = train_bpe(texts * 20, vocab_size=64)
+    tok = train_bpe(texts * 20, vocab_size=400)
     labels = ["negative", "neutral", "positive"] if isinstance(model, Classifier) else []
     options = ExportOptions(name, 1, variants=("fp32", "int8"), labels=tuple(labels), min_parity_sentences=len(texts))
     export_model(model, tok, store_dir, options, validation_texts=texts, log=lambda _: None)
@@ -235,7 +236,7 @@ class FullDecoderGraph(nn.Module):
         self_bias = causal_bias(input_ids.size(1), 0, input_ids.device)  # (T, T)
         src_bias = padding_bias(encoder_attention_mask)  # (B, 1, 1, S)
         for layer, layer_past, layer_cross in zip(m.layers, past, cross, strict=True):
-            x, _ = layer(x, layer_past, layer_cross, self_bias, src_bias)
+            x, _, _ = layer(x, layer_past, layer_cross, self_bias, src_bias)
         logits = m.norm(x[:, -1]) @ m.embed.tokens.weight.T  # (B, V): the projection on the last position only
         return torch.log_softmax(logits, dim=-1)
 
@@ -603,7 +604,7 @@ class Bench:
                 t_ids, t_mask = torch.from_numpy(ids), torch.ones((b, s.src_len), dtype=torch.long)
                 self.record("hf", b, beam, partial(hf, t_ids, t_mask, beam))
 
-    def classifier(self) -> None:
+    def classifier(self, tools: set[str]) -> None:
         s = self.s
         print(f"classifier: sequence {s.clf_len}")
         torch.manual_seed(1)
@@ -619,21 +620,19 @@ class Bench:
             ids = self.clf_inputs[b]
             mask = np.ones_like(ids)
             fns: dict[str, Callable[[], object]] = {
-                "ort-fp32": partial(runtime.run_classifier, fp32.session, ids, mask),
-                "ort-int8": partial(runtime.run_classifier, int8.session, ids, mask),
-                "torch": partial(eager, torch.from_numpy(ids), torch.from_numpy(mask)),
+                "clf-ort-fp32": partial(runtime.run_classifier, fp32.session, ids, mask),
+                "clf-ort-int8": partial(runtime.run_classifier, int8.session, ids, mask),
+                "clf-torch": partial(eager, torch.from_numpy(ids), torch.from_numpy(mask)),
             }
             for name, fn in fns.items():
-                self.pending.append(Case("classifier", name, b, 0, fn))
+                if name in tools:
+                    self.pending.append(Case("classifier", name.removeprefix("clf-"), b, 0, fn))
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
-    s = TINY if args.tiny else Shape()
-    s = replace(s, new_tokens=args.new_tokens or s.new_tokens, src_len=args.src_len or s.src_len)
+def measure_tool(args: argparse.Namespace, tool: str) -> list[dict[str, object]]:
+    """The worker: one tool's cases, measured once, in this (fresh) process."""
+    s = shape(args)
     torch.set_num_threads(args.threads)
-    tools = set(args.only.split(",")) if args.only else set(TOOLS)
-    if unknown := tools - set(TOOLS):
-        raise SystemExit(f"unknown --only entries {sorted(unknown)}; choose from {','.join(TOOLS)}")
     bench = Bench(
         s,
         args.threads,
@@ -642,36 +641,105 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         [int(x) for x in args.beams.split(",")],
         args.retries,
     )
+    try:
+        if tool == "matmul":
+            big = 256 if args.tiny else 2048
+            return [
+                {
+                    "tool": "matmul",
+                    "what": f"{big}x{big}x{big}",
+                    "gflops": matmul_ceiling(args.threads, big, big, big, bench.timing),
+                },
+                {
+                    "tool": "matmul",
+                    "what": f"32x{s.d_model}x{s.ffn} (a decode step's FFN)",
+                    "gflops": matmul_ceiling(args.threads, 32, s.d_model, s.ffn, bench.timing),
+                },
+            ]
+        if tool in {"ours", "ours-int8", "uncached", "torch"}:
+            bench.ours({tool})
+        elif tool in {*CT2_TOOLS, "hf"}:
+            bench.marian({tool})
+        else:
+            bench.classifier({tool})
+        bench.run_rounds(1)
+    finally:
+        shutil.rmtree(bench.tmp, ignore_errors=True)
+    rows = bench.rows + bench.clf_rows
+    for row in rows:
+        row["kind"] = "classifier" if tool in CLASSIFIER_TOOLS else "translation"
+    return rows
+
+
+def shape(args: argparse.Namespace) -> Shape:
+    s = TINY if args.tiny else Shape()
+    return replace(s, new_tokens=args.new_tokens or s.new_tokens, src_len=args.src_len or s.src_len)
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    """Every tool alone in a fresh process of its own, round after round; the median per case."""
+    tools = args.only.split(",") if args.only else list(TOOLS)
+    if unknown := set(tools) - set(TOOLS):
+        raise SystemExit(f"unknown --only entries {sorted(unknown)}; choose from {','.join(TOOLS)}")
+    s = shape(args)
     results: dict[str, object] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "shape": asdict(s),
         "threads": args.threads,
         "machine": {"cpu": _cpu_name(), "cores": os.cpu_count(), "python": platform.python_version()},
         "versions": _versions(),
+        "method": "every tool in a fresh process of its own, one after another, same inputs and thread count; "
+        "warm-up, then the median of timed runs; repeated for each round, the median over rounds reported",
         "contention_start": contention(),
     }
     print(f"translation: {s.src_len} source tokens, {s.new_tokens} new tokens, {args.threads} threads")
-    if tools & {"ours", "ours-int8", "uncached", "torch"}:
-        results["parity_ours_vs_torch"] = bench.ours(tools)
-    if tools & {*CT2_TOOLS, "hf"}:
-        bench.marian(tools)
-    if "classifier" in tools:
-        bench.classifier()
-    bench.run_rounds(args.rounds)
+    samples: dict[tuple[object, ...], list[dict[str, object]]] = {}
+    matmul: dict[str, list[float]] = {}
+    for r in range(args.rounds):
+        print(f"round {r + 1} of {args.rounds}", flush=True)
+        for tool in tools:
+            for row in _in_fresh_process(args, tool):
+                if row["tool"] == "matmul":
+                    matmul.setdefault(str(row["what"]), []).append(float(row["gflops"]))  # type: ignore[arg-type]
+                    continue
+                key = (row["kind"], row["tool"], row["batch"], row.get("beam", 0))
+                samples.setdefault(key, []).append(row)
+    translation, classifier = [], []
+    for (kind, *_), rows in samples.items():
+        out = dict(rows[0])
+        for name in ("seconds", "tokens_per_s", "sequences_per_s", "gflops"):
+            if name in out:
+                out[name] = statistics.median(float(x[name]) for x in rows)  # type: ignore[arg-type]
+        shares = [float(x["others_cpu"]) for x in rows if x.get("others_cpu") is not None]  # type: ignore[arg-type]
+        out["others_cpu"] = statistics.median(shares) if shares else None
+        out["round_seconds"] = [x["seconds"] for x in rows]
+        (classifier if kind == "classifier" else translation).append(out)
     results["rounds"] = args.rounds
-    results["translation"], results["classifier"] = bench.rows, bench.clf_rows
-    if "matmul" in tools:
-        big = 256 if args.tiny else 2048
-        results["matmul_gflops"] = {
-            f"{big}x{big}x{big}": matmul_ceiling(args.threads, big, big, big, bench.timing),
-            f"32x{s.d_model}x{s.ffn} (a decode step's FFN)": matmul_ceiling(
-                args.threads, 32, s.d_model, s.ffn, bench.timing
-            ),
-        }
+    results["translation"], results["classifier"] = translation, classifier
+    if matmul:
+        results["matmul_gflops"] = {what: statistics.median(v) for what, v in matmul.items()}
         print(f"ORT MatMul GFLOP/s: {results['matmul_gflops']}")
     results["contention_end"] = contention()
-    shutil.rmtree(bench.tmp, ignore_errors=True)
     return results
+
+
+def _measuring(args: argparse.Namespace) -> list[str]:
+    """The options that decide what a worker measures, as command-line arguments."""
+    out = ["--tiny"] if args.tiny else []
+    for name in ("batches", "beams", "threads", "src_len", "new_tokens", "min_runs", "min_time", "warmup", "retries"):
+        out += ["--" + name.replace("_", "-"), str(getattr(args, name))]
+    return out
+
+
+def _in_fresh_process(args: argparse.Namespace, tool: str) -> list[dict[str, object]]:
+    with tempfile.TemporaryDirectory(prefix="bench-worker-") as tmp:
+        out = Path(tmp) / "rows.json"
+        cmd = [sys.executable, "-m", "bench.engine", "--worker", tool, "--worker-out", str(out), *_measuring(args)]
+        done = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[1], text=True, capture_output=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"bench worker {tool} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        print("\n".join(line for line in done.stdout.splitlines() if line.startswith("  ")), flush=True)
+        return json.loads(out.read_text())  # type: ignore[no-any-return]
 
 
 def _cpu_name() -> str:
@@ -714,7 +782,7 @@ def markdown(results: dict[str, object]) -> str:
         "hf": "HF transformers generate fp32",
         "torch": "PyTorch eager fp32 (cached)",
         "uncached": "this engine fp32, uncached graph",
-        "ours-int8": "this engine int8 (dynamic, MatMul weights)",
+        "ours-int8": "this engine int8 (static QDQ, MatMul weights)",
         "ct2-int8": f"CTranslate2 int8, 1 worker × {threads} threads",
         "ct2-int8-workers": f"CTranslate2 int8, {threads} workers × 1 thread",
     }
@@ -759,7 +827,7 @@ def markdown(results: dict[str, object]) -> str:
         cb = {(r["tool"], r["batch"]): r for r in clf}
         out += ["", f"Classifier, sequences/s (×PyTorch eager), sequence {s.clf_len}:", ""]
         out += ["| tool | " + " | ".join(f"batch {b}" for b in batches) + " |", "|---|" + "---:|" * len(batches)]
-        for t in ("ort-fp32", "ort-int8", "torch"):
+        for t in ("ort-fp32", "ort-int8", "torch"):  # the clf- tools, named by their rows
             cells = []
             for b in batches:
                 r, ref = cb.get((t, b)), cb.get(("torch", b))
@@ -800,11 +868,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3, help="measure every case this often; report the median")
     p.add_argument("--retries", type=int, default=3, help="re-measure a case this often while it is contended")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "engine.json")
+    p.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: measure one tool, write rows
+    p.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.worker:
+        rows = measure_tool(args, args.worker)
+        args.worker_out.write_text(json.dumps(rows))
+        return 0
     results = run(args)
     table = markdown(results)
     results["markdown"] = table

@@ -167,9 +167,7 @@ class DecoderLayer(nn.Module):
         self.norm3 = nn.LayerNorm(c.d_model)
         self.ffn = FeedForward(c.d_model, c.d_ff, c.dropout)
 
-    def forward(
-        self, x: Tensor, past: KV, cross: KV, self_bias: Tensor, src_bias: Tensor
-    ) -> tuple[Tensor, KV, Tensor]:
+    def forward(self, x: Tensor, past: KV, cross: KV, self_bias: Tensor, src_bias: Tensor) -> tuple[Tensor, KV, Tensor]:
         """The new hidden states, the grown self-attention cache, the cross-attention weights (B, H, T, S)."""
         h = self.norm1(x)
         k, v = self.self_attn.project_kv(h)  # (B, H, T, d_k)

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
+from export import figures as figures_lib
 from export import validate
 from export.graphs import OPSET, export_graphs, graph_io
 from export.model import Classifier, Translator
@@ -52,6 +53,7 @@ class ExportOptions:
     min_parity_sentences: int = 100
     train_metrics: Mapping[str, object] = field(default_factory=dict)
     data_sources: tuple[Mapping[str, str], ...] = ()
+    figures: tuple[Path, ...] = ()  # PNGs kept in the version, named by their stem (the run's curves.png)
 
     def shipped(self) -> tuple[str, ...]:
         ship = self.ship or self.variants
@@ -84,6 +86,7 @@ def export_model(
 ) -> Path:
     """Export, validate, measure and publish one model version; returns its folder."""
     ship = options.shipped()
+    figures_lib.check_extra(options.figures)
     version = options.version or next_version(store, options.name)
     final = store / options.name / str(version)
     if final.exists() and not options.force:
@@ -141,6 +144,7 @@ def export_model(
                 (tmp / fname).unlink()
         report["shipped_variants"] = list(files)
         tok.save(str(tmp / "tokenizer.json"))
+        figures = figures_lib.write_figures(tmp, c.max_len, c.d_model, options.figures)
         manifest = Manifest(
             name=options.name,
             version=version,
@@ -162,6 +166,7 @@ def export_model(
             target_language=None if is_clf else options.target_language,
             metrics=report,
             data_sources=[dict(s) for s in options.data_sources],
+            figures=figures,
             files={f: file_entry(tmp / f) for f in sorted(p.name for p in tmp.iterdir())},
         )
         # The manifest is written last: a folder without one is never served.
@@ -271,6 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         texts = [r["text"] if is_clf else r["en"] for r in test_rows]
         report_file = args.checkpoint / "report.json"
         train_report = json.loads(report_file.read_text()) if report_file.is_file() else {}
+        curves = args.checkpoint / "curves.png"  # written by export.train
         source, target = (_list(args.languages) + (None, None))[:2]
         options = ExportOptions(
             name=args.name,
@@ -284,6 +290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             target_language=target,
             train_metrics={k: v for k, v in train_report.items() if k not in ("curves", "examples", "args")},
             data_sources=data_sources_of(args.data_dir / "datacard.json", sub),
+            figures=(curves,) if curves.is_file() else (),
         )
         folder = export_model(model, tok, args.store, options, validation_texts=texts[:200], test_rows=test_rows)
     except (ExportError, FileNotFoundError, ValueError) as exc:

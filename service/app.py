@@ -14,7 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from service.http import errors, oip, routes
+from service.http import errors, libretranslate, oip, page, routes
+from service.http.auth import ApiKeys
 from service.http.middleware import BodyLimit, RequestContext
 from service.http.schemas import OipInferRequest
 from service.http.state import AppState
@@ -42,10 +43,11 @@ def create_app(settings: Settings) -> FastAPI:
             yield
         finally:
             state.draining = True
-            if not loader.done():
-                loader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await loader
+            for task in (loader, state.watcher):
+                if task is not None and not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             await state.models.close(settings.drain_timeout_s)
             executor.shutdown(wait=False, cancel_futures=True)
 
@@ -56,7 +58,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.serve = state
     errors.install(app, field_rules(*(cls.Request for cls in tasks), OipInferRequest))
-    routers = [routes.router, routes.task_router(tasks), oip.router]
+    routers = [routes.router, routes.task_router(tasks), oip.router, libretranslate.router, page.router]
     for router in routers:
         app.include_router(router)
     post_routes = [
@@ -70,7 +72,9 @@ def create_app(settings: Settings) -> FastAPI:
         max_bytes=settings.max_body_bytes,
         accepts_body=lambda path: any(rx.match(path) for rx in post_routes),
     )
-    app.add_middleware(RequestContext, metrics=metrics, endpoints=frozenset(cls.rest_path for cls in tasks))
+    task_paths = frozenset(cls.rest_path for cls in tasks)
+    app.add_middleware(ApiKeys, keys=settings.api_key_list, task_paths=task_paths)
+    app.add_middleware(RequestContext, metrics=metrics, endpoints=task_paths | {"/libretranslate/translate"})
     return app
 
 
@@ -89,3 +93,7 @@ async def start_models(state: AppState) -> None:
         log.info("ready: serving %s", ", ".join(f"{m.name}/{m.version}" for m in models.models.values()))
     else:
         log.error("not ready: %s", "; ".join(models.not_ready_reasons()))
+    interval = state.settings.watch_interval_s
+    if interval > 0:
+        state.watcher = asyncio.create_task(models.watch(interval), name="store-watcher")
+        log.info("watching %s for new versions every %.1f s", state.settings.model_store, interval)

@@ -20,6 +20,12 @@ class InvalidInput(ServiceError):
     kind = "invalid_input"
 
 
+class InvalidJson(ServiceError):
+    """A body that is not JSON where JSON is expected."""
+
+    kind = "invalid_json"
+
+
 class ModelNotFound(ServiceError):
     kind = "model_not_found"
 

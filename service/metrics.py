@@ -65,6 +65,12 @@ class Metrics:
         self.active_rows = Gauge(
             "inference_active_rows", "Decoder rows (sentences x beams) in the running batch", ["model"], registry=r
         )
+        self.model_loads = Counter(
+            "inference_model_loads",
+            "Model versions put into service (result=loaded) or refused (broken files, failed load)",
+            ["model", "result"],
+            registry=r,
+        )
         self.cancelled = Counter(
             "inference_cancelled_sentences",
             "Sentences that left before finishing (reason: disconnect, deadline, shutdown, error)",

@@ -60,10 +60,29 @@ class DrainingServer(uvicorn.Server):
         self.should_exit = True
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything starts: a port in use is one clear error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
+
+
 def serve(settings: Settings) -> int:
     logs.setup(settings.log_level)
     for name in unknown_variables(os.environ):
         log.warning("environment variable %s names no setting; ignored", name)
+    try:
+        sock = listen(settings.host, settings.port)
+    except OSError as exc:
+        log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror or exc)
+        return 1
     app: FastAPI = create_app(settings)
     config = uvicorn.Config(
         app,
@@ -77,5 +96,5 @@ def serve(settings: Settings) -> int:
         server_header=False,
     )
     server = DrainingServer(config, app.state.serve)
-    server.run()
+    server.run(sockets=[sock])
     return 0 if server.started else 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import DirectoryPath, Field, field_validator, model_validator
+from pydantic import DirectoryPath, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -35,6 +35,14 @@ class Settings(BaseSettings):
     translation_threads: int = Field(
         default=0, ge=0, le=256, description="threads of the translator's step scheduler; 0: the rest, at least 1"
     )
+    model_versions: str = Field(
+        default="",
+        pattern=r"^\s*([a-z0-9][a-z0-9._-]*=\d+\s*(,\s*|$))*$",
+        description="pinned versions, e.g. en-de=3,sentiment=1; other models serve their newest intact version",
+    )
+    watch_interval_s: float = Field(
+        default=0.0, ge=0, le=86400, description="seconds between store scans for new versions; 0: no watcher"
+    )
     default_classifier: str | None = Field(default=None, description="model used by /predict without `model`")
     default_translator: str | None = Field(default=None, description="model used by /translate without `model`")
     # batching
@@ -57,6 +65,10 @@ class Settings(BaseSettings):
         default=30.0, ge=0, le=3600, description="shutdown: time for admitted work to finish"
     )
     drain_grace_s: float = Field(default=0.0, ge=0, le=600, description="SIGTERM: answer 503 this long before draining")
+    # access
+    api_keys: SecretStr | None = Field(
+        default=None, description="comma-separated keys; set: inference and repository endpoints need one"
+    )
     # request limits
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="request body size (413 above)")
     max_texts: int = Field(default=64, ge=1, le=4096, description="texts per request (413 above)")
@@ -74,6 +86,12 @@ class Settings(BaseSettings):
         if self.max_queue < self.max_texts:
             raise ValueError(f"max_queue ({self.max_queue}) must be at least max_texts ({self.max_texts})")
         return self
+
+    @property
+    def api_key_list(self) -> tuple[str, ...]:
+        if self.api_keys is None:
+            return ()
+        return tuple(k.strip() for k in self.api_keys.get_secret_value().split(",") if k.strip())
 
     @property
     def provider_list(self) -> tuple[str, ...]:

@@ -61,14 +61,18 @@ def tiny_store(
     tiny_translator: Translator,
     tiny_classifier: Classifier,
 ) -> Path:
-    """A model store with `tiny-clf` and `tiny-mt` version 1, fp32 + int8 + fp16 variants."""
+    """A model store with `tiny-clf` and `tiny-mt` version 1, fp32 + int8 + fp16 variants; tiny-mt
+    keeps its run's training curves (a figure) besides the positional encodings every version keeps."""
     from export.publish import ExportOptions, export_model
+    from export.train import History, plot_history
 
     store = tmp_path_factory.mktemp("store")
+    curves = tmp_path_factory.mktemp("run") / "curves.png"
+    plot_history({"translator": History([1, 2, 3], [3.0, 2.6, 2.4], [3], [1.5], "bleu")}, curves)
     texts = sentences(120, seed=7)
     variants = ("fp32", "int8", "fp16")
     clf = ExportOptions("tiny-clf", 1, variants=variants, labels=tuple(LABELS))
     export_model(tiny_classifier, tiny_tokenizer, store, clf, validation_texts=texts, log=lambda _: None)
-    mt = ExportOptions("tiny-mt", 1, variants=variants, source_language="en", target_language="de")
+    mt = ExportOptions("tiny-mt", 1, variants=variants, source_language="en", target_language="de", figures=(curves,))
     export_model(tiny_translator, tiny_tokenizer, store, mt, validation_texts=texts, log=lambda _: None)
     return store

@@ -150,3 +150,18 @@ def test_abandoned_requests_leave_the_running_batch(server: Server) -> None:
         assert c.post("/translate", json={"texts": ["The cat."]}).status_code == 200
     access = [x for x in server.lines() if x.get("logger") == "service.access" and x.get("path") == "/translate"]
     assert any(x["status"] == 499 for x in access)
+
+
+def test_a_port_in_use_is_one_clear_line_and_exit_1(server: Server, tiny_store: Path) -> None:
+    port = server.url.rsplit(":", 1)[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_")}
+    env |= {"SERVE_MODEL_STORE": str(tiny_store), "SERVE_PORT": port}
+    done = subprocess.run(
+        [sys.executable, "-m", "service"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    assert [x["msg"] for x in lines if x["level"] == "error"] == [
+        f"cannot listen on 127.0.0.1:{port}: Address already in use"
+    ]
+    assert "Traceback" not in done.stderr

@@ -125,6 +125,7 @@ def test_a_registered_task_is_served_everywhere(client: TestClient, tiny_tokeniz
         "version": 1,
         "task": "token_count",
         "status": "ready",
+        "current": True,
         "variant": "fp32",
         "max_source_tokens": 50,
     }

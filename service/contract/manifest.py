@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
+
+FIGURE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")  # a figure's name: a URL path segment as it is
+FigureName = Annotated[str, Field(pattern=FIGURE_NAME.pattern)]
+PngFile = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*\.png$", max_length=128)]
 
 
 class ManifestError(Exception):
@@ -65,6 +70,8 @@ class Manifest(BaseModel):
     target_language: str | None = None
     metrics: dict[str, object] = Field(default_factory=dict)
     data_sources: list[dict[str, str]] = Field(default_factory=list)
+    # figure name ("curves", "positions") -> PNG file: pictures of the training run kept with the version
+    figures: dict[FigureName, PngFile] = Field(default_factory=dict)
     files: dict[str, FileEntry]
 
     def variant_files(self, variant: str) -> dict[str, str]:
@@ -104,6 +111,7 @@ def verify_folder(folder: Path) -> Manifest:
     if manifest.version != _folder_version(folder):
         raise ManifestError(f"{folder}: manifest says version {manifest.version}")
     referenced = {manifest.tokenizer} | {f for v in manifest.variants.values() for f in v.values()}
+    referenced |= set(manifest.figures.values())
     unlisted = referenced - set(manifest.files)
     if unlisted:
         raise ManifestError(f"{folder}: files used but not pinned in the manifest: {sorted(unlisted)}")

@@ -21,6 +21,7 @@ from service.errors import (
     DeadlineExceeded,
     InputTooLong,
     InvalidInput,
+    InvalidJson,
     ModelNotFound,
     NotReady,
     PayloadTooLarge,
@@ -31,8 +32,9 @@ from service.errors import (
 from service.validation import describe_validation
 
 HTTP_STATUS: dict[str, int] = {
-    "invalid_json": 400,
+    InvalidJson.kind: 400,
     "bad_request": 400,
+    "unauthorized": 401,
     "not_found": 404,
     "method_not_allowed": 405,
     "unsupported_media_type": 415,

@@ -29,6 +29,8 @@ REQUEST_ID_HEADER = b"x-request-id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 OIP_INFER = "/v2/models/{name}/infer"
 _INFER_PATH = re.compile(r"^/v2/models/[^/]+/infer$")
+_OCTETS = "application/octet-stream"
+_FORM = "application/x-www-form-urlencoded"  # the LibreTranslate API takes form posts
 _JSON_TYPE = re.compile(r"^application/([a-z0-9.+-]*\+)?json\s*(;.*)?$", re.IGNORECASE)
 
 
@@ -157,7 +159,14 @@ class BodyLimit:
                 await error_response(path, too_large, "payload_too_large")(scope, receive, send)
                 return
         content_type = (_header(scope, b"content-type") or "").strip()
-        if content_type and not _JSON_TYPE.match(content_type):
+        binary = _header(scope, b"inference-header-content-length") is not None  # OIP binary tensor data
+        form = path.startswith("/libretranslate/") and content_type.split(";")[0].strip().lower() == _FORM
+        if (
+            content_type
+            and not _JSON_TYPE.match(content_type)
+            and not (binary and content_type == _OCTETS)
+            and not form
+        ):
             wrong_type = "Content-Type must be application/json"
             await error_response(path, wrong_type, "unsupported_media_type")(scope, receive, send)
             return

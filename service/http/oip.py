@@ -1,36 +1,61 @@
-"""Open Inference Protocol v2 (KServe) endpoints over the same tasks.
+"""Open Inference Protocol v2 (KServe, Triton) endpoints over the same tasks, as its clients use them.
 
-Input: one BYTES tensor named ``text`` of shape ``[N]`` (``[N, 1]`` accepted). Outputs and their
-`parameters` are the task's (`Task.outputs`, `Task.infer`). Errors: ``{"error": ...}``.
+Input: one BYTES tensor named ``text`` of shape ``[N]`` (``[N, 1]`` accepted), as JSON strings or
+in the binary tensor data extension (`service.http.binary`). Outputs are the task's
+(`Task.outputs`), as JSON or binary (request `parameters.binary_data_output`, or per output
+`parameters.binary_data`). Versioned routes answer for one loaded version. The model
+repository extension lists, loads and unloads models. Errors: ``{"error": ...}``.
 """
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
+import json
+from importlib import metadata
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import ValidationError
+from starlette.responses import Response
 
-from service.errors import InvalidInput, NotReady
-from service.http import schemas
+from service.errors import InvalidInput, InvalidJson, ModelNotFound, NotReady
+from service.http import binary, schemas
+from service.http.errors import AsciiJSONResponse
 from service.http.state import admit, get_state, set_model
+from service.serving import ServedModel
+from service.tasks.base import OutputTensor
+from service.validation import describe_validation, field_rules
 
 router = APIRouter(prefix="/v2")
 
 PLATFORM = "onnxruntime_onnx"
+EXTENSIONS = ["binary_tensor_data", "model_repository"]
 INPUT = schemas.OipTensorMeta(name="text", datatype="BYTES", shape=[-1])
+RULES = field_rules(schemas.OipInferRequest, schemas.OipTensor)
+INFER_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {"schema": {"$ref": "#/components/schemas/OipInferRequest"}},
+            "application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"},
+                "description": "binary tensor data extension: the JSON header (its length in the "
+                "Inference-Header-Content-Length header), then the tensors' bytes",
+            },
+        },
+    }
+}
 
 
 def _version() -> str:
     try:
-        return version("transformer-serve")
-    except PackageNotFoundError:
+        return metadata.version("transformer-serve")
+    except metadata.PackageNotFoundError:
         return "0"
 
 
 @router.get("")
 async def server_metadata() -> dict[str, object]:
-    return {"name": "transformer-serve", "version": _version(), "extensions": []}
+    return {"name": "transformer-serve", "version": _version(), "extensions": EXTENSIONS}
 
 
 @router.get("/health/live")
@@ -46,53 +71,105 @@ async def ready(request: Request) -> dict[str, bool]:
     return {"ready": True}
 
 
+# -- model metadata and readiness, with and without a version ------------------------------------
+
+
+def _metadata(model: ServedModel, version: int | None) -> schemas.OipModelMetadata:
+    if version is not None and version not in model.versions:
+        raise ModelNotFound(f"model {model.name} has no loaded version {version}")
+    v = model.versions.get(version) if version is not None else model.serving
+    task = v.task if v is not None else None
+    outputs = (
+        [schemas.OipTensorMeta(name=t.name, datatype=t.datatype, shape=t.shape) for t in task.outputs()] if task else []
+    )
+    versions = [str(version)] if version is not None else [str(n) for n in sorted(model.versions)]
+    return schemas.OipModelMetadata(
+        name=model.name, versions=versions, platform=PLATFORM, inputs=[INPUT], outputs=outputs
+    )
+
+
 @router.get("/models/{name}", response_model=schemas.OipModelMetadata)
 async def model_metadata(name: str, request: Request) -> schemas.OipModelMetadata:
-    model = get_state(request).models.get(name)
-    outputs = (
-        [schemas.OipTensorMeta(name=t.name, datatype=t.datatype, shape=t.shape) for t in model.task.outputs()]
-        if model.task
-        else []
-    )
-    return schemas.OipModelMetadata(
-        name=model.name, versions=[str(model.version)], platform=PLATFORM, inputs=[INPUT], outputs=outputs
-    )
+    return _metadata(get_state(request).models.get(name), None)
+
+
+@router.get("/models/{name}/versions/{version}", response_model=schemas.OipModelMetadata)
+async def version_metadata(name: str, version: int, request: Request) -> schemas.OipModelMetadata:
+    return _metadata(get_state(request).models.get(name), version)
+
+
+async def _ready(request: Request, name: str, version: int | None) -> dict[str, object]:
+    state = get_state(request)
+    model = state.models.get(name)
+    if state.draining:
+        raise NotReady(f"model {name} is shutting down")
+    model.ready_task(version)
+    return {"name": model.name, "ready": True}
 
 
 @router.get("/models/{name}/ready")
 async def model_ready(name: str, request: Request) -> dict[str, object]:
-    state = get_state(request)
-    model = state.models.get(name)
-    if state.draining or model.status != "ready":
-        raise NotReady(f"model {name} is {'shutting down' if state.draining else model.status}")
-    return {"name": model.name, "ready": True}
+    return await _ready(request, name, None)
 
 
-@router.post("/models/{name}/infer", response_model=schemas.OipInferResponse, response_model_exclude_none=True)
-async def infer(name: str, body: schemas.OipInferRequest, request: Request) -> schemas.OipInferResponse:
+@router.get("/models/{name}/versions/{version}/ready")
+async def version_ready(name: str, version: int, request: Request) -> dict[str, object]:
+    return await _ready(request, name, version)
+
+
+# -- inference -----------------------------------------------------------------------------------
+
+
+@router.post("/models/{name}/infer", response_model=schemas.OipInferResponse, openapi_extra=INFER_DOC)
+async def infer(name: str, request: Request) -> Response:
+    return await _infer(request, name, None)
+
+
+@router.post(
+    "/models/{name}/versions/{version}/infer", response_model=schemas.OipInferResponse, openapi_extra=INFER_DOC
+)
+async def version_infer(name: str, version: int, request: Request) -> Response:
+    return await _infer(request, name, version)
+
+
+async def _infer(request: Request, name: str, version: int | None) -> Response:
     state, deadline = admit(request)
+    head, blob = binary.split(await request.body(), request.headers.get(binary.HEADER_LENGTH))
+    body = _parse(head)
     model = state.models.get(name)
-    task = model.ready_task()
+    task = model.ready_task(version)
     set_model(request, model.name)
-    texts = _texts(body.inputs[0])
+    texts = _texts(body.inputs[0], blob)
     schemas.check_texts(texts, state.settings.max_texts, state.settings.max_text_chars, "inputs[0].data")
     available = [t.name for t in task.outputs()]
-    wanted = {o.name for o in body.outputs} if body.outputs else set(available)
-    unknown = wanted - set(available)
+    wanted = {o.name: o.parameters or {} for o in body.outputs} if body.outputs else dict.fromkeys(available, {})
+    unknown = set(wanted) - set(available)
     if unknown:
         raise InvalidInput(f"unknown output(s) {sorted(unknown)}; this model has {available}")
-    results = await task.infer(texts, body.parameters or {}, deadline)
-    outputs = [
-        schemas.OipOutput(name=t.name, datatype=t.datatype, shape=t.shape, data=t.data)
-        for t in results
-        if t.name in wanted
-    ]
-    return schemas.OipInferResponse(
-        model_name=model.name, model_version=str(model.version), id=body.id, outputs=outputs
-    )
+    parameters = body.parameters or {}
+    results = [t for t in await task.infer(texts, parameters, deadline) if t.name in wanted]
+    as_binary = [_flag(wanted[t.name].get("binary_data", parameters.get("binary_data_output", False))) for t in results]
+    return _respond(task.entry.name, str(task.entry.version), body.id, results, as_binary)
 
 
-def _texts(tensor: schemas.OipTensor) -> list[str]:
+def _parse(head: bytes) -> schemas.OipInferRequest:
+    try:
+        raw = json.loads(head or b"null")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidJson(f"invalid JSON in the inference request header: {exc}") from None
+    try:
+        return schemas.OipInferRequest.model_validate(raw)
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation(exc.errors(), RULES)) from None
+
+
+def _flag(value: object) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInput("binary_data and binary_data_output must be true or false")
+    return value
+
+
+def _texts(tensor: schemas.OipTensor, blob: bytes) -> list[str]:
     if tensor.name != "text":
         raise InvalidInput(f"inputs[0].name must be 'text', got {tensor.name!r}")
     if tensor.datatype != "BYTES":
@@ -100,11 +177,92 @@ def _texts(tensor: schemas.OipTensor) -> list[str]:
     shape = tensor.shape
     if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
         raise InvalidInput(f"inputs[0].shape must be [N] or [N, 1], got {shape}")
-    data: list[Any] = tensor.data
-    if data and all(isinstance(d, list) for d in data):  # nested row-major form
-        data = [x for row in data for x in row]
-    if not all(isinstance(d, str) for d in data):
-        raise InvalidInput("inputs[0].data must hold strings (BYTES as JSON strings)")
+    size = (tensor.parameters or {}).get("binary_data_size")
+    if size is not None:
+        if tensor.data is not None:
+            raise InvalidInput("inputs[0] has both data and binary_data_size")
+        raw, _ = binary.take(blob, 0, size)
+        try:
+            data: list[Any] = [b.decode("utf-8") for b in binary.decode_bytes(raw)]
+        except UnicodeDecodeError:
+            raise InvalidInput("inputs[0] holds bytes that are not UTF-8 text") from None
+    elif tensor.data is None:
+        raise InvalidInput("inputs[0] needs data (JSON) or parameters.binary_data_size (binary)")
+    else:
+        data = tensor.data
+        if data and all(isinstance(d, list) for d in data):  # nested row-major form
+            data = [x for row in data for x in row]
+        if not all(isinstance(d, str) for d in data):
+            raise InvalidInput("inputs[0].data must hold strings (BYTES as JSON strings)")
     if len(data) != shape[0] or shape[0] == 0:
         raise InvalidInput(f"inputs[0].shape says {shape[0]} texts but data holds {len(data)} (at least 1)")
     return data
+
+
+def _respond(
+    name: str, version: str, request_id: str | None, results: list[OutputTensor], as_binary: list[bool]
+) -> Response:
+    outputs, blobs = [], []
+    for t, raw in zip(results, as_binary, strict=True):
+        out: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": t.shape}
+        if raw:
+            blob = binary.encode(t.datatype, t.data)
+            out["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            out["data"] = t.data
+        outputs.append(out)
+    body: dict[str, Any] = {"model_name": name, "model_version": version, "outputs": outputs}
+    if request_id is not None:
+        body["id"] = request_id
+    if not blobs:
+        return AsciiJSONResponse(body)
+    head = json.dumps(body, ensure_ascii=True, separators=(",", ":")).encode("ascii")
+    return Response(
+        head + b"".join(blobs),
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(len(head))},
+    )
+
+
+# -- model repository extension ------------------------------------------------------------------
+
+
+@router.post("/repository/index")
+async def repository_index(request: Request) -> list[dict[str, str]]:
+    """Every version of every model: READY, LOADING, UNAVAILABLE (with the reason)."""
+    out = []
+    for m in get_state(request).models.models.values():
+        for v in sorted(m.versions.values(), key=lambda v: v.version):
+            state = (
+                "READY"
+                if v.status == "ready" and not m.unloaded
+                else "LOADING"
+                if v.status == "loading"
+                else "UNAVAILABLE"
+            )
+            reason = "unloaded" if m.unloaded else v.error or ("" if state == "READY" else v.status)
+            out.append({"name": m.name, "version": str(v.version), "state": state, "reason": reason})
+        for version, reason in sorted({**m.refused, **m.failed}.items()):
+            if version not in m.versions:
+                out.append({"name": m.name, "version": str(version), "state": "UNAVAILABLE", "reason": reason})
+    return out
+
+
+@router.post("/repository/models/{name}/load")
+async def repository_load(name: str, request: Request) -> dict[str, object]:
+    """Loads the version the model's policy picks (the newest intact one, or the pinned one)."""
+    models = get_state(request).models
+    await models.refresh(only=name)
+    model = models.get(name)
+    if model.current is None or model.unloaded:
+        reasons = {**model.refused, **model.failed}
+        raise InvalidInput(f"model {name} could not be loaded: {'; '.join(reasons.values()) or 'no intact version'}")
+    return {}
+
+
+@router.post("/repository/models/{name}/unload")
+async def repository_unload(name: str, request: Request) -> dict[str, object]:
+    """Stops serving the model; its versions finish their admitted work first."""
+    await get_state(request).models.unload(name)
+    return {}

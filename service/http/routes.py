@@ -57,18 +57,28 @@ async def metrics(request: Request) -> Response:
 
 @router.get("/v1/models", response_model=schemas.ModelsResponse, response_model_exclude_none=True)
 async def list_models(request: Request) -> schemas.ModelsResponse:
+    """Every loaded version of every model (`current`: the one requests without a version get), and
+    the versions refused (files that do not match their manifest, or a failed load)."""
     out = []
     for m in get_state(request).models.models.values():
-        info: dict[str, object] = {
-            "name": m.name,
-            "version": m.version,
-            "task": m.task_name,
-            "status": m.status,
-            "error": m.error,
-        }
-        if m.task is not None:
-            info |= {"variant": m.task.variant, **m.task.describe()}
-        out.append(schemas.ModelInfo.model_validate(info))
+        for v in sorted(m.versions.values(), key=lambda v: v.version):
+            info: dict[str, object] = {
+                "name": m.name,
+                "version": v.version,
+                "task": v.task_name,
+                "status": "unloaded" if m.unloaded else v.status,
+                "current": v.version == m.current,
+                "error": v.error,
+            }
+            if v.task is not None:
+                info |= {"variant": v.task.variant, **v.task.describe()}
+                info["figures"] = sorted(v.task.manifest.figures) or None
+            out.append(schemas.ModelInfo.model_validate(info))
+        for version, reason in sorted({**m.refused, **m.failed}.items()):
+            if version not in m.versions:
+                out.append(schemas.ModelInfo(name=m.name, version=version, task=None, status="refused", error=reason))
+        if not m.versions and m.unloaded:
+            out.append(schemas.ModelInfo(name=m.name, version=m.version, task=m.task_name, status="unloaded"))
     return schemas.ModelsResponse(models=out)
 
 
@@ -94,7 +104,7 @@ def _endpoint(cls: type[Task]) -> Callable[[TextsRequest, Request], Awaitable[Ba
         state, deadline = admit(request)
         s = state.settings
         schemas.check_texts(body.texts, s.max_texts, s.max_text_chars)
-        task = state.models.resolve(body.model, cls.name)
+        task = state.models.resolve(body.model, cls.name, body.version)
         set_model(request, task.entry.name)
         return await task.answer(body, deadline)
 

@@ -31,13 +31,15 @@ class ModelInfo(ResponseModel):
     name: str
     version: int
     task: str | None
-    status: Literal["loading", "ready", "failed"]
+    status: Literal["loading", "ready", "failed", "draining", "unloaded", "refused"]
+    current: bool | None = None
     variant: str | None = None
     labels: list[str] | None = None
     max_source_tokens: int | None = None
     max_new_tokens: int | None = None
     source_language: str | None = None
     target_language: str | None = None
+    figures: list[str] | None = Field(default=None, description="pictures at /v1/models/{name}/figures/{figure}")
     error: str | None = None
 
 
@@ -57,7 +59,7 @@ class OipTensor(StrictModel):
     name: str = Field(min_length=1, max_length=64)
     datatype: str
     shape: list[Annotated[int, Field(ge=0)]] = Field(max_length=4)
-    data: list[Any]
+    data: list[Any] | None = Field(default=None, description="absent when parameters.binary_data_size is given")
     parameters: dict[str, Any] | None = None
 
 

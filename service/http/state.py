@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from fastapi import Request
@@ -19,6 +20,7 @@ class AppState:
     metrics: Metrics
     models: ModelSet
     draining: bool = False  # set on shutdown (SIGTERM): /readyz and new requests answer 503
+    watcher: asyncio.Task[None] | None = None  # the store watcher, when SERVE_WATCH_INTERVAL_S > 0
 
     @property
     def ready(self) -> bool:

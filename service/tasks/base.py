@@ -40,6 +40,7 @@ class TextsRequest(StrictModel):
 
     texts: list[str] = Field(min_length=1, description="input texts; answers come back in the same order")
     model: ModelName | None = Field(default=None, description="model name; default: the only (or default) one")
+    version: int | None = Field(default=None, ge=1, description="model version; default: the one serving")
 
 
 @dataclass(frozen=True)

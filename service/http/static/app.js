@@ -1,0 +1,404 @@
+// The try-it page: calls /predict and /translate, draws their attention, shows the training figures.
+// Plain JavaScript, no build step, no outside requests (the page's CSP allows only this origin).
+"use strict";
+
+const $ = (id) => document.getElementById(id);
+
+const CAPTIONS = {
+  curves: "Training curves: loss and the validation metric over the steps",
+  positions: "Sinusoidal positional encodings: position × dimension, and a few dimensions as curves",
+};
+
+// -- talking to the service ------------------------------------------------------------------
+
+class ApiError extends Error {}
+
+/** JSON in, JSON out; any error answer becomes an ApiError carrying the service's own message. */
+async function call(path, body) {
+  const init = body === undefined ? {} : {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(body),
+  };
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (err) {
+    throw new ApiError(`${path}: the service did not answer (${err.message})`);
+  }
+  let data = null;
+  try {
+    data = await response.json();
+  } catch (err) {
+    data = null;
+  }
+  if (!response.ok) {
+    const what = data && data.error ? data.error : response.statusText || "no message";
+    const kind = data && data.type ? `, ${data.type}` : "";
+    throw new ApiError(`${what} (HTTP ${response.status}${kind})`);
+  }
+  if (data === null) throw new ApiError(`${path}: the answer is not JSON`);
+  return data;
+}
+
+function showError(id, err) {
+  const box = $(id);
+  box.textContent = err ? (err instanceof ApiError ? err.message : `Error: ${err.message || err}`) : "";
+  box.hidden = !err;
+  if (err && !(err instanceof ApiError)) console.error(err);
+}
+
+/** Runs one request for a form: busy state, timing, errors shown in the form's error area (the
+ * previous answer is hidden then: it no longer matches the text). */
+async function run(prefix, work) {
+  const button = $(`${prefix}-submit`);
+  const status = $(`${prefix}-status`);
+  button.disabled = true;
+  status.textContent = "Working…";
+  showError(`${prefix}-error`, null);
+  const t0 = performance.now();
+  try {
+    const note = await work();
+    status.textContent = `${note} · ${Math.round(performance.now() - t0)} ms`;
+  } catch (err) {
+    status.textContent = "";
+    for (const part of ["result", "attention"]) $(`${prefix}-${part}`).hidden = true;
+    showError(`${prefix}-error`, err);
+  } finally {
+    button.disabled = false;
+  }
+}
+
+// -- tokens ----------------------------------------------------------------------------------
+
+/** A tokenizer piece as a person reads it: "▁" (word start) dropped; a byte piece as its
+ * character when it is printable ASCII, else as \xNN (one byte of a longer UTF-8 character). */
+function pieceLabel(piece) {
+  const byte = /^<0x([0-9A-Fa-f]{2})>$/.exec(piece);
+  if (byte) {
+    const code = parseInt(byte[1], 16);
+    return code > 0x20 && code < 0x7f ? String.fromCharCode(code) : `\\x${byte[1].toUpperCase()}`;
+  }
+  const text = piece.replace(/\u2581/g, "");
+  return text === "" ? "␣" : text;
+}
+
+function percent(p) {
+  return `${(100 * p).toFixed(1)} %`;
+}
+
+// -- heatmaps --------------------------------------------------------------------------------
+
+function mean(matrices) {
+  const rows = matrices[0].length;
+  const cols = rows ? matrices[0][0].length : 0;
+  const out = Array.from({ length: rows }, () => new Float64Array(cols));
+  for (const m of matrices) {
+    for (let r = 0; r < rows; r++) for (let c = 0; c < cols; c++) out[r][c] += m[r][c] / matrices.length;
+  }
+  return out;
+}
+
+function cssVar(name) {
+  return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
+}
+
+/** Weight -> colour along a light-to-deep ramp (0 is the card's background). */
+function ramp(t) {
+  const stops = [
+    [247, 251, 255], [198, 219, 239], [107, 174, 214], [33, 113, 181], [8, 48, 107],
+  ];
+  const x = Math.min(Math.max(t, 0), 1) * (stops.length - 1);
+  const i = Math.min(Math.floor(x), stops.length - 2);
+  const f = x - i;
+  const c = stops[i].map((v, k) => Math.round(v + (stops[i + 1][k] - v) * f));
+  return `rgb(${c[0]},${c[1]},${c[2]})`;
+}
+
+function fitLabel(ctx, text, max) {
+  if (ctx.measureText(text).width <= max) return text;
+  let s = text;
+  while (s.length > 1 && ctx.measureText(`${s}…`).width > max) s = s.slice(0, -1);
+  return `${s}…`;
+}
+
+/**
+ * Draws `matrix` (rows x cols) on `canvas` with the tokens as axis labels; the colour scale runs
+ * from 0 to the map's largest weight. Pointing at (or tapping) a cell writes it to `readout`.
+ */
+function drawHeatmap(canvas, readout, rowTokens, colTokens, matrix, axes) {
+  const rows = rowTokens.length;
+  const cols = colTokens.length;
+  const ctx = canvas.getContext("2d");
+  const font = `12px ${cssVar("--font") || "sans-serif"}`;
+  ctx.font = font;
+  const rowLabels = rowTokens.map(pieceLabel);
+  const colLabels = colTokens.map(pieceLabel);
+  const labelMax = 110;
+  const left = Math.min(labelMax, Math.max(24, ...rowLabels.map((t) => ctx.measureText(t).width))) + 10;
+  const top = Math.min(labelMax, Math.max(24, ...colLabels.map((t) => ctx.measureText(t).width))) + 10;
+  const room = canvas.parentElement.clientWidth - left - 8;
+  const cell = Math.max(10, Math.min(34, Math.floor(room / Math.max(cols, 1))));
+  const width = left + cols * cell + 8;
+  const height = top + rows * cell + 8;
+  const dpr = window.devicePixelRatio || 1;
+  canvas.width = Math.round(width * dpr);
+  canvas.height = Math.round(height * dpr);
+  canvas.style.width = `${width}px`;
+  canvas.style.height = `${height}px`;
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  ctx.clearRect(0, 0, width, height);
+
+  let top1 = 0;
+  for (const row of matrix) for (const v of row) top1 = Math.max(top1, v);
+  const scale = top1 > 0 ? top1 : 1;
+  for (let r = 0; r < rows; r++) {
+    for (let c = 0; c < cols; c++) {
+      ctx.fillStyle = ramp(matrix[r][c] / scale);
+      ctx.fillRect(left + c * cell, top + r * cell, cell - 1, cell - 1);
+    }
+  }
+  ctx.font = font;
+  ctx.fillStyle = cssVar("--fg") || "#222";
+  ctx.textBaseline = "middle";
+  ctx.textAlign = "right";
+  rowLabels.forEach((t, r) => ctx.fillText(fitLabel(ctx, t, labelMax), left - 6, top + r * cell + cell / 2));
+  colLabels.forEach((t, c) => {
+    ctx.save();
+    ctx.translate(left + c * cell + cell / 2, top - 6);
+    ctx.rotate(-Math.PI / 2);
+    ctx.textAlign = "left";
+    ctx.fillText(fitLabel(ctx, t, labelMax), 0, 0);
+    ctx.restore();
+  });
+  canvas.dataset.rows = String(rows);
+  canvas.dataset.cols = String(cols);
+  canvas.setAttribute("role", "img");
+  canvas.setAttribute("aria-label", `attention heatmap, ${rows} ${axes.rows} × ${cols} ${axes.cols}`);
+
+  const hint = `${axes.rows} × ${axes.cols}; darkest = ${scale.toFixed(3)}. Point at a cell.`;
+  readout.textContent = hint;
+  const pick = (event) => {
+    const box = canvas.getBoundingClientRect();
+    const c = Math.floor((event.clientX - box.left - left) / cell);
+    const r = Math.floor((event.clientY - box.top - top) / cell);
+    if (r < 0 || c < 0 || r >= rows || c >= cols) {
+      readout.textContent = hint;
+      return;
+    }
+    readout.textContent = `“${rowLabels[r]}” → “${colLabels[c]}”: ${matrix[r][c].toFixed(3)}`;
+  };
+  canvas.onmousemove = pick;
+  canvas.onclick = pick;
+  canvas.onmouseleave = () => { readout.textContent = hint; };
+}
+
+function fillSelect(select, options, keep) {
+  const old = keep ? select.value : null;
+  select.replaceChildren(...options.map(([value, text]) => new Option(text, value)));
+  if (old !== null && options.some(([value]) => value === old)) select.value = old;
+}
+
+const redraws = [];
+let resizeTimer = 0;
+window.addEventListener("resize", () => {
+  clearTimeout(resizeTimer);
+  resizeTimer = setTimeout(() => redraws.forEach((f) => f()), 150);
+});
+
+// -- sentiment -------------------------------------------------------------------------------
+
+const sentiment = { attention: null };
+
+function drawSentimentAttention() {
+  const att = sentiment.attention;
+  if (!att) return;
+  const head = $("sentiment-head").value;
+  const matrix = head === "avg" ? mean(att.weights) : att.weights[Number(head)];
+  drawHeatmap($("sentiment-map"), $("sentiment-readout"), att.tokens, att.tokens, matrix, {
+    rows: "tokens", cols: "attended tokens",
+  });
+}
+redraws.push(drawSentimentAttention);
+
+function showPrediction(p) {
+  $("sentiment-label").textContent = p.label;
+  $("sentiment-score").textContent = percent(p.score);
+  $("sentiment-label").dataset.label = p.label;
+  const items = Object.entries(p.scores).map(([label, prob]) => {
+    const li = document.createElement("li");
+    li.className = label === p.label ? "best" : "";
+    const name = document.createElement("span");
+    name.className = "name";
+    name.textContent = label;
+    const track = document.createElement("span");
+    track.className = "track";
+    const fill = document.createElement("span");
+    fill.className = "fill";
+    fill.style.width = `${(100 * prob).toFixed(1)}%`;
+    track.append(fill);
+    const value = document.createElement("span");
+    value.className = "value";
+    value.textContent = percent(prob);
+    li.append(name, track, value);
+    return li;
+  });
+  $("sentiment-bars").replaceChildren(...items);
+  $("sentiment-result").hidden = false;
+
+  sentiment.attention = p.attention || null;
+  $("sentiment-attention").hidden = !p.attention;
+  if (p.attention) {
+    const heads = p.attention.weights.map((_, h) => [String(h), `head ${h + 1}`]);
+    fillSelect($("sentiment-head"), [["avg", "average of heads"], ...heads], true);
+    drawSentimentAttention();
+  }
+}
+
+$("sentiment-head").addEventListener("change", drawSentimentAttention);
+$("sentiment-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  run("sentiment", async () => {
+    const text = $("sentiment-input").value;
+    const data = await call("/predict", { texts: [text], return_attention: true });
+    showPrediction(data.predictions[0]);
+    return `${data.model} v${data.version}`;
+  });
+});
+
+// -- translation -----------------------------------------------------------------------------
+
+const translation = { attention: [] };
+
+function syncDecodeOptions() {
+  const decode = $("decode").value;
+  const beam = $("beam-size");
+  const hyps = $("num-hypotheses");
+  beam.disabled = decode !== "beam";
+  hyps.disabled = decode === "greedy";
+  hyps.max = decode === "beam" ? beam.value : "8";
+  if (Number(hyps.value) > Number(hyps.max)) hyps.value = hyps.max;
+}
+
+function decodeRequest(text) {
+  const decode = $("decode").value;
+  const body = { texts: [text], decode, return_scores: true, return_attention: true };
+  if (decode === "beam") body.beam_size = Number($("beam-size").value);
+  if (decode !== "greedy") body.num_hypotheses = Number($("num-hypotheses").value);
+  return body;
+}
+
+function drawTranslationAttention() {
+  const sentences = translation.attention;
+  if (!sentences.length) return;
+  const m = sentences[Number($("sentence").value) || 0];
+  const layer = $("layer").value;
+  const head = $("head").value;
+  const layers = layer === "avg" ? m.weights : [m.weights[Number(layer)]];
+  const maps = layers.flatMap((heads) => (head === "avg" ? heads : [heads[Number(head)]]));
+  drawHeatmap($("attention-map"), $("translate-readout"), m.target_tokens, m.source_tokens, mean(maps), {
+    rows: "generated tokens", cols: "source tokens",
+  });
+}
+redraws.push(drawTranslationAttention);
+
+function showTranslation(t) {
+  $("translation").textContent = t.text;
+  const score = typeof t.score === "number" ? ` · score ${t.score.toFixed(3)}` : "";
+  const cut = t.finish_reason === "length" ? " · cut at the length limit" : "";
+  $("translation-meta").textContent = `best hypothesis${score}${cut}`;
+  const hyps = t.hypotheses || [];
+  $("nbest").replaceChildren(...hyps.map((h) => {
+    const li = document.createElement("li");
+    const text = document.createElement("span");
+    text.textContent = h.text;
+    text.lang = "de";
+    const score = document.createElement("span");
+    score.className = "score";
+    score.textContent = h.score.toFixed(3) + (h.finish_reason === "length" ? " (cut)" : "");
+    li.append(text, score);
+    return li;
+  }));
+  $("nbest-box").hidden = hyps.length === 0;
+  $("translate-result").hidden = false;
+
+  translation.attention = t.attention || [];
+  $("translate-attention").hidden = translation.attention.length === 0;
+  if (!translation.attention.length) return;
+  const first = translation.attention[0];
+  fillSelect($("sentence"), translation.attention.map((m, i) => {
+    const words = m.source_tokens.filter((p) => p !== "</s>").map(pieceLabel).join(" ");
+    return [String(i), `${i + 1}: ${words.length > 40 ? `${words.slice(0, 40)}…` : words}`];
+  }), false);
+  $("sentence-box").hidden = translation.attention.length < 2;
+  const layers = first.weights.map((_, l) => [String(l), `layer ${l + 1}`]);
+  fillSelect($("layer"), [["avg", "average of layers"], ...layers], true);
+  const heads = (first.weights[0] || []).map((_, h) => [String(h), `head ${h + 1}`]);
+  fillSelect($("head"), [["avg", "average of heads"], ...heads], true);
+  drawTranslationAttention();
+}
+
+for (const id of ["sentence", "layer", "head"]) $(id).addEventListener("change", drawTranslationAttention);
+for (const id of ["decode", "beam-size"]) $(id).addEventListener("change", syncDecodeOptions);
+syncDecodeOptions();
+
+$("translate-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  run("translate", async () => {
+    const data = await call("/translate", decodeRequest($("translate-input").value));
+    showTranslation(data.translations[0]);
+    return `${data.model} v${data.version}`;
+  });
+});
+
+// -- models and their training figures --------------------------------------------------------
+
+function figureBlock(model) {
+  const block = document.createElement("section");
+  block.className = "model-figures";
+  const title = document.createElement("h3");
+  title.textContent = `${model.name} v${model.version}`;
+  const task = document.createElement("small");
+  task.textContent = ` ${model.task || ""}`;
+  title.append(task);
+  block.append(title);
+  const order = (name) => (name === "curves" ? 0 : name === "positions" ? 1 : 2);
+  for (const name of [...model.figures].sort((a, b) => order(a) - order(b) || a.localeCompare(b))) {
+    const figure = document.createElement("figure");
+    const img = document.createElement("img");
+    img.src = `/v1/models/${encodeURIComponent(model.name)}/figures/${encodeURIComponent(name)}`;
+    img.alt = CAPTIONS[name] || name;
+    img.loading = "lazy";
+    img.dataset.figure = `${model.name}/${name}`;
+    const caption = document.createElement("figcaption");
+    caption.textContent = CAPTIONS[name] || name;
+    figure.append(img, caption);
+    block.append(figure);
+  }
+  return block;
+}
+
+async function loadModels() {
+  try {
+    const data = await call("/v1/models");
+    const serving = data.models.filter((m) => m.current !== false && m.status !== "refused");
+    $("models").textContent = serving.length
+      ? `Serving ${serving.map((m) => `${m.name} v${m.version} (${m.task || "?"}, ${m.status})`).join(" · ")}`
+      : "No model is served.";
+    const withFigures = serving.filter((m) => m.figures && m.figures.length);
+    $("figures").replaceChildren(...withFigures.map(figureBlock));
+    if (!withFigures.length) {
+      const none = document.createElement("p");
+      none.className = "muted";
+      none.textContent = "The served versions keep no training figures (exported before figures were kept).";
+      $("figures").append(none);
+    }
+    if (data.models.some((m) => m.status === "loading")) setTimeout(loadModels, 2000);
+  } catch (err) {
+    $("models").textContent = "";
+    $("figures").replaceChildren();
+    showError("models-error", err);
+  }
+}
+
+loadModels();

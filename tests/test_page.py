@@ -1,0 +1,234 @@
+"""The try-it page in a real headless browser (Debian's chromium and chromedriver, through selenium)
+against a real server process over the tiny store; and the page's static routes.
+
+The browser comes from `make browser` (apt-get); the test fails, never skips, when it is missing.
+Screenshots are kept as test artefacts: in the test's tmp folder and in build/test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service as ChromeService
+from selenium.webdriver.chrome.webdriver import WebDriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from service.http import page
+from tests.test_service_e2e import ROOT, Server, run_server
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+ARTIFACTS = ROOT / "build" / "test-artifacts"
+FLAGS = (
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",  # the machine may have no network: nothing may phone home
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--window-size=1280,900",
+    "--hide-scrollbars",
+)
+MAX_TEXT_CHARS = 50  # the server's limit here, so that a long text gets an error answer
+SENTENCE = "A small red dog runs."
+SOURCE = "The cat sees a dog."
+
+
+@pytest.fixture(scope="module")
+def server(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log = tmp_path_factory.mktemp("page") / "server.log"
+    with run_server(tiny_store, log, max_text_chars=str(MAX_TEXT_CHARS)) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
+    assert not missing, f"{', '.join(missing)} missing: `make browser` installs chromium and chromium-driver"
+    folder = tmp_path_factory.mktemp("chromium")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in (*FLAGS, f"--user-data-dir={folder / 'profile'}"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    # An explicit driver path: Selenium Manager is never asked to find or download one.
+    service = ChromeService(executable_path=str(CHROMEDRIVER), log_output=str(folder / "chromedriver.log"))
+    driver = webdriver.Chrome(service=service, options=options)
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def by_id(driver: WebDriver, testid: str) -> WebElement:
+    return driver.find_element(By.CSS_SELECTOR, f'[data-testid="{testid}"]')
+
+
+def type_into(driver: WebDriver, testid: str, text: str) -> None:
+    box = by_id(driver, testid)
+    box.clear()
+    box.send_keys(text)
+
+
+def wait_for(driver: WebDriver, what: str, condition: Callable[[WebDriver], object], timeout: float = 60) -> None:
+    WebDriverWait(driver, timeout).until(condition, f"timed out waiting for {what}")
+
+
+def painted(driver: WebDriver, testid: str) -> bool:
+    """The heatmap canvas has rows and columns and at least one drawn pixel."""
+    return bool(
+        driver.execute_script(
+            """
+            const c = document.querySelector(`[data-testid="${arguments[0]}"]`);
+            if (!c || !(Number(c.dataset.rows) > 0 && Number(c.dataset.cols) > 0) || !c.width) return false;
+            const px = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+            for (let i = 3; i < px.length; i += 4) if (px[i] > 0) return true;
+            return false;
+            """,
+            testid,
+        )
+    )
+
+
+def severe(driver: WebDriver) -> list[str]:
+    return [e["message"] for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+
+
+def screenshot(driver: WebDriver, tmp_path: Path, name: str, width: int) -> Path:
+    """A full-page PNG at `width` CSS pixels, kept in tmp_path and build/test-artifacts/."""
+    driver.set_window_size(width, 900)
+    time.sleep(0.4)  # the page redraws its heatmaps 150 ms after a resize
+    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    clip = {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
+    )
+    path = tmp_path / name
+    path.write_bytes(base64.b64decode(shot["data"]))
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(path, ARTIFACTS / name)
+    print(f"screenshot: {path} (also {ARTIFACTS / name})")
+    return path
+
+
+def test_page_classifies_translates_and_draws_attention(server: Server, browser: WebDriver, tmp_path: Path) -> None:
+    browser.get(server.url + "/")
+    type_into(browser, "sentiment-input", SENTENCE)
+    by_id(browser, "sentiment-submit").click()
+    type_into(browser, "translate-input", SOURCE)
+    by_id(browser, "translate-submit").click()
+
+    wait_for(browser, "the sentiment result", lambda d: by_id(d, "sentiment-result").is_displayed())
+    wait_for(browser, "the translation", lambda d: by_id(d, "translation").is_displayed())
+    wait_for(browser, "the cross-attention heatmap", lambda d: painted(d, "attention-map"))
+    wait_for(browser, "the self-attention heatmap", lambda d: painted(d, "sentiment-attention-map"))
+
+    # The page shows what the API answers for the same request (the page's default decoding).
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        prediction = c.post("/predict", json={"texts": [SENTENCE]}).json()["predictions"][0]
+        body = {"texts": [SOURCE], "decode": "beam", "beam_size": 4, "num_hypotheses": 3, "return_attention": True}
+        translated = c.post("/translate", json=body).json()["translations"][0]
+    result = by_id(browser, "sentiment-result")
+    assert result.find_element(By.ID, "sentiment-label").get_attribute("textContent") == prediction["label"]
+    assert len(result.find_elements(By.CSS_SELECTOR, ".bars li")) == len(prediction["scores"])
+    assert by_id(browser, "translation").text == translated["text"].strip()
+    nbest = [li.text for li in by_id(browser, "nbest").find_elements(By.TAG_NAME, "li")]
+    assert len(nbest) == len(translated["hypotheses"]) == 3
+    [attention] = translated["attention"]
+    heatmap = by_id(browser, "attention-map")
+    rows, cols = int(heatmap.get_attribute("data-rows") or 0), int(heatmap.get_attribute("data-cols") or 0)
+    assert (rows, cols) == (len(attention["target_tokens"]), len(attention["source_tokens"]))
+
+    # The training pictures of both served versions load (through the figures route).
+    browser.find_element(By.CSS_SELECTOR, "#training > summary").click()
+    images = "#figures img"
+    wait_for(
+        browser,
+        "the training figures",
+        lambda d: (
+            len(d.find_elements(By.CSS_SELECTOR, images)) == 3
+            and all(
+                d.execute_script("return arguments[0].complete && arguments[0].naturalWidth > 0", img)
+                for img in d.find_elements(By.CSS_SELECTOR, images)
+            )
+        ),
+    )
+
+    screenshot(browser, tmp_path, "page.png", 1280)
+    screenshot(browser, tmp_path, "page-phone.png", 390)
+    assert painted(browser, "attention-map")  # redrawn at the phone's width
+    assert browser.execute_script("return document.documentElement.scrollWidth <= window.innerWidth")  # no sideways
+    browser.set_window_size(1280, 900)
+    assert severe(browser) == []
+
+
+def test_decode_options_and_a_sentence_selector(server: Server, browser: WebDriver) -> None:
+    browser.get(server.url + "/")
+    Select(by_id(browser, "decode")).select_by_value("sample")
+    assert not by_id(browser, "beam-size").is_enabled() and by_id(browser, "num-hypotheses").is_enabled()
+    type_into(browser, "num-hypotheses", "2")
+    type_into(browser, "translate-input", "The cat sees a dog. A small dog runs.")
+    by_id(browser, "translate-submit").click()
+    wait_for(browser, "two sampled hypotheses", lambda d: len(by_id(d, "nbest").find_elements(By.TAG_NAME, "li")) == 2)
+    sentence = Select(browser.find_element(By.ID, "sentence"))
+    assert browser.find_element(By.ID, "sentence-box").is_displayed() and len(sentence.options) == 2
+    sentence.select_by_value("1")
+    layer, head = Select(browser.find_element(By.ID, "layer")), Select(browser.find_element(By.ID, "head"))
+    layer.select_by_value("1")
+    head.select_by_value("0")
+    assert painted(browser, "attention-map")
+    Select(by_id(browser, "decode")).select_by_value("greedy")
+    assert not by_id(browser, "num-hypotheses").is_enabled()
+    by_id(browser, "translate-submit").click()
+    wait_for(
+        browser, "the greedy answer (no n-best list)", lambda d: not d.find_element(By.ID, "nbest-box").is_displayed()
+    )
+    assert not by_id(browser, "translate-error").is_displayed() and by_id(browser, "translation").is_displayed()
+    assert severe(browser) == []
+
+
+def test_an_api_error_is_shown(server: Server, browser: WebDriver, tmp_path: Path) -> None:
+    browser.get(server.url + "/")
+    too_long = "The cat sees a dog. " * 4  # 80 characters; the server takes 50
+    for box in ("translate", "sentiment"):
+        type_into(browser, f"{box}-input", too_long)
+        by_id(browser, f"{box}-submit").click()
+        wait_for(browser, f"the {box} error", lambda d, box=box: by_id(d, f"{box}-error").is_displayed())
+        shown = by_id(browser, f"{box}-error").text
+        assert "413" in shown and f"at most {MAX_TEXT_CHARS}" in shown, shown
+    screenshot(browser, tmp_path, "page-error.png", 1280)
+    browser.set_window_size(1280, 900)
+    # The browser itself reports the failed requests; nothing else may go wrong.
+    assert [m for m in severe(browser) if "status of 413" not in m] == []
+
+
+def test_static_routes_send_only_known_files_under_a_strict_policy(server: Server) -> None:
+    with httpx.Client(base_url=server.url, timeout=10) as c:
+        r = c.get("/")
+        assert r.status_code == 200 and r.headers["content-type"] == "text/html; charset=utf-8"
+        assert "default-src 'self'" in r.headers["content-security-policy"]
+        assert r.headers["x-content-type-options"] == "nosniff"
+        linked = set(re.findall(r'(?:src|href)="/static/([^"]+)"', r.text))
+        assert linked == {"app.js", "style.css", "favicon.svg"}
+        for name, kind in page.ASSETS.items():
+            r = c.get(f"/static/{name}")
+            assert r.status_code == 200 and r.headers["content-type"] == kind, name
+            assert r.headers["content-security-policy"] == page.CSP
+            if name != "favicon.svg":  # (its xmlns is a name, not a request)
+                assert not re.search(r"https?://", r.text), f"{name} refers outside the service"
+        for path in ("/static/page.py", "/static/..%2Fpage.py", "/static/%2e%2e%2fpage.py", "/static/"):
+            r = c.get(path)
+            assert r.status_code == 404 and r.json()["type"] == "not_found", path

@@ -1,0 +1,104 @@
+"""Hot reload under load: a new version appears in the store while clients keep sending requests."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.test_service_e2e import run_server
+
+
+def add_version(model_dir: Path, source: int, version: int, corrupt: str | None = None) -> None:
+    """Copies a version as the exporter publishes one: built hidden, renamed into place at once."""
+    tmp = model_dir / f".v{version}"
+    shutil.copytree(model_dir / str(source), tmp)
+    manifest = json.loads((tmp / "manifest.json").read_text())
+    manifest["version"] = version
+    (tmp / "manifest.json").write_text(json.dumps(manifest))
+    if corrupt:
+        data = bytearray((tmp / corrupt).read_bytes())
+        data[len(data) // 2] ^= 0x55
+        (tmp / corrupt).write_bytes(bytes(data))
+    tmp.rename(model_dir / str(version))
+
+
+def metric(text: str, name: str) -> float:
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
+
+
+def test_a_new_version_takes_over_without_losing_a_request(tiny_store: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(tiny_store, store)
+    statuses: Counter[int] = Counter()
+    versions: list[int] = []
+    stop = threading.Event()
+
+    def client(url: str) -> None:
+        with httpx.Client(base_url=url, timeout=30) as c:
+            while not stop.is_set():
+                r = c.post("/translate", json={"texts": ["The cat sees a dog."], "decode": "greedy"})
+                statuses[r.status_code] += 1
+                if r.status_code == 200:
+                    versions.append(r.json()["version"])
+
+    with run_server(store, tmp_path / "server.log", watch_interval_s="0.2") as server:
+        threads = [threading.Thread(target=client, args=(server.url,)) for _ in range(3)]
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(0.5)
+            add_version(store / "tiny-mt", 1, 2)
+            end = time.monotonic() + 30
+            while not versions or versions[-1] != 2:
+                assert time.monotonic() < end, "version 2 never served"
+                time.sleep(0.05)
+            switched = len(versions)
+            time.sleep(0.5)
+            assert set(versions[switched:]) == {2}  # every request after the switch: the new version
+            add_version(store / "tiny-mt", 2, 3, corrupt="decoder.onnx")
+            time.sleep(1.5)
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(30)
+        with httpx.Client(base_url=server.url, timeout=30) as c:
+            models = c.get("/v1/models").json()["models"]
+            metrics = c.get("/metrics").text
+    assert set(statuses) == {200}, statuses  # nothing failed or was dropped during the switch
+    assert versions[-1] == 2  # the corrupt version 3 was refused; 2 kept serving
+    mt = {m["version"]: m for m in models if m["name"] == "tiny-mt"}
+    assert mt[2]["status"] == "ready" and mt[2]["current"] is True
+    assert mt[3]["status"] == "refused" and "decoder.onnx" in mt[3]["error"]
+    assert 1 not in mt  # the old version finished its work and was unloaded
+    assert metric(metrics, 'inference_model_loads_total{model="tiny-mt",result="refused"}') == 1
+    assert metric(metrics, 'inference_model_loads_total{model="tiny-mt",result="loaded"}') == 1
+
+
+@pytest.mark.parametrize("pinned", [True, False])
+def test_version_policy_and_repository_api(tiny_store: Path, tmp_path: Path, pinned: bool) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(tiny_store, store)
+    add_version(store / "tiny-clf", 1, 2)
+    settings = {"model_versions": "tiny-clf=1"} if pinned else {}
+    with run_server(store, tmp_path / "server.log", **settings) as server, httpx.Client(base_url=server.url) as c:
+        want = 1 if pinned else 2
+        assert c.post("/predict", json={"texts": ["fine"]}).json()["version"] == want
+        r = c.post("/predict", json={"texts": ["fine"], "version": 3 - want})
+        assert r.status_code == 404 and "no loaded version" in r.json()["error"]
+        assert c.post("/v2/repository/models/tiny-clf/unload").status_code == 200
+        r = c.post("/predict", json={"texts": ["fine"], "model": "tiny-clf"})
+        assert r.status_code == 503
+        index = c.post("/v2/repository/index").json()
+        assert {"name": "tiny-mt", "version": "1", "state": "READY", "reason": ""} in index
+        assert not [m for m in index if m["name"] == "tiny-clf" and m["state"] == "READY"]
+        assert c.post("/v2/repository/models/tiny-clf/load").status_code == 200
+        assert c.post("/predict", json={"texts": ["fine"]}).json()["version"] == want
+        r = c.post("/v2/repository/models/nope/load")
+        assert r.status_code == 404 and set(r.json()) == {"error"}
