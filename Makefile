@@ -25,15 +25,15 @@ install: $(VENV)/.installed
 data: install
 	$(PYTHON) -m export.data --data-dir $(DATA)
 
-# Default models: replays the bundled runs by step count (they ran with time budgets of 15+15 and
-# 70 minutes on one thread each; README "Bundled default models"). DEVICE=cuda trains on a GPU.
+# Default models: the bundled runs, step for step (docs/data-and-training.md). Each run resumes
+# from its last evaluation when interrupted: run the same command again. DEVICE=cuda trains on a GPU.
 train-classifier: install
 	$(PYTHON) -m export.train classifier --data-dir $(DATA) --out $(RUNS)/sentiment --device $(DEVICE) \
-		--threads 1 --pretrain-steps 515 --steps 1827 --eval-every 250 --patience 5
+		--threads 1 --pretrain-steps 6000 --pretrain-eval-every 500 --steps 3000 --eval-every 250 --patience 6
 
 train-translator: install
 	$(PYTHON) -m export.train translator --data-dir $(DATA) --out $(RUNS)/en-de --device $(DEVICE) \
-		--threads 1 --steps 3081 --lr 1.5e-3 --warmup 200 --eval-every 250 --patience 8
+		--threads 1 --steps 10000 --lr 1.5e-3 --warmup 400 --eval-every 500 --patience 8
 
 train: train-classifier train-translator
 
@@ -48,8 +48,9 @@ serve: install
 	SERVE_MODEL_STORE=$${SERVE_MODEL_STORE:-$(STORE)} $(PYTHON) -m service
 
 # Load benchmark of the real server against the engine offline (a report; run it on an idle machine).
-# Writes bench/results/service.json. Smoke run: $(PYTHON) -m bench.service_load --fallback-store DIR --smoke
+# Writes bench/results/service.json. Smoke run: $(PYTHON) -m bench.service_load --smoke
 bench-service: install
+	@command -v wrk >/dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends wrk
 	$(PYTHON) -m bench.service_load --store $(STORE)
 
 # tests/test_page.py drives a real headless browser: Debian's chromium and its chromedriver.

@@ -1,82 +1,115 @@
-"""Service load benchmark: the real server under concurrent clients against the engine offline.
+"""Service load benchmark (`make bench-service`): the real server under a compiled load generator.
 
-    make bench-service                                         # default models in model_store/
-    python bench/service_load.py --store model_store --fallback-store /tmp/store --smoke
+    make bench-service                          # the bundled models in model_store/
+    python -m bench.service_load --smoke        # seconds-long run of every part, for a check
 
-A report, not a test. The script starts `python -m service` as a subprocess on a free loopback
-port, then for /predict and /translate drives it with async httpx clients at each concurrency
-(1, 8, 32, 64 by default; one text per request, a bounded number of requests per level) and
-records throughput and p50/p95/p99 latency. In the same run it loads the same model in this
-process with the same thread count and measures, on the same texts and decode parameters:
+A report, not a test. The server (`python -m service`) and the load generator (Debian's `wrk`
+with a Lua script, outside the server's Python) run pinned to different CPUs (`--server-cpus`,
+`--client-cpus`; 0 and 1 by default, so on a 2-core machine each has one core), and the engine
+offline is measured in a process pinned to the server's CPUs with the same thread count, on
+the same texts. Parts:
 
-- offline batch throughput: the texts in batches of SERVE_MAX_BATCH_SIZE, straight into the engine;
-- compute latency of each text alone (batch of 1), the floor for a request at concurrency 1.
-
-Targets: served throughput at 32 clients >= 0.8x offline; p50 of (request latency - that text's
-compute latency) <= 2 ms at concurrency 1. Client and server share this machine's cores, so the
-client's own CPU time counts against the server: run it on an otherwise idle machine.
+1. scheduling (`/translate`): a mix of short and long texts, 80 % greedy and 20 % beam 4. The
+   saturation throughput of the step scheduler is measured with closed-loop connections; then
+   arrivals at 25/50/75/100 % of it (each connection waits an exponential time after each
+   answer, many connections: close to Poisson arrivals while answers are fast) against the step
+   scheduler and the request-level batcher (`SERVE_SCHEDULER=request`) in the same run.
+   Short greedy requests and the rest run as two wrk processes, so each has its own latency
+   percentiles.
+2. HTTP path: served ÷ offline throughput at 32 connections, one text per request (/predict,
+   /translate beam 4) and 8 texts per request (/predict); the added latency of HTTP + queueing
+   at one connection (p50 served latency - the engine's time for that text alone).
+Writes bench/results/service.json and prints markdown tables.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import os
 import platform
-import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
-
-from bench.engines import load_engine
-from service.engine import runtime
-from service.engine.classifier import ClassifierEngine
-from service.engine.decoding import DecodeParams
-from service.engine.runtime import LoadOptions
-from service.engine.translator import TranslatorEngine
-from service.errors import InputTooLong
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# Built-in English texts (reviews and UI strings, short to long) when --texts is not given.
-TEXTS = [
+SHORT = [
     "Open file",
     "Save the document before closing the window.",
-    "The movie was great, I loved every minute of it.",
-    "This is the worst service I have ever used.",
     "Could not find the requested package.",
     "Print the current page",
-    "The battery lasts all day and the screen is bright.",
     "Select a folder to import the photos from.",
-    "I am not sure how I feel about the ending.",
     "Delete all selected items?",
-    "The update failed because the disk is full.",
-    "Absolutely fantastic, would buy again!",
     "Show hidden files",
-    "The food was cold and the waiter was rude.",
-    "Connect to the network and try again.",
-    "It works, but the setup took far too long.",
     "Rename the layer",
-    "An error occurred while reading the configuration file.",
-    "What a boring and predictable film.",
     "Press any key to continue.",
-    "The new version is faster and uses less memory than the old one.",
-    "Insert a table with three columns and two rows.",
-    "Nothing special, just an average product.",
     "Close all other tabs",
 ]
+LONG = [
+    "The update failed because the disk is full. Free some space and try again. "
+    "If the problem persists, check the log file for details.",
+    "An error occurred while reading the configuration file. The default settings are used instead. "
+    "You can change them in the preferences dialog.",
+    "The new version is faster and uses less memory than the old one. It also supports more file formats. "
+    "Your documents are converted when you open them.",
+    "Insert a table with three columns and two rows. Then select the first row and make it bold. "
+    "Save the document when you are done.",
+]
+REVIEWS = [
+    "The movie was great, I loved every minute of it.",
+    "This is the worst service I have ever used.",
+    "The battery lasts all day and the screen is bright.",
+    "I am not sure how I feel about the ending.",
+    "Absolutely fantastic, would buy again!",
+    "The food was cold and the waiter was rude.",
+    "It works, but the setup took far too long.",
+    "Nothing special, just an average product.",
+]
+
+LUA = """
+local bodies = {BODIES}
+local path = "{PATH}"
+local mean_delay = {DELAY}
+local headers = {{["Content-Type"] = "application/json"}}
+codes = {{}}
+local threads = {{}}
+
+function setup(thread) table.insert(threads, thread) end
+function init(args) math.randomseed(os.time() + {SEED}) end
+function request() return wrk.format("POST", path, headers, bodies[math.random(#bodies)]) end
+function delay()
+  if mean_delay <= 0 then return 0 end
+  return -math.log(1 - math.random()) * mean_delay
+end
+function response(status, h, body)
+  local k = tostring(status)
+  codes[k] = (codes[k] or 0) + 1
+end
+function done(summary, latency, requests)
+  local all = {{}}
+  for _, t in ipairs(threads) do
+    for k, v in pairs(t:get("codes")) do all[k] = (all[k] or 0) + v end
+  end
+  local parts = {{}}
+  for k, v in pairs(all) do table.insert(parts, string.format('"%s": %d', k, v)) end
+  io.write(string.format('WRKJSON {{"requests": %d, "seconds": %.3f, "p50_ms": %.3f, "p90_ms": %.3f, ' ..
+    '"p99_ms": %.3f, "mean_ms": %.3f, "socket_errors": %d, "codes": {{%s}}}}\\n',
+    summary.requests, summary.duration / 1e6, latency:percentile(50) / 1e3, latency:percentile(90) / 1e3,
+    latency:percentile(99) / 1e3, latency.mean / 1e3,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    table.concat(parts, ", ")))
+end
+"""
 
 
 def free_port() -> int:
@@ -85,293 +118,219 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+def lua_string(s: str) -> str:
+    return json.dumps(s)  # a JSON string literal is a valid Lua string literal for these texts
 
 
-# -- the store, the texts and the offline reference ------------------------------------------------
+def wrk(
+    url: str, path: str, bodies: Sequence[dict[str, Any]], connections: int, seconds: float, cpus: str, rate: float = 0
+) -> subprocess.Popen[str]:
+    """Starts one wrk process; `rate` > 0: each connection waits exp(connections / rate) after each answer."""
+    delay_ms = 1000.0 * connections / rate if rate > 0 else 0.0
+    script = LUA.format(
+        BODIES="{" + ", ".join(lua_string(json.dumps(b)) for b in bodies) + "}",
+        PATH=path,
+        DELAY=f"{delay_ms:.3f}",
+        SEED=os.getpid() % 1000 + connections,
+    )
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(script)
+    cmd = ["taskset", "-c", cpus, "wrk", "-t1", f"-c{connections}", f"-d{max(1, round(seconds))}s", "--timeout", "60s"]
+    return subprocess.Popen([*cmd, "-s", f.name, url], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def pick_store(store: Path, fallback: Path | None) -> Path:
-    def usable(p: Path) -> bool:
-        return p.is_dir() and any(e.manifest is not None for e in store.scan(p))
-
-    if usable(store):
-        return store
-    if fallback is not None and usable(fallback):
-        print(f"{store}: no usable model; using the fallback store {fallback}")
-        return fallback
-    raise SystemExit(f"no usable model in {store}" + (f" or {fallback}" if fallback else ""))
-
-
-def load_texts(path: Path | None, n: int) -> list[str]:
-    texts = TEXTS
-    if path is not None:
-        lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
-        texts = [json.loads(ln).get("text", "") if ln.startswith("{") else ln for ln in lines]
-    return [texts[i % len(texts)] for i in range(n)]
-
-
-def fitting(engine: ClassifierEngine | TranslatorEngine, texts: list[str]) -> list[str]:
-    """Texts within the model's source limit (the server would answer 413 for the others)."""
-    out = []
-    for t in texts:
-        with contextlib.suppress(InputTooLong):
-            engine.encode([t])
-            out.append(t)
-    return out
-
-
-def offline(
-    engine: ClassifierEngine | TranslatorEngine, texts: list[str], params: DecodeParams | None, batch: int, reps: int
-) -> dict[str, Any]:
-    """Batch throughput (texts/s, best of `reps`) and each text's compute latency alone (median of reps)."""
-
-    def run(chunk: list[str]) -> None:
-        ids = engine.encode(chunk)
-        if isinstance(engine, ClassifierEngine):
-            engine.classify_ids(ids)
-        else:
-            assert params is not None
-            engine.translate_ids(ids, params)
-
-    run(texts[:batch])  # warm
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for i in range(0, len(texts), batch):
-            run(texts[i : i + batch])
-        best = min(best, time.perf_counter() - t0)
-    alone: dict[str, float] = {}
-    for t in dict.fromkeys(texts):
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            run([t])
-            times.append(time.perf_counter() - t0)
-        alone[t] = statistics.median(times)
-    return {"throughput": len(texts) / best, "alone_s": alone}
-
-
-# -- the server and the clients -------------------------------------------------------------------
+def wrk_result(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, _ = proc.communicate()
+    for line in out.splitlines():
+        if line.startswith("WRKJSON "):
+            result: dict[str, Any] = json.loads(line[len("WRKJSON ") :])
+            result["per_s"] = result["requests"] / result["seconds"] if result["seconds"] else 0.0
+            return result
+    raise RuntimeError(f"wrk gave no result:\n{out[-2000:]}")
 
 
 @contextlib.contextmanager
-def server(store: Path, args: argparse.Namespace, log: Path) -> Iterator[str]:
+def server(store: Path, cpus: str, threads: int, log: Path, **settings: str) -> Iterator[str]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_")}
-    env |= {
-        "SERVE_MODEL_STORE": str(store),
-        "SERVE_PORT": str(port),
-        "SERVE_THREADS": str(args.threads),
-        "SERVE_MAX_BATCH_SIZE": str(args.batch),
-        "SERVE_MAX_WAIT_MS": str(args.max_wait_ms),
-        "SERVE_MAX_QUEUE": str(max(512, 4 * max(args.concurrency))),
-        "SERVE_LOG_LEVEL": args.server_log_level,
-    }
+    env |= {"SERVE_MODEL_STORE": str(store), "SERVE_PORT": str(port), "SERVE_THREADS": str(threads)}
+    env |= {"SERVE_LOG_LEVEL": "warning", "SERVE_MAX_QUEUE": "100000", "SERVE_REQUEST_TIMEOUT_S": "120"}
+    env |= {f"SERVE_{k.upper()}": v for k, v in settings.items()}
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            ["taskset", "-c", cpus, sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=out, stderr=out
+        )
     url = f"http://127.0.0.1:{port}"
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=out, stderr=out)
     try:
-        end = time.monotonic() + 120
+        end = time.monotonic() + 180
         while True:
             if proc.poll() is not None:
-                raise SystemExit(f"the server exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-            if time.monotonic() > end:
-                raise SystemExit(f"the server was not ready after 120 s:\n{log.read_text()[-3000:]}")
+                raise RuntimeError(f"server exited with {proc.returncode}; see {log}")
             with contextlib.suppress(httpx.TransportError):
                 if httpx.get(url + "/readyz", timeout=2).status_code == 200:
                     break
+            if time.monotonic() > end:
+                raise RuntimeError(f"server not ready after 180 s; see {log}")
             time.sleep(0.2)
         yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
+        proc.terminate()
         try:
-            proc.wait(30)
+            proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait()
 
 
-async def drive(
-    url: str, path: str, bodies: list[dict[str, Any]], concurrency: int, time_limit: float
-) -> dict[str, Any]:
-    """Sends every body once (fewer if `time_limit` passes) from `concurrency` clients."""
-    latencies: list[float] = [float("nan")] * len(bodies)
-    errors: dict[str, int] = {}
-    next_index = 0
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=120) as client:
-        for body in bodies[: min(len(bodies), concurrency)]:  # warm connections and the path
-            await client.post(path, json=body)
-        stop_at = time.perf_counter() + time_limit
-
-        async def worker() -> None:
-            nonlocal next_index
-            while next_index < len(bodies) and time.perf_counter() < stop_at:
-                i = next_index
-                next_index += 1
-                t0 = time.perf_counter()
-                r = await client.post(path, json=bodies[i])
-                latencies[i] = time.perf_counter() - t0
-                if r.status_code != 200:
-                    errors[str(r.status_code)] = errors.get(str(r.status_code), 0) + 1
-
-        t0 = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall = time.perf_counter() - t0
-    done = [x for x in latencies if x == x]
-    return {"latencies": latencies, "requests": len(done), "wall_s": wall, "errors": errors}
+def offline(args: argparse.Namespace) -> dict[str, Any]:
+    """The engine alone, in a process pinned like the server: its throughput and single-text latency."""
+    cmd = ["taskset", "-c", args.server_cpus, sys.executable, "-m", "bench.offline", "--store", str(args.store)]
+    cmd += ["--threads", str(args.threads), "--seconds", str(args.offline_seconds)]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"offline measurement failed:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-# -- the run --------------------------------------------------------------------------------------
+def translate_bodies(decode: str, texts: Sequence[str]) -> list[dict[str, Any]]:
+    extra = {"decode": "greedy"} if decode == "greedy" else {"beam_size": 4}
+    return [{"texts": [t], **extra} for t in texts]
 
 
-def bench_endpoint(
-    url: str,
-    endpoint: str,
-    engine: ClassifierEngine | TranslatorEngine,
-    texts: list[str],
-    params: DecodeParams | None,
-    args: argparse.Namespace,
-) -> dict[str, Any]:
-    ref = offline(engine, texts, params, args.batch, args.offline_reps)
-    extra: dict[str, Any] = {}
-    if params is not None:
-        extra = {"beam_size": params.beam_size, "max_new_tokens": params.max_new_tokens}
-    model = engine.manifest.name
-    rows = []
-    for c in args.concurrency:
-        n = max(args.requests, 2 * c)
-        bodies = [{"texts": [texts[i % len(texts)]], "model": model, **extra} for i in range(n)]
-        out = asyncio.run(drive(url, endpoint, bodies, c, args.time_limit))
-        lat = [x for x in out["latencies"] if x == x]
-        throughput = out["requests"] / out["wall_s"]  # one text per request
-        row = {
-            "concurrency": c,
-            "requests": out["requests"],
-            "errors": out["errors"],
-            "throughput": throughput,
-            "vs_offline": throughput / ref["throughput"],
-            "p50_ms": percentile(lat, 50) * 1e3,
-            "p95_ms": percentile(lat, 95) * 1e3,
-            "p99_ms": percentile(lat, 99) * 1e3,
+def scheduling(args: argparse.Namespace, log: Path) -> dict[str, Any]:
+    """Part 1: the step scheduler against request-level batches, open-loop arrivals of the mix."""
+    short_greedy = translate_bodies("greedy", SHORT)
+    rest = translate_bodies("greedy", LONG) * 3 + translate_bodies("beam", SHORT + LONG)  # 2 of 5 short greedy
+    share = 0.5  # the short greedy requests' share of the arrivals (80 % greedy, half of the texts short)
+    out: dict[str, Any] = {"mix": "short and long texts, 80 % greedy and 20 % beam 4", "levels": {}}
+    with server(args.store, args.server_cpus, args.threads, log) as url:
+        sat = wrk_result(wrk(url, "/translate", short_greedy + rest, 64, args.seconds, args.client_cpus))
+    capacity = sat["per_s"]
+    out["capacity_per_s"] = capacity
+    for scheduler in ("step", "request"):
+        with server(args.store, args.server_cpus, args.threads, log, scheduler=scheduler) as url:
+            closed = wrk_result(wrk(url, "/translate", short_greedy + rest, 64, args.seconds, args.client_cpus))
+            out.setdefault("saturation_per_s", {})[scheduler] = closed["per_s"]
+            for level in args.levels:
+                rate = level * capacity
+                conns = max(8, min(256, int(rate * 2)))
+                a = wrk(url, "/translate", short_greedy, conns, args.seconds, args.client_cpus, rate * share)
+                b = wrk(url, "/translate", rest, conns, args.seconds, args.client_cpus, rate * (1 - share))
+                ra, rb = wrk_result(a), wrk_result(b)
+                out["levels"].setdefault(str(level), {})[scheduler] = {"short_greedy": ra, "rest": rb}
+                print(
+                    f"  {scheduler:<8} {level:.0%}: short greedy p50 {ra['p50_ms']:.0f} p99 {ra['p99_ms']:.0f} ms, "
+                    f"rest p99 {rb['p99_ms']:.0f} ms, {ra['per_s'] + rb['per_s']:.1f} req/s",
+                    flush=True,
+                )
+    return out
+
+
+def http_path(args: argparse.Namespace, off: dict[str, Any], log: Path) -> dict[str, Any]:
+    """Part 2: served ÷ offline at 32 connections, and the added latency at one connection."""
+    out: dict[str, Any] = {}
+    one = [{"texts": [t]} for t in REVIEWS]
+    eight = [{"texts": REVIEWS}]
+    beam = translate_bodies("beam", SHORT)
+    with server(args.store, args.server_cpus, args.threads, log) as url:
+        cases = {
+            "predict_1_text": ("/predict", one, 32, off["predict_texts_per_s"], 1),
+            "predict_8_texts": ("/predict", eight, 32, off["predict_texts_per_s"], 8),
+            "translate_beam4_1_text": ("/translate", beam, 32, off["translate_beam4_texts_per_s"], 1),
         }
-        if c == 1:
-            overhead = [x - ref["alone_s"][bodies[i]["texts"][0]] for i, x in enumerate(out["latencies"]) if x == x]
-            row["p50_overhead_ms"] = percentile(overhead, 50) * 1e3
-            row["p50_compute_ms"] = statistics.median(ref["alone_s"].values()) * 1e3
-        rows.append(row)
-        print(f"  {endpoint} c={c}: {throughput:.1f} texts/s, p50 {row['p50_ms']:.2f} ms", flush=True)
-    targets: dict[str, Any] = {}
-    at32 = next((r for r in rows if r["concurrency"] == 32), None)
-    at1 = next((r for r in rows if r["concurrency"] == 1), None)
-    if at32:
-        targets["throughput_32_vs_offline>=0.8"] = at32["vs_offline"] >= 0.8
-    if at1:
-        targets["p50_overhead_1<=2ms"] = at1["p50_overhead_ms"] <= 2.0
-    return {
-        "endpoint": endpoint,
-        "model": f"{model}/{engine.manifest.version}",
-        "variant": engine.variant,
-        "decode": extra or None,
-        "offline_throughput": ref["throughput"],
-        "rows": rows,
-        "targets": targets,
-    }
+        for name, (path, bodies, conns, offline_rate, texts) in cases.items():
+            r = wrk_result(wrk(url, path, bodies, conns, args.seconds, args.client_cpus))
+            served = r["per_s"] * texts
+            out[name] = {
+                "served_texts_per_s": served,
+                "offline_texts_per_s": offline_rate,
+                "ratio": served / offline_rate,
+            }
+            out[name] |= {"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"], "codes": r["codes"]}
+            print(f"  {name}: {served:.0f} texts/s served, {served / offline_rate:.2f}x offline", flush=True)
+        r = wrk_result(wrk(url, "/predict", one, 1, args.seconds, args.client_cpus))
+        out["predict_one_connection"] = {
+            "p50_ms": r["p50_ms"],
+            "engine_single_ms": off["predict_single_ms"],
+            "added_p50_ms": r["p50_ms"] - off["predict_single_ms"],
+        }
+        print(f"  /predict at 1 connection: p50 {r['p50_ms']:.2f} ms, engine {off['predict_single_ms']:.2f} ms")
+    return out
 
 
-def table(results: dict[str, Any]) -> str:
-    lines = [
-        "| endpoint | clients | texts/s | x offline | p50 ms | p95 ms | p99 ms | p50 overhead ms | errors |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for ep in results["endpoints"]:
-        for r in ep["rows"]:
-            over = f"{r['p50_overhead_ms']:.2f}" if "p50_overhead_ms" in r else ""
+def markdown(results: dict[str, Any]) -> str:
+    s = results.get("scheduling")
+    lines = []
+    if s:
+        lines += [
+            f"Scheduling, /translate ({s['mix']}); capacity {s['capacity_per_s']:.1f} requests/s "
+            f"(step scheduler, closed loop); saturation: step {s['saturation_per_s']['step']:.1f}, "
+            f"request-level {s['saturation_per_s']['request']:.1f} requests/s.",
+            "",
+            "| load | scheduler | short greedy p50 ms | short greedy p99 ms | rest p99 ms | requests/s |",
+            "|---|---|---:|---:|---:|---:|",
+        ]
+        for level, by in s["levels"].items():
+            for name, r in by.items():
+                a, b = r["short_greedy"], r["rest"]
+                lines.append(
+                    f"| {float(level):.0%} | {name} | {a['p50_ms']:.0f} | {a['p99_ms']:.0f} | {b['p99_ms']:.0f} | "
+                    f"{a['per_s'] + b['per_s']:.1f} |"
+                )
+    h = results.get("http")
+    if h:
+        lines += ["", "| HTTP path | texts/s served | offline | served ÷ offline |", "|---|---:|---:|---:|"]
+        for name in ("predict_1_text", "predict_8_texts", "translate_beam4_1_text"):
+            r = h[name]
             lines.append(
-                f"| {ep['endpoint']} | {r['concurrency']} | {r['throughput']:.1f} | {r['vs_offline']:.2f} | "
-                f"{r['p50_ms']:.2f} | {r['p95_ms']:.2f} | {r['p99_ms']:.2f} | {over} | {r['errors'] or ''} |"
+                f"| {name} | {r['served_texts_per_s']:,.0f} | {r['offline_texts_per_s']:,.0f} | {r['ratio']:.2f} |"
             )
-        offline = f"{ep['endpoint']} offline (batch {results['batch']})"
-        lines.append(f"| {offline} | | {ep['offline_throughput']:.1f} | 1.00 | | | | | |")
+        p = h["predict_one_connection"]
+        lines.append(f"\n/predict at one connection: p50 {p['p50_ms']:.2f} ms, added {p['added_p50_ms']:.2f} ms.")
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    store = pick_store(args.store, args.fallback_store)
-    entries = store.newest(store.scan(store))
-    options = LoadOptions(threads=args.threads)
-    results: dict[str, Any] = {
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
-        "store": str(store),
-        "threads": args.threads,
-        "batch": args.batch,
-        "max_wait_ms": args.max_wait_ms,
-        "endpoints": [],
-    }
-    engines: dict[str, tuple[ClassifierEngine | TranslatorEngine, DecodeParams | None]] = {}
-    for entry in entries.values():  # the first classifier and the first translator of the store
-        if entry.manifest is None:
-            continue
-        endpoint = "/predict" if entry.manifest.task == "classification" else "/translate"
-        if endpoint.lstrip("/") not in args.endpoints or endpoint in engines:
-            continue
-        engine = load_engine(entry, options)
-        params = None
-        if isinstance(engine, TranslatorEngine):
-            limit = min(args.max_new_tokens or engine.max_new_tokens, engine.max_new_tokens)
-            params = DecodeParams(beam_size=args.beam_size, max_new_tokens=limit)
-        engines[endpoint] = (engine, params)
-    with tempfile.TemporaryDirectory() as tmp, server(store, args, Path(tmp) / "server.log") as url:
-        for endpoint, (engine, params) in engines.items():
-            engine.warmup()
-            texts = fitting(engine, load_texts(args.texts, args.offline_texts))
-            print(
-                f"{endpoint}: {engine.manifest.name}/{engine.manifest.version} ({engine.variant}), {len(texts)} texts"
-            )
-            results["endpoints"].append(bench_endpoint(url, endpoint, engine, texts, params, args))
-    return results
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="bench/service_load.py", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m bench.service_load", description=__doc__.split("\n")[0])
     p.add_argument("--store", type=Path, default=ROOT / "model_store")
-    p.add_argument("--fallback-store", type=Path, default=None, help="used when --store holds no usable model")
-    p.add_argument("--endpoints", default="predict,translate")
-    p.add_argument("--concurrency", default="1,8,32,64")
-    p.add_argument("--requests", type=int, default=400, help="requests per level (at least 2x its clients)")
-    p.add_argument("--time-limit", type=float, default=60.0, help="seconds per level, at most")
-    p.add_argument("--threads", type=int, default=runtime.cpu_quota(), help="server and offline engine threads")
-    p.add_argument("--batch", type=int, default=32, help="SERVE_MAX_BATCH_SIZE and the offline batch")
-    p.add_argument("--max-wait-ms", type=float, default=1.0, help="SERVE_MAX_WAIT_MS")
-    p.add_argument("--beam-size", type=int, default=4, help="translation decode (same offline and served)")
-    p.add_argument("--max-new-tokens", type=int, default=0, help="0: the model's limit")
-    p.add_argument("--texts", type=Path, default=None, help="a text file (one per line) or JSON lines with 'text'")
-    p.add_argument("--offline-texts", type=int, default=128, help="texts in the offline measurement")
-    p.add_argument("--offline-reps", type=int, default=3)
-    p.add_argument("--server-log-level", default="info", help="SERVE_LOG_LEVEL (access logs are at info)")
-    p.add_argument("--smoke", action="store_true", help="tiny sizes: proves the script works, measures nothing")
+    p.add_argument("--server-cpus", default="0")
+    p.add_argument("--client-cpus", default="1")
+    p.add_argument("--threads", type=int, default=1, help="the server's CPU threads (SERVE_THREADS) and the engine's")
+    p.add_argument("--seconds", type=float, default=30.0, help="per measured load")
+    p.add_argument("--offline-seconds", type=float, default=10.0)
+    p.add_argument("--levels", default="0.25,0.5,0.75,1.0")
+    p.add_argument("--parts", default="scheduling,http")
+    p.add_argument("--smoke", action="store_true", help="a few seconds per part")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "service.json")
     args = p.parse_args(argv)
-    args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c]
-    args.endpoints = {e.strip().lstrip("/") for e in args.endpoints.split(",")}
+    args.levels = [float(x) for x in args.levels.split(",")]
     if args.smoke:
-        args.requests, args.time_limit, args.offline_texts, args.offline_reps = 16, 10.0, 16, 1
+        args.seconds, args.offline_seconds, args.levels = 2.0, 1.0, [0.5]
     return args
 
 
-def main(argv: Sequence[str] | None = None, log: Callable[[str], None] = print) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    results = run(args)
+    if not Path("/usr/bin/wrk").exists():
+        print("wrk is missing: `make bench-service` installs it (apt-get install wrk)", file=sys.stderr)
+        return 1
+    log = Path(tempfile.mkdtemp(prefix="bench-service-")) / "server.log"
+    results: dict[str, Any] = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
+        "cpus": {"server": args.server_cpus, "client (wrk)": args.client_cpus, "threads": args.threads},
+        "store": str(args.store),
+    }
+    parts = args.parts.split(",")
+    off = offline(args)
+    results["offline"] = off
+    if "scheduling" in parts:
+        results["scheduling"] = scheduling(args, log)
+    if "http" in parts:
+        results["http"] = http_path(args, off, log)
+    results["markdown"] = markdown(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
-    log(table(results))
-    for ep in results["endpoints"]:
-        for name, ok in ep["targets"].items():
-            log(f"{ep['endpoint']} {name}: {'met' if ok else 'NOT met'}")
-    log(f"wrote {args.out}")
+    print("\n" + results["markdown"] + f"\n\nwrote {args.out} (server log {log})")
     return 0
 
 

@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from service.http import errors, libretranslate, oip, page, routes
+from service.http import errors, libretranslate, oip, openapi, page, routes
 from service.http.auth import ApiKeys
 from service.http.middleware import BodyLimit, RequestContext
 from service.http.schemas import OipInferRequest
@@ -58,6 +58,7 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.serve = state
     errors.install(app, field_rules(*(cls.Request for cls in tasks), OipInferRequest))
+    openapi.install(app, settings, state.models)
     routers = [routes.router, routes.task_router(tasks), oip.router, libretranslate.router, page.router]
     for router in routers:
         app.include_router(router)
@@ -71,6 +72,7 @@ def create_app(settings: Settings) -> FastAPI:
         BodyLimit,
         max_bytes=settings.max_body_bytes,
         accepts_body=lambda path: any(rx.match(path) for rx in post_routes),
+        body_timeout=settings.body_timeout_s,
     )
     task_paths = frozenset(cls.rest_path for cls in tasks)
     app.add_middleware(ApiKeys, keys=settings.api_key_list, task_paths=task_paths)

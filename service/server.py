@@ -18,6 +18,7 @@ from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from service import logs
 from service.app import create_app
@@ -25,6 +26,54 @@ from service.http.state import AppState
 from service.settings import Settings, unknown_variables
 
 log = logging.getLogger(__name__)
+
+
+class GuardedH11Protocol(H11Protocol):
+    """uvicorn's h11 protocol with a deadline for a request's headers.
+
+    uvicorn times out idle keep-alive connections, but only after a first response, and any byte
+    restarts that timer: a client that connects and stays silent, or sends its headers a byte at
+    a time (slowloris), would hold its connection forever. Here a connection must complete each
+    request's headers within `header_timeout` seconds of connecting or of its previous response;
+    otherwise it is closed. (A slow body is the app's business: `BodyLimit` answers 408.)
+    """
+
+    header_timeout = 10.0
+    _header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._disarm()  # the headers are in: the request is the app's now
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._header_timer = self.loop.call_later(self.header_timeout, self._too_slow)
+
+    def _disarm(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _too_slow(self) -> None:
+        if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+            self.transport.close()
+
+
+def guarded_protocol(header_timeout: float) -> type[GuardedH11Protocol]:
+    return type("GuardedH11", (GuardedH11Protocol,), {"header_timeout": header_timeout})
 
 
 class DrainingServer(uvicorn.Server):
@@ -94,6 +143,9 @@ def serve(settings: Settings) -> int:
         lifespan="on",
         timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
         server_header=False,
+        http=guarded_protocol(settings.header_timeout_s),
+        timeout_keep_alive=max(1, int(settings.keepalive_timeout_s)),
+        limit_concurrency=settings.max_connections,
     )
     server = DrainingServer(config, app.state.serve)
     server.run(sockets=[sock])

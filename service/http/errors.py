@@ -37,6 +37,7 @@ HTTP_STATUS: dict[str, int] = {
     "unauthorized": 401,
     "not_found": 404,
     "method_not_allowed": 405,
+    "request_timeout": 408,
     "unsupported_media_type": 415,
     InvalidInput.kind: 422,
     InputTooLong.kind: 413,

@@ -243,4 +243,5 @@ for path, handler, methods in (
     ("/frontend/settings", frontend_settings, ["GET"]),
     ("/detect", detect, ["POST"]),
 ):
-    router.add_api_route(path, _guarded(handler), methods=methods, include_in_schema=True)
+    # one route per path, so a 405 names every method the path takes (Allow)
+    router.add_api_route(path, _guarded(handler), methods=methods, operation_id=f"libretranslate_{handler.__name__}")

@@ -141,8 +141,10 @@ class BodyLimit:
     request is logged with status 499. Paths that are no POST route go straight to routing (404/405).
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, accepts_body: Callable[[str], bool]) -> None:
-        self.app, self.max_bytes, self.accepts_body = app, max_bytes, accepts_body
+    def __init__(
+        self, app: ASGIApp, max_bytes: int, accepts_body: Callable[[str], bool], body_timeout: float = 10.0
+    ) -> None:
+        self.app, self.max_bytes, self.accepts_body, self.body_timeout = app, max_bytes, accepts_body, body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope.get("method") != "POST" or not self.accepts_body(scope.get("path", "")):
@@ -171,8 +173,14 @@ class BodyLimit:
             await error_response(path, wrong_type, "unsupported_media_type")(scope, receive, send)
             return
         chunks, size = [], 0
+        end = time.monotonic() + self.body_timeout
         while True:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, end - time.monotonic()))
+            except TimeoutError:
+                late = f"the request body did not arrive within {self.body_timeout:g} s"
+                await error_response(path, late, "request_timeout")(scope, receive, send)
+                return
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")

@@ -32,17 +32,12 @@ EXTENSIONS = ["binary_tensor_data", "model_repository"]
 INPUT = schemas.OipTensorMeta(name="text", datatype="BYTES", shape=[-1])
 RULES = field_rules(schemas.OipInferRequest, schemas.OipTensor)
 INFER_DOC: dict[str, Any] = {
+    "description": "JSON, or the binary tensor data extension: the JSON header (its length in the "
+    "Inference-Header-Content-Length header), then the tensors' bytes.",
     "requestBody": {
         "required": True,
-        "content": {
-            "application/json": {"schema": {"$ref": "#/components/schemas/OipInferRequest"}},
-            "application/octet-stream": {
-                "schema": {"type": "string", "format": "binary"},
-                "description": "binary tensor data extension: the JSON header (its length in the "
-                "Inference-Header-Content-Length header), then the tensors' bytes",
-            },
-        },
-    }
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/OipInferRequest"}}},
+    },
 }
 
 

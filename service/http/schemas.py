@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field
 
 from service.errors import InputTooLong, InvalidInput, PayloadTooLarge
-from service.tasks.base import ResponseModel, StrictModel
+from service.tasks.base import INTEGRAL, ResponseModel, StrictModel
 
 
 def check_texts(texts: Sequence[str], max_texts: int, max_chars: int, field: str = "texts") -> None:
@@ -30,7 +30,7 @@ def check_texts(texts: Sequence[str], max_texts: int, max_chars: int, field: str
 class ModelInfo(ResponseModel):
     name: str
     version: int
-    task: str | None
+    task: str | None = None
     status: Literal["loading", "ready", "failed", "draining", "unloaded", "refused"]
     current: bool | None = None
     variant: str | None = None
@@ -56,9 +56,9 @@ class ErrorResponse(ResponseModel):
 
 
 class OipTensor(StrictModel):
-    name: str = Field(min_length=1, max_length=64)
-    datatype: str
-    shape: list[Annotated[int, Field(ge=0)]] = Field(max_length=4)
+    name: Literal["text"] = Field(description="the one input every model here takes")
+    datatype: Literal["BYTES"]
+    shape: list[Annotated[int, Field(ge=0), INTEGRAL]] = Field(min_length=1, max_length=2, description="[N] or [N, 1]")
     data: list[Any] | None = Field(default=None, description="absent when parameters.binary_data_size is given")
     parameters: dict[str, Any] | None = None
 

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from service.engine.runtime import LoadOptions
 from service.metrics import BatchMetrics
@@ -23,6 +23,28 @@ from service.settings import Settings
 from service.store import StoreEntry
 
 ModelName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[a-z0-9][a-z0-9._-]*$")]
+
+
+def _integral(value: object) -> object:
+    """JSON has one number type: 4.0 is the integer 4 (as the API document's "integer" says); a
+    string stays a string, which strict validation then refuses."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+INTEGRAL = BeforeValidator(_integral)
+Int = Annotated[int, INTEGRAL]
+"""An integer request field: a whole JSON number, whatever way it is written. An optional one
+puts its bounds before INTEGRAL (`Annotated[int, Field(ge=1), INTEGRAL] | None`), or the API
+document loses them."""
+
+
+ONE_TEXT_FOR_ATTENTION: dict[str, Any] = {
+    "if": {"properties": {"return_attention": {"const": True}}, "required": ["return_attention"]},
+    "then": {"properties": {"texts": {"maxItems": 1}}},
+}
+"""The API document's form of the rule "return_attention takes one text per request"."""
 
 
 class StrictModel(BaseModel):
@@ -40,7 +62,9 @@ class TextsRequest(StrictModel):
 
     texts: list[str] = Field(min_length=1, description="input texts; answers come back in the same order")
     model: ModelName | None = Field(default=None, description="model name; default: the only (or default) one")
-    version: int | None = Field(default=None, ge=1, description="model version; default: the one serving")
+    version: Annotated[int, Field(ge=1), INTEGRAL] | None = Field(
+        default=None, description="model version; default: the one serving"
+    )
 
 
 @dataclass(frozen=True)

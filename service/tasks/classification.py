@@ -17,6 +17,7 @@ from service.metrics import BatchMetrics
 from service.scheduling.batcher import BatchLimits, DynamicBatcher
 from service.store import StoreEntry
 from service.tasks.base import (
+    ONE_TEXT_FOR_ATTENTION,
     ModelName,
     OutputTensor,
     ResponseModel,
@@ -28,6 +29,8 @@ from service.tasks.base import (
 
 
 class PredictRequest(TextsRequest):
+    model_config = TextsRequest.model_config | {"json_schema_extra": {"allOf": [ONE_TEXT_FOR_ATTENTION]}}
+
     texts: list[str] = Field(min_length=1, description="texts to classify")
     model: ModelName | None = Field(default=None, description="model name; default: the only (or default) classifier")
     return_attention: bool = Field(default=False, description="the last layer's self-attention (one text per request)")

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import Field, ValidationError, model_validator
 
@@ -29,6 +29,9 @@ from service.scheduling.batcher import BatchLimits, DynamicBatcher
 from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
 from service.store import StoreEntry
 from service.tasks.base import (
+    INTEGRAL,
+    ONE_TEXT_FOR_ATTENTION,
+    Int,
     ModelName,
     OutputTensor,
     ResponseModel,
@@ -43,26 +46,61 @@ from service.validation import describe_validation, field_rules
 MAX_NEW_TOKENS = 256  # the request bound; each model's own limit (manifest) may be lower
 
 
+def _cross_field_rules() -> dict[str, Any]:
+    """The rules between fields, in the API document too (JSON Schema `if`/`then`), so a client
+    generating requests from it never meets a 422 the document did not announce."""
+    one_beam = {"if": {"properties": {"decode": {"enum": ["greedy", "sample"]}}, "required": ["decode"]}}
+    rules: list[dict[str, Any]] = [
+        one_beam | {"then": {"properties": {"beam_size": {"const": 1}}}},
+        {
+            "if": {"properties": {"decode": {"const": "greedy"}}, "required": ["decode"]},
+            "then": {"properties": {"num_hypotheses": {"maximum": 1}}},
+        },
+        {
+            "if": {"properties": {"decode": {"const": "beam"}}, "not": {"required": ["beam_size"]}},
+            "then": {"properties": {"num_hypotheses": {"maximum": DEFAULT_BEAM_SIZE}}},
+        },
+    ]
+    for size in range(1, MAX_BEAM_SIZE):
+        rules.append(
+            {
+                "if": {
+                    "properties": {"decode": {"const": "beam"}, "beam_size": {"const": size}},
+                    "required": ["beam_size"],
+                },
+                "then": {"properties": {"num_hypotheses": {"maximum": size}}},
+            }
+        )
+    return {"allOf": rules}
+
+
+DEFAULT_BEAM_SIZE = 4
+
+
 class DecodeOptions(StrictModel):
+    model_config = StrictModel.model_config | {"json_schema_extra": _cross_field_rules()}
+
     decode: Literal["beam", "greedy", "sample"] = Field(
         default="beam", description="greedy is beam_size 1; sample draws tokens (temperature, top_k, top_p, seed)"
     )
-    beam_size: int = Field(default=4, ge=1, le=MAX_BEAM_SIZE)
-    max_new_tokens: int | None = Field(
-        default=None, ge=1, le=MAX_NEW_TOKENS, description="generated tokens incl. EOS; default: the model's limit"
+    beam_size: Int = Field(default=DEFAULT_BEAM_SIZE, ge=1, le=MAX_BEAM_SIZE)
+    max_new_tokens: Annotated[int, Field(ge=1, le=MAX_NEW_TOKENS), INTEGRAL] | None = Field(
+        default=None, description="generated tokens incl. EOS; default: the model's limit"
     )
     length_penalty: float = Field(default=1.0, ge=0.0, le=2.0)
-    num_hypotheses: int = Field(
+    num_hypotheses: Int = Field(
         default=1, ge=1, le=MAX_BEAM_SIZE, description="beam: 1..beam_size, best first; sample: independent draws"
     )
     temperature: float = Field(default=1.0, gt=0.0, le=100.0, description="sample: softmax temperature")
-    top_k: int = Field(default=0, ge=0, description="sample: draw among the k likeliest tokens; 0: all")
+    top_k: Int = Field(default=0, ge=0, description="sample: draw among the k likeliest tokens; 0: all")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="sample: draw within this probability mass")
-    seed: int | None = Field(default=None, ge=0, le=2**63 - 1, description="sample: same seed, same draws")
+    seed: Annotated[int, Field(ge=0, le=2**63 - 1), INTEGRAL] | None = Field(
+        default=None, description="sample: same seed, same draws"
+    )
     repetition_penalty: float = Field(
         default=1.0, gt=0.0, le=100.0, description="a generated token's log-probability is multiplied by it"
     )
-    no_repeat_ngram_size: int = Field(default=0, ge=0, le=16, description="no n-gram of this size occurs twice; 0: off")
+    no_repeat_ngram_size: Int = Field(default=0, ge=0, le=16, description="no n-gram of this size occurs twice; 0: off")
 
     @model_validator(mode="after")
     def _consistent(self) -> DecodeOptions:
@@ -104,11 +142,15 @@ DECODE_RULES = field_rules(DecodeOptions)
 
 
 class TranslateRequest(TextsRequest, DecodeOptions):
+    model_config = DecodeOptions.model_config | {
+        "json_schema_extra": {"allOf": [*_cross_field_rules()["allOf"], ONE_TEXT_FOR_ATTENTION]}
+    }
+
     texts: list[str] = Field(min_length=1, description="texts to translate")
     model: ModelName | None = Field(default=None, description="model name; default: the only (or default) translator")
     return_scores: bool = False
-    timeout_ms: int | None = Field(
-        default=None, ge=1, le=3_600_000, description="this request's deadline; the server's is the upper bound"
+    timeout_ms: Annotated[int, Field(ge=1, le=3_600_000), INTEGRAL] | None = Field(
+        default=None, description="this request's deadline; the server's is the upper bound"
     )
     return_attention: bool = Field(
         default=False, description="cross-attention of the best hypothesis, per sentence (one text per request)"

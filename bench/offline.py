@@ -1,0 +1,62 @@
+"""The engines alone, for `bench.service_load`: what the server's CPUs can do without HTTP.
+
+Run pinned to the server's CPUs; prints one JSON line: /predict texts/s at batch 32 and one
+text's classify time (tokenize + graph), /translate beam-4 texts/s at batch 32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.engines import load_engine
+from bench.service_load import REVIEWS, SHORT
+from service.engine.classifier import ClassifierEngine
+from service.engine.decoding import DecodeParams
+from service.engine.runtime import LoadOptions
+from service.engine.translator import TranslatorEngine
+from service.store import newest, scan
+
+
+def rate(fn: Callable[[], int], seconds: float) -> float:
+    fn()
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        n += fn()
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--store", type=Path, required=True)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--seconds", type=float, default=10.0)
+    args = p.parse_args()
+    options = LoadOptions(threads=args.threads)
+    engines = {
+        e.require_manifest().task: load_engine(e, options) for e in newest(scan(args.store)).values() if e.manifest
+    }
+    clf, mt = engines.get("classification"), engines.get("translation")
+    out: dict[str, float] = {}
+    if isinstance(clf, ClassifierEngine):
+        batch = (REVIEWS * 4)[:32]
+        out["predict_texts_per_s"] = rate(lambda: len(clf.classify_ids(clf.encode(batch))), args.seconds)
+        times = []
+        for _ in range(200):
+            t0 = time.perf_counter()
+            clf.classify_ids(clf.encode(REVIEWS[:1]))
+            times.append(time.perf_counter() - t0)
+        out["predict_single_ms"] = 1000 * statistics.median(times)
+    if isinstance(mt, TranslatorEngine):
+        batch = (SHORT * 4)[:32]
+        params = DecodeParams(beam_size=4, max_new_tokens=mt.max_new_tokens)
+        out["translate_beam4_texts_per_s"] = rate(lambda: len(mt.translate(batch, params)), args.seconds)
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
