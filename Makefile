@@ -53,6 +53,22 @@ bench-service: install
 	@command -v wrk >/dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends wrk
 	$(PYTHON) -m bench.service_load --store $(STORE)
 
+# Reliability campaign (bench/reliability.py): overload, soak, SIGTERM, hostile clients, faults and
+# fuzzing against the real server; writes bench/results/reliability.json and its table in
+# docs/results.md (~25 min, an idle machine). reliability-quick is the ~2 min subset .ci/run runs.
+.PHONY: reliability reliability-quick fuzz
+reliability: install
+	$(PYTHON) -m bench.reliability --store $(STORE)
+
+reliability-quick: install
+	$(PYTHON) -m bench.reliability --quick --store $(STORE)
+
+# schemathesis alone, against a server you started (URL=http://127.0.0.1:8000)
+URL ?= http://127.0.0.1:8000
+fuzz: install
+	$(BIN)/schemathesis --config-file bench/schemathesis.toml run $(URL)/openapi.json --checks all \
+		--exclude-path-regex '^/v2/repository/models'
+
 # tests/test_page.py drives a real headless browser: Debian's chromium and its chromedriver.
 CHROMIUM     ?= /usr/bin/chromium
 CHROMEDRIVER ?= /usr/bin/chromedriver

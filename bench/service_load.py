@@ -29,19 +29,16 @@ import contextlib
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-ROOT = Path(__file__).resolve().parents[1]
+from bench import serverproc
+from bench.serverproc import ROOT
 
 SHORT = [
     "Open file",
@@ -112,12 +109,6 @@ end
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def lua_string(s: str) -> str:
     return json.dumps(s)  # a JSON string literal is a valid Lua string literal for these texts
 
@@ -151,34 +142,9 @@ def wrk_result(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def server(store: Path, cpus: str, threads: int, log: Path, **settings: str) -> Iterator[str]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_")}
-    env |= {"SERVE_MODEL_STORE": str(store), "SERVE_PORT": str(port), "SERVE_THREADS": str(threads)}
-    env |= {"SERVE_LOG_LEVEL": "warning", "SERVE_MAX_QUEUE": "100000", "SERVE_REQUEST_TIMEOUT_S": "120"}
-    env |= {f"SERVE_{k.upper()}": v for k, v in settings.items()}
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            ["taskset", "-c", cpus, sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=out, stderr=out
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        end = time.monotonic() + 180
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"server exited with {proc.returncode}; see {log}")
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(url + "/readyz", timeout=2).status_code == 200:
-                    break
-            if time.monotonic() > end:
-                raise RuntimeError(f"server not ready after 180 s; see {log}")
-            time.sleep(0.2)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+    base = {"threads": str(threads), "max_queue": "100000", "request_timeout_s": "120"}
+    with serverproc.running(store, log, cpus, settings=base | settings) as s:
+        yield s.url
 
 
 def offline(args: argparse.Namespace) -> dict[str, Any]:

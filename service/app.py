@@ -76,7 +76,12 @@ def create_app(settings: Settings) -> FastAPI:
     )
     task_paths = frozenset(cls.rest_path for cls in tasks)
     app.add_middleware(ApiKeys, keys=settings.api_key_list, task_paths=task_paths)
-    app.add_middleware(RequestContext, metrics=metrics, endpoints=task_paths | {"/libretranslate/translate"})
+    app.add_middleware(
+        RequestContext,
+        metrics=metrics,
+        endpoints=task_paths | {"/libretranslate/translate"},
+        max_in_flight=settings.max_in_flight,
+    )
     return app
 
 

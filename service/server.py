@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import time
+from pathlib import Path
 from types import FrameType
 
 import uvicorn
@@ -123,10 +124,24 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def store_problem(store: Path) -> str | None:
+    """Why the model store cannot be read, or None: checked before the port is bound, so an
+    unreadable store is one clear line and a non-zero exit rather than a server never ready."""
+    try:
+        os.listdir(store)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
+
+
 def serve(settings: Settings) -> int:
     logs.setup(settings.log_level)
     for name in unknown_variables(os.environ):
         log.warning("environment variable %s names no setting; ignored", name)
+    problem = store_problem(settings.model_store)
+    if problem:
+        log.error("cannot read the model store %s: %s", settings.model_store, problem)
+        return 1
     try:
         sock = listen(settings.host, settings.port)
     except OSError as exc:
@@ -145,7 +160,6 @@ def serve(settings: Settings) -> int:
         server_header=False,
         http=guarded_protocol(settings.header_timeout_s),
         timeout_keep_alive=max(1, int(settings.keepalive_timeout_s)),
-        limit_concurrency=settings.max_connections,
     )
     server = DrainingServer(config, app.state.serve)
     server.run(sockets=[sock])

@@ -77,7 +77,9 @@ class Settings(BaseSettings):
         default=10.0, gt=0, le=600, description="a request's body must arrive within this (408)"
     )
     keepalive_timeout_s: float = Field(default=5.0, ge=1, le=600, description="an idle keep-alive connection is closed")
-    max_connections: int = Field(default=1000, ge=1, description="connections and requests at once; beyond: 503")
+    max_in_flight: int = Field(
+        default=512, ge=1, description="requests in flight at once; beyond: 503 at once (probes and /metrics exempt)"
+    )
     # request limits
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="request body size (413 above)")
     max_texts: int = Field(default=64, ge=1, le=4096, description="texts per request (413 above)")

@@ -228,3 +228,32 @@ def test_no_item_is_left_behind_under_steady_load() -> None:
 
     out = run(main())
     assert out == [2 * x + 1 for x in range(450)]
+
+
+def test_work_that_cannot_finish_in_time_is_refused_at_once() -> None:
+    """Under overload a request gets a fast 429 (QueueFull with Retry-After), not a 504 after
+    waiting: the batcher knows its throughput and the work it has admitted."""
+
+    class Slow(Model):
+        def __call__(self, items: list[int]) -> list[int]:
+            time.sleep(0.02 * len(items))  # 50 items per second
+            return super().__call__(items)
+
+    async def main() -> tuple[float, QueueFull]:
+        b = make(Slow(), max_batch_size=1, max_wait_s=0.0, max_queue=1000)
+        b.start()
+        await b.submit(0)  # one batch measures the throughput
+        loop_deadline = time.monotonic() + 10
+        backlog = [asyncio.ensure_future(b.submit(0, loop_deadline)) for _ in range(20)]  # 0.4 s of work
+        await asyncio.sleep(0)
+        t0 = time.monotonic()
+        with pytest.raises(QueueFull) as refused:
+            await b.submit(0, time.monotonic() + 0.2)  # its deadline: shorter than the backlog
+        waited = time.monotonic() - t0
+        assert await b.submit(0, time.monotonic() + 10) == 1  # a deadline that allows it: admitted
+        await asyncio.gather(*backlog)
+        await b.close(1)
+        return waited, refused.value
+
+    waited, error = run(main())
+    assert waited < 0.05 and error.retry_after is not None and error.retry_after >= 1

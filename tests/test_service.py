@@ -522,3 +522,32 @@ async def test_a_bug_is_a_logged_500_and_fails_only_its_batch(
     assert (await client.post("/translate", json={"texts": ["a"]})).status_code == 200
     monkeypatch.undo()
     assert (await client.post("/predict", json={"texts": ["a"]})).status_code == 200
+
+
+async def test_beyond_max_in_flight_a_request_gets_503_at_once_and_probes_still_answer() -> None:
+    """The cheapest refusal under overload: before the body is read, with Retry-After; the
+    orchestrator's probes and /metrics are never refused."""
+    from service.http.middleware import RequestContext
+    from service.metrics import Metrics
+
+    release = asyncio.Event()
+
+    async def slow_app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["path"] == "/translate":
+            await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    app = RequestContext(slow_app, Metrics(), frozenset({"/translate"}), max_in_flight=2)
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+        held = [asyncio.create_task(c.post("/translate", json={})) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        refused = await c.post("/translate", json={"texts": ["a"]})
+        probes = [(await c.get(p)).status_code for p in ("/readyz", "/healthz", "/metrics")]
+        release.set()
+        assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200]
+        after = await c.post("/translate", json={})
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+    assert refused.json()["type"] == "overloaded"
+    assert probes == [200, 200, 200] and after.status_code == 200

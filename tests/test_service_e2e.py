@@ -165,3 +165,17 @@ def test_a_port_in_use_is_one_clear_line_and_exit_1(server: Server, tiny_store: 
         f"cannot listen on 127.0.0.1:{port}: Address already in use"
     ]
     assert "Traceback" not in done.stderr
+
+
+def test_an_unreadable_store_is_one_clear_line_and_exit_1(tiny_store: Path) -> None:
+    """File modes do not stop root, so the store is made unreadable by the campaign's fault hook
+    (bench/faults/sitecustomize.py), as a store the server's user may not list."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_")}
+    env |= {"SERVE_MODEL_STORE": str(tiny_store), "SERVE_PORT": "0", "FAULT_UNREADABLE": str(tiny_store)}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench" / "faults"), str(ROOT)])
+    done = subprocess.run(
+        [sys.executable, "-m", "service"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 1
+    lines = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
+    assert [x["msg"] for x in lines] == [f"cannot read the model store {tiny_store}: Permission denied"]

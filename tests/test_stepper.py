@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.engine.decoding import DecodeParams, Hypothesis, Search
-from service.engine.running import RunningBatch
+from service.engine.running import SOURCE_SLACK, RunningBatch
 from service.errors import DeadlineExceeded, InputTooLong, QueueFull, ShuttingDown
 from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
 from tests.fakes import BOS, EOS, PAD, FakeRuntime
@@ -99,6 +99,21 @@ def test_rows_of_finished_and_dropped_sentences_leave_at_once() -> None:
     while batch.blocks:
         batch.step()
     assert rt.rows[:2] == [8, 3]  # 2 + 3 + 3 rows, then only sentence 1
+
+
+def test_row_capacity_follows_rows_not_source_widths() -> None:
+    """Long and short sources in turn widen and narrow the source buffer; the row buffers must
+    not grow with each widening (they once doubled every time, until memory ran out)."""
+    rt = FakeRuntime(seed=5)
+    batch: RunningBatch[int] = RunningBatch(rt, PAD)  # type: ignore[arg-type]
+    short = DecodeParams(beam_size=2, max_new_tokens=2)
+    batch.join([[100, EOS]], [Search(DecodeParams(beam_size=1, max_new_tokens=200), BOS, EOS)], [-1])
+    for k in range(40):
+        width = 1 + (SOURCE_SLACK + 2) * (k % 2)  # a long source, then a short one
+        batch.join([[101 + k % 50] + [7] * width + [EOS]], [Search(short, BOS, EOS)], [k])
+        while len(batch.blocks) > 1:
+            batch.step()
+    assert batch.buf.capacity <= 8
 
 
 # -- the scheduler thread --------------------------------------------------------------------

@@ -101,7 +101,9 @@ class RunningBatch(Generic[T]):
         need = self.rows + sum(widths)
         columns = max(self._source_needed(), ids.shape[1])
         if need > self.buf.capacity or columns > self.buf.columns:
-            capacity = max(need, 2 * self.buf.capacity, 8)
+            # rows double only when rows run out: wider sources alone keep the row capacity (the
+            # source columns shrink again when long sentences leave, so they come and go often)
+            capacity = max(need, 2 * self.buf.capacity, 8) if need > self.buf.capacity else self.buf.capacity
             self.buf.resize(
                 self.rows, capacity, max(columns, self.buf.columns), self.rt.heads, self.rt.d_k, self.layers2
             )

@@ -48,9 +48,10 @@ HTTP_STATUS: dict[str, int] = {
     ShuttingDown.kind: 503,
     DeadlineExceeded.kind: 504,
     "internal_error": 500,
+    "overloaded": 503,
 }
 
-RETRY_AFTER_S: dict[str, int] = {QueueFull.kind: 1, NotReady.kind: 5, ShuttingDown.kind: 5}
+RETRY_AFTER_S: dict[str, int] = {QueueFull.kind: 1, NotReady.kind: 5, ShuttingDown.kind: 5, "overloaded": 1}
 """`Retry-After` seconds sent with these kinds."""
 
 HTTP_KINDS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}

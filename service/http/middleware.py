@@ -64,13 +64,22 @@ def _endpoint(scope: Scope, endpoints: frozenset[str]) -> str | None:
     return OIP_INFER if _INFER_PATH.match(path) else None
 
 
+PROBES = frozenset({"/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"})
+"""Paths answered whatever the load: an orchestrator must see a busy server as alive and ready."""
+
+
 class RequestContext:
     """Outermost: request id (X-Request-ID honoured or generated, always echoed), access log,
     request metrics, and the one 500 answer for exceptions nothing else handled (logged).
-    `endpoints`: the inference routes whose requests are counted in the request metrics."""
+    `endpoints`: the inference routes whose requests are counted in the request metrics.
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, endpoints: frozenset[str]) -> None:
+    It also bounds the requests in flight: beyond `max_in_flight`, a request other than the
+    probes gets a 503 with Retry-After at once, before its body is read (the cheapest refusal
+    there is, when even the queues' 429 would cost too much)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, endpoints: frozenset[str], max_in_flight: int) -> None:
         self.app, self.metrics, self.endpoints = app, metrics, endpoints | {OIP_INFER}
+        self.max_in_flight, self.in_flight = max_in_flight, 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -88,7 +97,12 @@ class RequestContext:
                 message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER, info.request_id.encode())]
             await send(message)
 
+        self.in_flight += 1
         try:
+            if self.in_flight > self.max_in_flight and scope.get("path") not in PROBES:
+                busy = f"server busy: {self.in_flight - 1} requests in flight; retry later"
+                await error_response(scope.get("path", ""), busy, "overloaded")(scope, receive, send_with_id)
+                return
             await self.app(scope, receive, send_with_id)
             if scope.get(DISCONNECTED) and status == 0:
                 status = CLIENT_CLOSED
@@ -104,6 +118,7 @@ class RequestContext:
                 await response(scope, receive, send_with_id)
             status = status or 500
         finally:
+            self.in_flight -= 1
             self._record(scope, info, status)
 
     def _record(self, scope: Scope, info: RequestInfo, status: int) -> None:

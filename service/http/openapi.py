@@ -16,6 +16,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic.json_schema import models_json_schema
 
 from service.http.auth import PROTECTED
+from service.http.middleware import PROBES
 from service.http.schemas import OipInferRequest
 from service.serving import ModelSet
 from service.settings import Settings
@@ -31,7 +32,7 @@ WHY = {
     415: "Content-Type is neither JSON nor absent",
     422: "invalid field: the message names it and its allowed values",
     429: "busy: the queued work would not finish in time (see Retry-After)",
-    503: "not ready, loading, unloaded or shutting down (see Retry-After)",
+    503: "not ready, loading, unloaded, shutting down, or too many requests in flight (see Retry-After)",
     504: "the request's deadline passed",
 }
 ERROR = {"$ref": "#/components/schemas/ErrorResponse"}
@@ -60,9 +61,9 @@ LT_TRANSLATE = {
 
 def statuses(method: str, path: str, keys: bool) -> tuple[int, ...]:
     """The error statuses one operation can answer."""
-    out: tuple[int, ...] = ()
+    out: tuple[int, ...] = () if path in PROBES else (503,)  # beyond SERVE_MAX_IN_FLIGHT
     if path.startswith("/libretranslate/"):
-        return (400, 403, 429, 503) if path.endswith("/translate") else (400, 403) if method == "post" else (403,)
+        return out + ((400, 403, 429) if path.endswith("/translate") else (400, 403) if method == "post" else (403,))
     if method == "post":
         out += BODY_ERRORS
     infer = path in ("/predict", "/translate") or bool(

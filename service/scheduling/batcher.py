@@ -11,6 +11,11 @@ order. So one batch never mixes keys, padding stays small, and every item is eve
 oldest one, so nothing starves: every submitted item is in `_waiting` (or running) from the
 moment `submit_many` returns control, where `depth`, deadlines and `close()` see it.
 
+Admission is cost-aware, as in the step scheduler: the batcher measures its throughput (size
+units per second of model work) and refuses a request (QueueFull, with a Retry-After) when the
+work already admitted plus its own would not finish within `admit_share` of its deadline; so
+under overload requests get a fast 429 instead of a 504 after waiting.
+
 `run_batch(items) -> results` is synchronous model work: it runs in `executor` (the model's own
 worker thread), never on the event loop. A failing batch sets its exception on the futures of
 that batch only. An item whose deadline passes while waiting is dropped before it runs
@@ -22,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
@@ -69,9 +75,12 @@ class BatchLimits:
     max_wait_s: float = 0.001
     max_queue: int = 512
     max_batch_cost: int = 8192  # padded size units per batch; one oversized item still runs alone
+    admit_share: float = 0.5  # admit when the admitted work fits in this share of the time left
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_queue < 1 or self.max_batch_cost < 1 or self.max_wait_s < 0:
+            raise ValueError(f"invalid batch limits {self}")
+        if not 0 < self.admit_share <= 1:
             raise ValueError(f"invalid batch limits {self}")
 
 
@@ -96,6 +105,7 @@ class DynamicBatcher(Generic[T, R]):
         self._closing = False
         self._last_size: dict[Hashable, int] = {}  # per key: items in its last batch
         self._current: list[_Pending[T, R]] = []  # the batch now running
+        self._rate: float | None = None  # size units per second of model work (measured)
         self.batches = 0  # executed batches (for tests and logs)
 
     # -- client side -------------------------------------------------------------------------
@@ -134,6 +144,8 @@ class DynamicBatcher(Generic[T, R]):
             _Pending(item, loop.create_future(), self._key(item), max(1, self._size(item)), now, deadline)
             for item in items
         ]
+        if deadline is not None:
+            self._admit(sum(p.size for p in pending), deadline - now)
         self._waiting.extend(pending)
         self._arrived.set()
         self._observer.queue_depth(self.depth)
@@ -151,6 +163,20 @@ class DynamicBatcher(Generic[T, R]):
                     f.cancel()  # withdrawn: the loop skips it
                 elif not f.cancelled():
                     f.exception()  # retrieved: no "exception was never retrieved" noise
+
+    def _admit(self, size: int, time_left: float) -> None:
+        """Refuses work that would not finish in time behind the work already admitted."""
+        if not self._rate:
+            return
+        admitted = sum(p.size for p in self._waiting) + sum(p.size for p in self._current)
+        projected = (admitted + size) / self._rate
+        if admitted and projected > self.limits.admit_share * time_left:
+            error = QueueFull(
+                f"model {self.name} is busy: about {projected:.1f} s of queued work, more than this request's "
+                "deadline allows; retry later"
+            )
+            error.retry_after = max(1, math.ceil(admitted / self._rate))
+            raise error
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -255,8 +281,10 @@ class DynamicBatcher(Generic[T, R]):
     async def _run(self, batch: list[_Pending[T, R]]) -> None:
         self._current = batch
         self._observer.queue_depth(self.depth)
+        t0 = time.perf_counter()
         try:
             ran, results = await asyncio.get_running_loop().run_in_executor(self._executor, self._work, batch)
+            self._measure(sum(p.size for p in ran), time.perf_counter() - t0)
         except Exception as exc:  # a failing batch fails its own items only
             for p in batch:
                 if not p.future.done():
@@ -270,6 +298,13 @@ class DynamicBatcher(Generic[T, R]):
                     p.future.set_exception(DeadlineExceeded("the request deadline passed while queued"))
         finally:
             self._current = []
+
+    def _measure(self, size: int, seconds: float) -> None:
+        """Throughput in size units per second of wall time, waiting for the worker included: on
+        cores shared with other models and the event loop, compute time alone would promise more."""
+        if size and seconds > 0:
+            rate = size / seconds
+            self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
 
     def _work(self, batch: list[_Pending[T, R]]) -> tuple[list[_Pending[T, R]], Sequence[R]]:
         """In the worker thread: drops items that expired or were withdrawn meanwhile, runs the rest."""

@@ -94,8 +94,8 @@ class DecodeOptions(StrictModel):
     temperature: float = Field(default=1.0, gt=0.0, le=100.0, description="sample: softmax temperature")
     top_k: Int = Field(default=0, ge=0, description="sample: draw among the k likeliest tokens; 0: all")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0, description="sample: draw within this probability mass")
-    seed: Annotated[int, Field(ge=0, le=2**63 - 1), INTEGRAL] | None = Field(
-        default=None, description="sample: same seed, same draws"
+    seed: Annotated[int, Field(ge=0, le=2**53 - 1), INTEGRAL] | None = Field(
+        default=None, description="sample: same seed, same draws (up to 2^53 - 1: exact in every JSON parser)"
     )
     repetition_penalty: float = Field(
         default=1.0, gt=0.0, le=100.0, description="a generated token's log-probability is multiplied by it"

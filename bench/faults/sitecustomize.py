@@ -1,0 +1,51 @@
+"""Fault injection for the reliability campaign (`bench/reliability.py`), never in the image:
+a server started with this folder on PYTHONPATH imports it at interpreter start.
+
+FAULT_DECODE_EVERY=N   every N-th decoder call of ONNX Runtime raises, as a failing kernel would
+FAULT_DECODE_LIMIT=M   ... the first M times only (default: no limit), so recovery can be seen
+FAULT_UNREADABLE=PATH  listing PATH fails with "Permission denied", as for a store the server's
+                       user cannot read (the campaign runs as root, whom file modes do not stop)
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import sys
+from typing import Any
+
+_every = int(os.environ.get("FAULT_DECODE_EVERY", "0"))
+_limit = int(os.environ.get("FAULT_DECODE_LIMIT", "0")) or None
+_unreadable = os.environ.get("FAULT_UNREADABLE", "")
+
+if _every > 0:
+    from service.engine import runtime
+
+    _decode = runtime.TranslatorRuntime.decode
+    _calls, _failed = itertools.count(1), itertools.count(1)
+
+    def _failing_decode(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if next(_calls) % _every == 0 and (_limit is None or next(_failed) <= _limit):
+            print("FAULT injected: decoder call failed", file=sys.stderr, flush=True)
+            raise RuntimeError("injected fault: ONNX Runtime decoder call failed")
+        return _decode(self, *args, **kwargs)
+
+    runtime.TranslatorRuntime.decode = _failing_decode  # type: ignore[method-assign]
+
+if _unreadable:
+    _listdir, _scandir = os.listdir, os.scandir
+
+    def _check(path: Any) -> None:
+        if os.path.realpath(os.fspath(path)).startswith(os.path.realpath(_unreadable)):
+            raise PermissionError(errno.EACCES, "Permission denied", os.fspath(path))
+
+    def _failing_listdir(path: Any = ".") -> Any:
+        _check(path)
+        return _listdir(path)
+
+    def _failing_scandir(path: Any = ".") -> Any:
+        _check(path)
+        return _scandir(path)
+
+    os.listdir, os.scandir = _failing_listdir, _failing_scandir  # type: ignore[assignment]
