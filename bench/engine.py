@@ -189,7 +189,7 @@ def classifier_flops(s: Shape, batch: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
-# Our models: random weights, exported with export.onnx.export_graphs
+# Our models: random weights, exported with export.publish.export_model
 # ---------------------------------------------------------------------------------------------
 
 

@@ -12,9 +12,9 @@ for each model:
 - parity against a CPU-provider reference: fp32 when the store ships it, else fp16 (the bundled
   store ships int8 + fp16 only, so there the check compares the same fp16 graph on CUDA and CPU;
   for fp16-against-fp32 parity point --store at an export with fp32 too, e.g.
-  `python -m export.publish runs/en-de --name en-de --store /tmp/full --variants fp32,int8,fp16`).
+  `python -m export.publish runs/en-de --name en-de --store STORE --variants fp32,int8,fp16`).
   Classifier probabilities and labels; translator first-step log-probs and whole greedy and beam-4
-  token sequences (the beam path exercises the IO-binding cache reorder), for CUDA fp32 (when
+  token sequences (the beam path exercises the cache reorder), for CUDA fp32 (when
   shipped) and CUDA fp16. A bound missed -> exit 1.
 - throughput: texts/s and generated tokens/s at batch 1 and 32, reference included.
 
@@ -285,10 +285,9 @@ def first_step(engine: TranslatorEngine, seqs: list[list[int]]) -> np.ndarray:
     rt, n = engine.rt, len(seqs)
     ids, mask = pad(seqs, engine.pad_id)
     cross = rt.encode(ids, mask)
-    past = [np.zeros((n, rt.heads, 0, rt.d_k), np.float32)] * (2 * rt.n_layers)
+    cache = [np.zeros((n, rt.heads, 1, rt.d_k), np.float32)] * (2 * rt.n_layers)  # one slot, unused at position 0
     bos, first = np.full(n, engine.bos_id, dtype=np.int64), np.zeros(n, dtype=np.int64)
-    logprobs, _ = rt.decode(bos, first, np.arange(n), np.zeros((n, 0), np.int64), mask, past, cross)
-    return np.asarray(logprobs, dtype=np.float64)
+    return np.asarray(rt.decode(bos, first, mask, cache, cross).logprobs, dtype=np.float64)
 
 
 def check(what: str, values: dict[str, float], bounds: dict[str, float]) -> list[str]:

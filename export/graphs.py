@@ -1,7 +1,7 @@
 """PyTorch modules as ONNX graphs with the contract's fixed IO names (`service.contract.graphs`).
 
 TorchScript-based exporter, opset 17, single-file models. The translator's first decoder step
-takes an empty past (past = 0), so one decoder graph serves every step.
+takes a cache with no used slot (position 0), so one decoder graph serves every step.
 """
 
 from __future__ import annotations
@@ -47,22 +47,13 @@ class DecoderStepGraph(nn.Module):
         self.n = len(model.layers)
 
     def forward(
-        self,
-        input_ids: Tensor,
-        position_ids: Tensor,
-        row_index: Tensor,
-        past_attention_mask: Tensor,
-        encoder_attention_mask: Tensor,
-        *kv: Tensor,
+        self, input_ids: Tensor, position_ids: Tensor, encoder_attention_mask: Tensor, *kv: Tensor
     ) -> tuple[Tensor, ...]:
-        # The gather is free next to the concatenation that copies the past anyway.
-        past = [(kv[2 * i].index_select(0, row_index), kv[2 * i + 1].index_select(0, row_index)) for i in range(self.n)]
+        cache = [(kv[2 * i], kv[2 * i + 1]) for i in range(self.n)]
         cross = [(kv[2 * self.n + 2 * i], kv[2 * self.n + 2 * i + 1]) for i in range(self.n)]
-        logits, present, weights = self.model.decode_step(
-            input_ids, position_ids, past, past_attention_mask, cross, encoder_attention_mask
-        )
+        logits, new_kv, weights = self.model.decode_step(input_ids, position_ids, cache, cross, encoder_attention_mask)
         logprobs = torch.log_softmax(logits, dim=-1)  # (R, V)
-        return (logprobs, *[t for p in present for t in p], weights)
+        return (logprobs, *[t for kv_ in new_kv for t in kv_], weights)
 
 
 def graph_io(model: Classifier | Translator) -> dict[str, GraphSpec]:
@@ -81,7 +72,7 @@ def graph_io(model: Classifier | Translator) -> dict[str, GraphSpec]:
         return {"model": GraphSpec(inputs=ids, outputs=out)}
     n, h, dk = len(model.layers), c.n_heads, c.d_model // c.n_heads
 
-    def kv(names: list[str], length: str) -> list[TensorSpec]:
+    def kv(names: list[str], length: str | int) -> list[TensorSpec]:
         return [TensorSpec(name=name, dtype="float32", shape=["batch", h, length, dk]) for name in names]
 
     enc_in = [
@@ -95,18 +86,13 @@ def graph_io(model: Classifier | Translator) -> dict[str, GraphSpec]:
     dec_in = [
         TensorSpec(name=io.INPUT_IDS, dtype="int64", shape=["batch", 1]),
         TensorSpec(name=io.POSITION_IDS, dtype="int64", shape=["batch"]),
-        TensorSpec(name=io.ROW_INDEX, dtype="int64", shape=["batch"]),
-        TensorSpec(name=io.PAST_ATTENTION_MASK, dtype="int64", shape=["batch", "past"]),
         TensorSpec(name=io.ENCODER_ATTENTION_MASK, dtype="int64", shape=["batch", "source"]),
-        *[
-            TensorSpec(name=t.name, dtype=t.dtype, shape=["batch_before", *t.shape[1:]])
-            for t in kv(io.past_names(n), "past")
-        ],
+        *kv(io.cache_names(n), "slots"),
         *kv(io.cross_names(n), "source"),
     ]
     dec_out = [
         TensorSpec(name=io.LOGPROBS, dtype="float32", shape=["batch", c.vocab_size]),
-        *kv(io.present_names(n), "past_plus_one"),
+        *kv(io.new_kv_names(n), 1),
         TensorSpec(name=io.CROSS_ATTENTIONS, dtype="float32", shape=["batch", n, h, "source"]),
     ]
     return {"encoder": GraphSpec(inputs=enc_in, outputs=enc_out), "decoder": GraphSpec(inputs=dec_in, outputs=dec_out)}
@@ -150,12 +136,11 @@ def export_graphs(model: Classifier | Translator, folder: Path) -> dict[str, str
         _export(EncoderGraph(model), (ids, mask), spec["encoder"], folder / "encoder.onnx")
         cross_kv = model.cross_kv(model.encode(ids, mask))
         _, past = model.decode(torch.tensor([[1, 11, 12], [1, 13, 14]]), model.empty_past(2), cross_kv, mask)
-        flat_past = [t for kv in past for t in kv]
+        cache = [torch.cat([t, torch.zeros_like(t[:, :, :2])], dim=2) for kv in past for t in kv]  # 2 spare slots
         cross = [t for kv in cross_kv for t in kv]
-        positions, past_mask = torch.tensor([3, 2]), torch.tensor([[1, 1, 1], [0, 1, 1]])
         _export(
             DecoderStepGraph(model),
-            (torch.tensor([[15], [16]]), positions, torch.tensor([1, 0]), past_mask, mask, *flat_past, *cross),
+            (torch.tensor([[15], [16]]), torch.tensor([3, 2]), mask, *cache, *cross),
             spec["decoder"],
             folder / "decoder.onnx",
         )

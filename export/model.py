@@ -82,6 +82,17 @@ def attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None) -> tuple[Ten
     return weights @ v, weights  # (B, H, T, d_k)
 
 
+def attention_with_new(q: Tensor, cache: KV, cache_bias: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    """One query over a row's cached keys plus its own new key, without concatenating the cache
+    (the serving step: the cache is written in place by the caller, never copied by the graph).
+    q, k, v (R, H, 1, d_k); cache (R, H, C, d_k) each; cache_bias (R, 1, 1, C) masks unused slots.
+    Returns the attended values (R, H, 1, d_k) and the weights (R, H, 1, C + 1)."""
+    scale = math.sqrt(q.size(-1))
+    scores = torch.cat([q @ cache[0].transpose(-2, -1) / scale + cache_bias, q @ k.transpose(-2, -1) / scale], -1)
+    weights = torch.softmax(scores, dim=-1)
+    return weights[..., :-1] @ cache[1] + weights[..., -1:] * v, weights
+
+
 def padding_bias(mask: Tensor) -> Tensor:
     """(B, S) 1/0 attention mask -> (B, 1, 1, S) additive bias."""
     return (1.0 - mask[:, None, None, :].float()) * NEG_INF
@@ -126,9 +137,20 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: Tensor, kv: KV, bias: Tensor | None) -> tuple[Tensor, Tensor]:
         q = self.split(self.q_proj(x))  # (B, H, T, d_k)
         out, weights = attention(q, kv[0], kv[1], bias)  # (B, H, T, d_k), (B, H, T, S)
+        return self.merge(out), weights
+
+    def step(self, x: Tensor, cache: KV, cache_bias: Tensor) -> tuple[Tensor, KV]:
+        """Self-attention of one new token (x: (R, 1, D)) over its row's cache and itself; also
+        returns the token's key and value (R, H, 1, d_k), for the caller to cache."""
+        q = self.split(self.q_proj(x))
+        k, v = self.project_kv(x)
+        out, _ = attention_with_new(q, cache, cache_bias, k, v)
+        return self.merge(out), (k, v)
+
+    def merge(self, out: Tensor) -> Tensor:
+        """(B, H, T, d_k) heads -> the output projection of (B, T, D)."""
         b, _, t, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_k)  # (B, T, D)
-        return self.dropout(self.out_proj(out)), weights
+        return self.dropout(self.out_proj(out.transpose(1, 2).reshape(b, t, self.n_heads * self.d_k)))
 
 
 class FeedForward(nn.Module):
@@ -173,9 +195,18 @@ class DecoderLayer(nn.Module):
         k, v = self.self_attn.project_kv(h)  # (B, H, T, d_k)
         present = (torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2))  # (B, H, P+T, d_k)
         x = x + self.self_attn(h, present, self_bias)[0]
+        return self._cross_and_ffn(x, cross, src_bias, present)
+
+    def step(self, x: Tensor, cache: KV, cross: KV, cache_bias: Tensor, src_bias: Tensor) -> tuple[Tensor, KV, Tensor]:
+        """One new token per row over a slot cache (`MultiHeadAttention.step`): the new hidden
+        states, the token's key and value, the cross-attention weights (R, H, 1, S)."""
+        out, new = self.self_attn.step(self.norm1(x), cache, cache_bias)
+        return self._cross_and_ffn(x + out, cross, src_bias, new)
+
+    def _cross_and_ffn(self, x: Tensor, cross: KV, src_bias: Tensor, kv: KV) -> tuple[Tensor, KV, Tensor]:
         out, cross_weights = self.cross_attn(self.norm2(x), cross, src_bias)
         x = x + out
-        return x + self.ffn(self.norm3(x)), present, cross_weights
+        return x + self.ffn(self.norm3(x)), kv, cross_weights
 
 
 class Embedding(nn.Module):
@@ -284,26 +315,27 @@ class Translator(nn.Module):
         return logits, presents
 
     def decode_step(
-        self, tokens: Tensor, positions: Tensor, past: list[KV], past_mask: Tensor, cross: list[KV], src_mask: Tensor
+        self, tokens: Tensor, positions: Tensor, cache: list[KV], cross: list[KV], src_mask: Tensor
     ) -> tuple[Tensor, list[KV], Tensor]:
         """One token for each of R rows that may stand at different positions (the serving step).
 
-        tokens (R, 1), positions (R,) the index of each row's token, past (R, H, P, d_k) per layer
-        with past_mask (R, P) marking each row's own cached keys (1) among the padding (0). Returns
-        logits (R, V), the grown cache (R, H, P + 1, d_k) (the new key is always attended) and the
+        tokens (R, 1), positions (R,) the index of each row's token = how many of its keys are
+        cached; cache (R, H, C, d_k) per layer holds them in slots 0 .. position-1 (later slots
+        are masked, whatever they hold). Returns logits (R, V), the token's key and value per
+        layer (R, H, 1, d_k), which the caller writes into slot `position`, and the
         cross-attention weights of the token over the source, (R, layers, H, S).
         """
         x = self.embed(tokens, positions=positions[:, None])  # (R, 1, D)
-        keep = torch.cat([past_mask, torch.ones_like(tokens, dtype=past_mask.dtype)], dim=1)  # (R, P + 1)
-        self_bias = padding_bias(keep)  # (R, 1, 1, P + 1)
+        slots = torch.arange(cache[0][0].size(2), device=tokens.device)
+        cache_bias = padding_bias((slots[None, :] < positions[:, None]).long())  # (R, 1, 1, C)
         src_bias = padding_bias(src_mask)  # (R, 1, 1, S)
-        presents, weights = [], []
-        for layer, layer_past, layer_cross in zip(self.layers, past, cross, strict=True):
-            x, present, cross_weights = layer(x, layer_past, layer_cross, self_bias, src_bias)
-            presents.append(present)
+        new_kv, weights = [], []
+        for layer, layer_cache, layer_cross in zip(self.layers, cache, cross, strict=True):
+            x, kv, cross_weights = layer.step(x, layer_cache, layer_cross, cache_bias, src_bias)
+            new_kv.append(kv)
             weights.append(cross_weights[:, :, 0])  # (R, H, S)
         logits = self.norm(x[:, 0]) @ self.embed.tokens.weight.T  # (R, V), tied projection
-        return logits, presents, torch.stack(weights, dim=1)
+        return logits, new_kv, torch.stack(weights, dim=1)
 
     def forward(self, src: Tensor, src_mask: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits (B, T, V) for training: the whole target at once, no cache."""

@@ -58,13 +58,15 @@ def ort_greedy(
     record: list[dict[str, np.ndarray]] | None = None,
 ) -> list[list[int]]:
     """Greedy decoding on the ONNX graphs, driven as the service drives them: every live row of
-    every sentence shares each decoder step, each row at its own position with its own padded
-    past; sentence i joins at step i * join_every (0: all at once) and leaves when it ends."""
+    every sentence shares each decoder step, each row at its own position with its own cache in
+    the leading slots (the rest is junk the graph must ignore); sentence i joins at step
+    i * join_every (0: all at once) and leaves when it ends."""
     c = model.config
     n, h, dk = len(model.layers), c.n_heads, c.d_model // c.n_heads
     eos = c.eos_id
+    junk = np.random.default_rng(0)
     pending = list(range(len(src)))
-    live: list[dict] = []  # per sentence: id, source cross K/V and mask, own past, tokens
+    live: list[dict] = []  # per sentence: id, source cross K/V and mask, own cache, tokens
     out: list[list[int]] = [[] for _ in src]
     step = 0
     while pending or live:
@@ -72,17 +74,24 @@ def ort_greedy(
             i = pending.pop(0)
             ids, mask = pad([src[i]])
             cross = enc.run(None, {io.INPUT_IDS: ids, io.ATTENTION_MASK: mask})[1:]
-            live.append({"id": i, "cross": cross, "mask": mask[0], "past": [np.zeros((h, 0, dk), np.float32)] * 2 * n})
+            live.append({"id": i, "cross": cross, "mask": mask[0], "cache": [np.zeros((h, 0, dk), np.float32)] * 2 * n})
         step += 1
         if not live:
             continue
-        p = max(r["past"][0].shape[1] for r in live)
+        slots = max(r["cache"][0].shape[1] for r in live) + 1  # at least one spare slot, with junk
         s = max(len(r["mask"]) for r in live)
-        past = [
-            np.stack([np.pad(r["past"][j], ((0, 0), (p - r["past"][j].shape[1], 0), (0, 0))) for r in live])
+        cache = [
+            np.stack(
+                [
+                    np.concatenate(
+                        [r["cache"][j], junk.normal(size=(h, slots - r["cache"][j].shape[1], dk)).astype(np.float32)],
+                        axis=1,
+                    )
+                    for r in live
+                ]
+            )
             for j in range(2 * n)
         ]
-        past_mask = np.array([[0] * (p - r["past"][0].shape[1]) + [1] * r["past"][0].shape[1] for r in live])
         cross = [
             np.concatenate(
                 [np.pad(r["cross"][j], ((0, 0), (0, 0), (0, s - r["cross"][j].shape[2]), (0, 0))) for r in live]
@@ -93,21 +102,19 @@ def ort_greedy(
         last = np.array([[out[r["id"]][-1] if out[r["id"]] else c.bos_id] for r in live], dtype=np.int64)
         feed = {
             io.INPUT_IDS: last,
-            io.POSITION_IDS: np.array([len(out[r["id"]]) for r in live], dtype=np.int64),
-            io.ROW_INDEX: np.arange(len(live), dtype=np.int64),
-            io.PAST_ATTENTION_MASK: past_mask.astype(np.int64).reshape(len(live), p),
+            io.POSITION_IDS: np.array([r["cache"][0].shape[1] for r in live], dtype=np.int64),
             io.ENCODER_ATTENTION_MASK: enc_mask,
-            **dict(zip(io.past_names(n), past, strict=True)),
+            **dict(zip(io.cache_names(n), cache, strict=True)),
             **dict(zip(io.cross_names(n), cross, strict=True)),
         }
-        res = dec.run(None, feed)
+        res = dict(zip([o.name for o in dec.get_outputs()], dec.run(None, feed), strict=True))
         if record is not None:
             record.append(feed)
+        new = [res[name] for name in io.new_kv_names(n)]
         keep = []
         for k, r in enumerate(live):
-            tok = int(res[0][k].argmax())
-            length = r["past"][0].shape[1] + 1
-            r["past"] = [res[1 + j][k][:, -length:] for j in range(2 * n)]
+            tok = int(res[io.LOGPROBS][k].argmax())
+            r["cache"] = [np.concatenate([r["cache"][j], new[j][k]], axis=1) for j in range(2 * n)]
             if tok == eos:
                 continue
             out[r["id"]].append(tok)
@@ -169,12 +176,13 @@ def check_classifier(
 
 
 def check_translator(model: Translator, enc_path: Path, dec_path: Path, seqs: Sequence[list[int]], tol: float) -> float:
-    """Encoder outputs and decoder log-probs at several past lengths, including the empty past,
-    with rows whose past is left-padded (as when a sentence joins a running batch), and a
-    reordered past (row_index)."""
+    """Encoder outputs, and the decoder's outputs at several cache lengths, including the empty
+    cache, with spare slots holding junk (as in a running batch): log-probabilities, the new key
+    and value, the cross-attention weights."""
     c = model.config
     n = len(model.layers)
     enc, dec = session(enc_path), session(dec_path)
+    names = [o.name for o in dec.get_outputs()]
     worst = 0.0
     for batch in _cases(seqs):
         ids, mask = pad(batch)
@@ -188,37 +196,35 @@ def check_translator(model: Translator, enc_path: Path, dec_path: Path, seqs: Se
         cross = dict(zip(io.cross_names(n), got_enc[1:], strict=True))
         b = len(batch)
         prefix = _t(np.array([[c.bos_id] + list(range(10, 16))] * b, dtype=np.int64))
-        for past_len, padding in ((0, 0), (1, 0), (4, 0), (6, 0), (0, 3), (4, 2)):
-            ref_logits, ref_past = model.decode(prefix[:, : past_len + 1], model.empty_past(b), cross_t, t_mask)
+        for cached, spare in ((0, 0), (1, 0), (4, 0), (6, 0), (0, 3), (4, 2)):
+            ref_logits, ref_past = model.decode(prefix[:, : cached + 1], model.empty_past(b), cross_t, t_mask)
             ref = torch.log_softmax(ref_logits[:, -1], -1).detach().numpy()
-            _, past = model.decode(prefix[:, :past_len], model.empty_past(b), cross_t, t_mask)
-            junk = np.random.default_rng(past_len).normal(size=(b, c.n_heads, padding, c.d_model // c.n_heads))
-            flat = [np.concatenate([junk.astype(np.float32), t.detach().numpy()], axis=2) for kv in past for t in kv]
-            perm = np.arange(b)[::-1].copy()  # the past arrives reversed; row_index gathers it back
-            flat = [a[perm] for a in flat]
+            junk = np.random.default_rng(cached).normal(size=(b, c.n_heads, spare, c.d_model // c.n_heads))
+            cache = [
+                np.concatenate([t.detach().numpy()[:, :, :cached], junk.astype(np.float32)], axis=2)
+                for kv in ref_past
+                for t in kv
+            ]
             feed = {
-                io.INPUT_IDS: prefix[:, past_len : past_len + 1].numpy(),
-                io.POSITION_IDS: np.full(b, past_len, dtype=np.int64),
-                io.ROW_INDEX: perm,
-                io.PAST_ATTENTION_MASK: np.array([[0] * padding + [1] * past_len] * b, dtype=np.int64).reshape(b, -1),
+                io.INPUT_IDS: prefix[:, cached : cached + 1].numpy(),
+                io.POSITION_IDS: np.full(b, cached, dtype=np.int64),
                 io.ENCODER_ATTENTION_MASK: mask,
                 **cross,
-                **dict(zip(io.past_names(n), flat, strict=True)),
+                **dict(zip(io.cache_names(n), cache, strict=True)),
             }
-            got = dec.run(None, feed)
-            worst = max(worst, float(np.abs(ref - got[0]).max()))
-            for r, g in zip([t for kv in ref_past for t in kv], got[1:-1], strict=True):
-                worst = max(worst, float(np.abs(r.detach().numpy() - g[:, :, padding:]).max()))
-            step_past = [(_t(flat[2 * i])[perm], _t(flat[2 * i + 1])[perm]) for i in range(n)]
+            got = dict(zip(names, dec.run(None, feed), strict=True))
+            worst = max(worst, float(np.abs(ref - got[io.LOGPROBS]).max()))
+            new_ref = [t.detach().numpy()[:, :, cached : cached + 1] for kv in ref_past for t in kv]
+            for r, name in zip(new_ref, io.new_kv_names(n), strict=True):
+                worst = max(worst, float(np.abs(r - got[name]).max()))
             _, _, ref_weights = model.decode_step(
-                prefix[:, past_len : past_len + 1],
+                prefix[:, cached : cached + 1],
                 _t(feed[io.POSITION_IDS]),
-                step_past,
-                _t(feed[io.PAST_ATTENTION_MASK]),
+                [(_t(cache[2 * i]), _t(cache[2 * i + 1])) for i in range(n)],
                 cross_t,
                 t_mask,
             )
-            worst = max(worst, float(np.abs(ref_weights.detach().numpy() - got[-1]).max()))
+            worst = max(worst, float(np.abs(ref_weights.detach().numpy() - got[io.CROSS_ATTENTIONS]).max()))
     if worst > tol:
         raise ExportError(
             f"{enc_path.name}/{dec_path.name}: ONNX Runtime differs from PyTorch by {worst:.2e} > {tol:.0e}"
@@ -238,8 +244,8 @@ def check_quantized_translator(
     ort_greedy(ref_enc, ref_dec, model, seqs, model.config.max_len, join_every=1, record=feeds)
     worst = 0.0
     for feed in feeds:
-        ref, got = ref_dec.run([io.LOGPROBS], feed)[0], dec.run([io.LOGPROBS], feed)[0]
-        worst = max(worst, float(np.abs(np.exp(ref) - np.exp(got)).max()))
+        ref, got = (np.exp(sess.run([io.LOGPROBS], feed)[0]) for sess in (ref_dec, dec))
+        worst = max(worst, float(np.abs(ref - got).max()))
     if worst > tol:
         raise ExportError(f"{variant[1].name}: output probabilities differ from fp32 by {worst:.2e} > {tol:.0e}")
     return worst

@@ -1,10 +1,11 @@
 """A translator runtime with exact arithmetic, for the batch and scheduler tests.
 
-Its "K/V cache" stores the tokens each row has seen (heads 1, d_k 1) and its "cross-attention"
-stores the sentence's first source id, so the log-probabilities of a row depend only on what
-`RunningBatch` fed it: the sentence it belongs to and the prefix its past holds. Wrong row
-bookkeeping (a bad gather, an unmasked padding column, a moved block) gives wrong prefixes, and
-results that differ from decoding the sentence alone.
+Its "K/V cache" stores the tokens each row has seen (heads 1, d_k 1: the new key of a step is
+its token) and its "cross-attention" stores the sentence's first source id, so the
+log-probabilities of a row depend only on what `RunningBatch` fed it: the sentence it belongs to
+and the prefix its cache slots hold. Wrong row bookkeeping (a bad reorder, a slot written in the
+wrong place, an unmasked padding column, a moved block) gives wrong prefixes, and results that
+differ from decoding the sentence alone.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Callable, Sequence
 from functools import cache
 
 import numpy as np
+
+from service.engine.runtime import DecoderStep
 
 BOS, EOS, PAD = 1, 2, 0
 
@@ -50,27 +53,24 @@ class FakeRuntime:
         self,
         tokens: np.ndarray,
         positions: np.ndarray,
-        row_index: np.ndarray,
-        past_mask: np.ndarray,
         enc_mask: np.ndarray,
-        past: Sequence[np.ndarray],
+        cache: Sequence[np.ndarray],
         cross: Sequence[np.ndarray],
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        attention: bool = False,
+    ) -> DecoderStep:
         if self.gate is not None:
             self.gate.wait(20)
         if self.fail():
             raise RuntimeError("simulated runtime failure")
         self.steps += 1
         self.rows.append(len(tokens))
-        gathered = past[0][row_index]  # (R, 1, P, 1)
-        present = np.concatenate([gathered, tokens.reshape(-1, 1, 1, 1).astype(np.float32)], axis=2)
         out = np.zeros((len(tokens), self.vocab), np.float32)
         for r in range(len(tokens)):
-            valid = present[r, 0, :-1, 0][past_mask[r] == 1].astype(int).tolist()
-            assert len(valid) == positions[r], "position_ids must count the row's own past"
+            valid = cache[0][r, 0, : positions[r], 0].astype(int).tolist()  # the row's own slots
             sentence = cross[0][r, 0, enc_mask[r] == 1, 0]
             assert len(set(sentence.tolist())) == 1, "a row must see exactly its own sentence"
             fed = (*valid, int(tokens[r]))
-            assert fed[0] == BOS
+            assert fed[0] == BOS, "slot 0 must hold the row's BOS"
             out[r] = table_logprobs(self.seed, int(sentence[0]), fed[1:], self.vocab)
-        return out, [present, present]
+        new = tokens.reshape(-1, 1, 1, 1).astype(np.float32)
+        return DecoderStep(out, [new, new])

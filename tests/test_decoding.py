@@ -446,3 +446,45 @@ def test_finish_reason_says_how_a_hypothesis_ended() -> None:
     assert h.finished and h.finish_reason == "eos"
     [h] = run_greedy(table_model(ENDLESS), [3])
     assert not h.finished and h.finish_reason == "length"
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    widths=st.lists(st.integers(1, 8), min_size=1, max_size=5),
+    vocab=st.sampled_from([5, 12, 40, 300]),
+    ties=st.booleans(),
+)
+def test_candidates_ranked_for_a_whole_batch_decide_as_each_sentence_alone(
+    seed: int, widths: list[int], vocab: int, ties: bool
+) -> None:
+    """`rank_candidates` over several sentences of different beam widths, then `advance_ranked`
+    per sentence, decides exactly what `advance` decides from the sentence's own log-probs,
+    also with many tied scores and vocabularies too small to supply 2K candidates."""
+    from service.engine.decoding import Search, rank_candidates
+
+    rng = np.random.default_rng(seed)
+    params = [DecodeParams(beam_size=k, num_hypotheses=k, max_new_tokens=6) for k in widths]
+    alone = [Search(p, BOS, EOS) for p in params]
+    batched = [Search(p, BOS, EOS) for p in params]
+    while not all(s.done for s in alone):
+        live = [i for i, s in enumerate(alone) if not s.done]
+        assert live == [i for i, s in enumerate(batched) if not s.done]
+        logp_of = {}
+        for i in live:
+            logits = rng.normal(size=(widths[i], vocab)).round(0 if ties else 6)  # rounding: equal scores
+            logits[:, EOS] += rng.normal() * 2
+            logp_of[i] = (logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)).astype(np.float32)
+        logp = np.concatenate([logp_of[i] for i in live])
+        w = np.array([widths[i] for i in live])
+        cum = np.concatenate([batched[i].cum for i in live])
+        score, row, tok = rank_candidates(logp, cum, w, 2 * w, EOS)
+        start = 0
+        for j, i in enumerate(live):
+            c = 2 * widths[i]
+            a = alone[i].advance(logp_of[i])
+            b = batched[i].advance_ranked(score[j, :c], row[j, :c] - start, tok[j, :c])
+            assert (a is None) == (b is None) and (a is None or np.array_equal(a, b))
+            assert np.array_equal(alone[i].tokens, batched[i].tokens)
+            start += widths[i]
+    assert [s.hypotheses() for s in alone] == [s.hypotheses() for s in batched]

@@ -38,11 +38,11 @@ def test_translator_graphs_have_documented_names_and_dynamic_axes(tiny_store: Pa
     assert list(enc) == ["input_ids", "attention_mask", "last_hidden_state"] + cross_names(n)
     assert enc["input_ids"] == ["batch", "source"]
     assert enc["cross_key_values.0.key"] == ["batch", 4, "source", 8]
-    assert dec["input_ids"] == ["batch", 1] and dec["position_ids"] == dec["row_index"] == ["batch"]
-    assert dec["past_attention_mask"] == ["batch", "past"]
-    assert dec["past_key_values.1.value"] == ["batch_before", 4, "past", 8]  # row_index gathers it
-    assert dec["present.0.key"] == ["batch", 4, "past_plus_one", 8]
-    assert dec["logprobs"] == ["batch", m.architecture["vocab_size"]]
+    vocab = m.architecture["vocab_size"]
+    assert dec["input_ids"] == ["batch", 1] and dec["position_ids"] == ["batch"]
+    assert dec["cache.1.value"] == ["batch", 4, "slots", 8]
+    assert dec["new_key_values.0.key"] == ["batch", 4, 1, 8]  # the caller writes it into its slot
+    assert dec["logprobs"] == ["batch", vocab]
     for role in ("encoder", "decoder"):
         spec = m.graphs[role]
         assert [t.name for t in spec.inputs + spec.outputs] == list(enc if role == "encoder" else dec)
@@ -207,7 +207,8 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
     data = tmp_path / "data" / "translation"
     data.mkdir(parents=True)
     rows = [{"en": s, "de": s, "source": "test"} for s in sentences(110, seed=11)]
-    (data / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for split in ("valid", "test"):  # validation and calibration on one, the figures on the other
+        (data / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     card = {"translation": {"sources": [{"name": "trans-de-en", "version": "1.9-6", "licence": "GPL-2+"}]}}
     (tmp_path / "data" / "datacard.json").write_text(json.dumps(card))
     store = tmp_path / "store"

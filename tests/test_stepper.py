@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.engine.decoding import DecodeParams, Hypothesis, Search
-from service.engine.running import SOURCE_SLACK, RunningBatch
+from service.engine.running import SOURCE_SLACK, RunningBatch, ShardedBatch
 from service.errors import DeadlineExceeded, InputTooLong, QueueFull, ShuttingDown
 from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
 from tests.fakes import BOS, EOS, PAD, FakeRuntime
@@ -71,7 +71,10 @@ def test_random_arrivals_and_departures_decode_as_alone(data: st.DataObject) -> 
     srcs = [source(i, rng) for i in range(n)]
     cancel = set(data.draw(st.lists(st.integers(0, n - 1), max_size=2)))
     want = [alone(rt, s, p) for s, p in zip(srcs, params, strict=True)]
-    batch: RunningBatch[int] = RunningBatch(rt, PAD)  # type: ignore[arg-type]
+    shards = data.draw(st.sampled_from([1, 2, 3]))  # sharded: steps of the shards on threads at once
+    batch: RunningBatch[int] | ShardedBatch[int] = (
+        ShardedBatch(rt, rt, shards, PAD) if shards > 1 else RunningBatch(rt, PAD)  # type: ignore[arg-type]
+    )
     got: dict[int, list[Hypothesis]] = {}
     pending, step = list(range(n)), 0
     while pending or batch.blocks:
@@ -114,6 +117,24 @@ def test_row_capacity_follows_rows_not_source_widths() -> None:
         while len(batch.blocks) > 1:
             batch.step()
     assert batch.buf.capacity <= 8
+
+
+def test_a_failing_shard_hands_back_what_the_other_shards_finished() -> None:
+    """Shards step at once; when one fails, the sentences another one finished in that step are
+    not lost (the owner answers them and fails the rest)."""
+    from service.engine.running import StepError
+
+    rt = FakeRuntime(seed=4)
+    rt.fail = lambda: threading.current_thread().name.startswith("shard")  # the second shard's thread
+    batch: ShardedBatch[int] = ShardedBatch(rt, rt, 2, PAD)  # type: ignore[arg-type]
+    one_token = DecodeParams(beam_size=1, max_new_tokens=1)
+    batch.join([[100, EOS], [101, EOS]], [Search(one_token, BOS, EOS), Search(one_token, BOS, EOS)], [0, 1])
+    assert [len(p.blocks) for p in batch.parts] == [1, 1]
+    with pytest.raises(StepError) as failed:
+        batch.step()
+    assert [tag for tag, _ in failed.value.finished] == [0]
+    assert [b.tag for b in batch.blocks] == [1]
+    batch.close()
 
 
 # -- the scheduler thread --------------------------------------------------------------------

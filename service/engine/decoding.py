@@ -126,6 +126,22 @@ class Search:
             self.done = True
         return parents
 
+    @property
+    def plain(self) -> bool:
+        """A beam (greedy: K = 1) without penalties: its step only needs its 2K best candidates,
+        which `rank_candidates` finds for every plain sentence of a batch at once."""
+        p = self.params
+        return self._rng is None and p.repetition_penalty == 1.0 and not p.no_repeat_ngram_size
+
+    def advance_ranked(self, score: np.ndarray, row: np.ndarray, tok: np.ndarray) -> np.ndarray | None:
+        """`advance` for a plain search from its 2K best candidates (`rank_candidates`, rows
+        counted within the block): the same decision, without the full log-probabilities."""
+        self.t += 1
+        parents = self._continue(score, row, tok)
+        if parents is None:
+            self.done = True
+        return parents
+
     def hypotheses(self) -> list[Hypothesis]:
         """Best first: up to num_hypotheses (fewer only if the vocabulary cannot supply them)."""
         return sorted(self.found, key=lambda h: -h.score)[: self.params.num_hypotheses]
@@ -133,9 +149,13 @@ class Search:
     # -- beam search (greedy is K = 1) ---------------------------------------------------------
 
     def _beam(self, logp: NDArray[np.floating]) -> np.ndarray | None:
-        k, t, lp = self.width, self.t, self.params.length_penalty
+        k = self.width
         score, row, tok = _top_candidates(logp, self.cum, k, 2 * k, self.eos_id)
-        score, row, tok = score[0], row[0], tok[0]  # (2K,) ranked
+        return self._continue(score[0], row[0], tok[0])
+
+    def _continue(self, score: np.ndarray, row: np.ndarray, tok: np.ndarray) -> np.ndarray | None:
+        """The step after ranking: (2K,) candidates best first (cumulative score, row, token)."""
+        k, t, lp = self.width, self.t, self.params.length_penalty
         is_eos = tok == self.eos_id
         # fairseq: an EOS among the K best candidates ends that hypothesis.
         for j in np.flatnonzero(is_eos[:k] & np.isfinite(score[:k])):
@@ -290,29 +310,46 @@ def beam_search(
 def _top_candidates(
     logp: NDArray[np.floating], cum: NDArray[np.float64], width: int, c: int, pad_tok: int
 ) -> tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]]:
-    """The c best continuations of each sentence, best first: (score, row, token), each (A, c).
+    """The c best continuations of each sentence of `width` rows, best first: (score, row, token),
+    each (A, c); `rank_candidates` for sentences of one width."""
+    n_sent = logp.shape[0] // width
+    return rank_candidates(logp, cum, np.full(n_sent, width), np.full(n_sent, c), pad_tok)
+
+
+def rank_candidates(
+    logp: NDArray[np.floating],
+    cum: NDArray[np.float64],
+    widths: NDArray[np.integer],
+    counts: NDArray[np.integer],
+    pad_tok: int,
+) -> tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.int64]]:
+    """The counts[i] best continuations of sentence i, whose widths[i] rows follow the previous
+    sentence's: (score, row, token), each (A, max(counts)), best first.
 
     Ranking is by score = cum[row] + logp[row, tok], ties to the lower (row, tok), i.e. the
     lower index into the sentence's (width*V) view. Rather than a top-k over that whole view,
-    a per-row threshold that the row's c best tokens are known to pass keeps only a few tokens
-    per row; those are ranked exactly. Sentences with fewer than c candidates are padded with
-    score -inf, token ``pad_tok`` and the sentence's first row.
+    a per-row threshold that the row's best tokens are known to pass keeps only a few tokens
+    per row; those are ranked exactly, for every sentence of the batch in one sort. Places
+    beyond a sentence's count or candidates hold score -inf, token ``pad_tok`` and the
+    sentence's first row.
     """
-    r, v = logp.shape
-    n_sent = r // width
+    v = logp.shape[1]
+    n_sent, c = len(widths), int(np.max(counts))
+    starts = np.concatenate([[0], np.cumsum(widths)[:-1]]).astype(np.int64)
+    sent_of_row = np.repeat(np.arange(n_sent), widths)
     flat = np.flatnonzero(logp >= _row_threshold(logp, c)[:, None])  # into logp.ravel()
     cand_row = flat // v
     cand_score = cum[cand_row] + logp.reshape(-1)[flat]  # float64
-    cand_sent = cand_row // width
+    cand_sent = sent_of_row[cand_row]
     order = np.lexsort((flat, -cand_score, cand_sent))  # by sentence, score desc, index
     flat, cand_score, cand_sent = flat[order], cand_score[order], cand_sent[order]
     first = np.searchsorted(cand_sent, np.arange(n_sent))  # first candidate of each sentence
     rank = np.arange(flat.size) - first[cand_sent]
-    top = rank < c
+    top = rank < np.asarray(counts)[cand_sent]
     at = (cand_sent[top], rank[top])
 
     score = np.full((n_sent, c), -np.inf)
-    row = np.repeat(np.arange(n_sent, dtype=np.int64) * width, c).reshape(n_sent, c)
+    row = np.repeat(starts, c).reshape(n_sent, c)
     tok = np.full((n_sent, c), pad_tok, dtype=np.int64)
     score[at] = cand_score[top]
     row[at] = flat[top] // v

@@ -2,37 +2,40 @@
 
 Every active sentence holds a block of `width` consecutive rows (its `Search` decides what they
 do). One `step()` runs the decoder graph once for all rows, each row at its own position with
-its own past (IO contract 2), then lets each search pick its continuations. Nothing a sentence
-sees depends on its neighbours: its past is gathered by `row_index`, padding is masked.
+its own cache (IO contract 3), then lets each search pick its continuations; the candidates of
+every plain beam are ranked for the whole batch in one sort. Nothing a sentence sees depends on
+its neighbours: a row attends to its own cache slots only, padding is masked.
 
-Data kept between steps, and how little of it moves:
-- the self-attention cache is the graph's `present` output, fed back as the next `past`; beam
-  reorders and leaving rows are a `row_index` gather inside the graph, not numpy copies. A new
-  row points at any existing row with an all-zero `past_attention_mask` (masked keys get exactly
-  zero weight), so joining copies nothing either;
-- cross-attention K/V and the source mask live in preallocated per-row buffers (capacity grows
-  by doubling): a joining sentence writes its block; when sentences leave, the blocks after
-  them move up to close the gap.
-Left padding of the past (a long sentence left) is trimmed when it grows to `TRIM_COLUMNS`;
-source columns that are padding for every row, when they reach `SOURCE_SLACK`.
+Data kept between steps, all in preallocated per-row buffers whose capacity grows by doubling
+(rows, cache slots) or as needed (source columns), so that little of it moves:
+- the self-attention cache: row r's keys and values in slots 0 .. t-1 (t: its position). The
+  graph returns only the step's new key and value, written here into slot t in place; a beam
+  reorder copies just the rows whose parent changed; a joining row needs no copy at all (slot
+  contents beyond a row's position are never attended);
+- cross-attention K/V and the source mask: a joining sentence writes its block once.
+When sentences leave, the blocks after them move up to close the gap; source columns that no row
+needs any more are released when they reach `SOURCE_SLACK`, cache slots when at most a quarter
+of them is still needed.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
 from service.contract.graphs import pad
-from service.engine.decoding import Hypothesis, Search
+from service.engine.decoding import Hypothesis, Search, rank_candidates
 from service.engine.runtime import TranslatorRuntime
 
 T = TypeVar("T")
-TRIM_COLUMNS = 8  # drop left padding of the past once it is this wide
 SOURCE_SLACK = 8  # shrink the source buffer once this many columns are padding for every row
+WIDE_MIN_ROWS = 16  # a lone shard steps on every thread from this many rows on (measured: bench/engine.py)
+SLOT_CHUNK = 8  # the fewest cache slots; they double when rows need more (each growth copies the cache)
 
 
 @dataclass(eq=False)
@@ -47,10 +50,12 @@ class Block(Generic[T]):
 
 @dataclass
 class _Buffers:
-    """Per-row cross-attention K/V and source mask, with spare capacity (rows and source columns)."""
+    """Per-row buffers with spare capacity (rows, source columns, cache slots): cross-attention
+    K/V and the source mask (fixed per sentence), the self-attention cache (growing)."""
 
     cross: list[np.ndarray] = field(default_factory=list)  # 2L arrays (capacity, H, S_cap, d_k)
     mask: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))  # (capacity, S_cap)
+    cache: list[np.ndarray] = field(default_factory=list)  # 2L arrays (capacity, H, slots, d_k)
 
     @property
     def capacity(self) -> int:
@@ -60,15 +65,36 @@ class _Buffers:
     def columns(self) -> int:
         return self.mask.shape[1]
 
-    def resize(self, rows: int, capacity: int, columns: int, heads: int, d_k: int, layers2: int) -> None:
-        """New buffers of this size holding the first `rows` rows (and as many columns as fit)."""
-        keep = min(columns, self.columns)
+    @property
+    def slots(self) -> int:
+        return self.cache[0].shape[2] if self.cache else 0
+
+    def resize(self, rows: int, capacity: int, columns: int, slots: int, heads: int, d_k: int, layers2: int) -> None:
+        """New buffers of this size holding the first `rows` rows (and as many columns and slots as fit)."""
+        keep, kept_slots = min(columns, self.columns), min(slots, self.slots)
         cross = [np.zeros((capacity, heads, columns, d_k), np.float32) for _ in range(layers2)]
+        cache = [np.zeros((capacity, heads, slots, d_k), np.float32) for _ in range(layers2)]
         mask = np.zeros((capacity, columns), np.int64)
         for new, old in zip(cross, self.cross, strict=False):
             new[:rows, :, :keep] = old[:rows, :, :keep]
+        for new, old in zip(cache, self.cache, strict=False):
+            new[:rows, :, :kept_slots] = old[:rows, :, :kept_slots]
         mask[:rows, :keep] = self.mask[:rows, :keep]
-        self.cross, self.mask = cross, mask
+        self.cross, self.mask, self.cache = cross, mask, cache
+
+    def resize_slots(self, rows: int, slots: int) -> None:
+        """Only the cache gets more (or fewer) slots: the rest stays where it is."""
+        kept = min(slots, self.slots)
+        cache = [np.zeros((old.shape[0], old.shape[1], slots, old.shape[3]), np.float32) for old in self.cache]
+        for new, old in zip(cache, self.cache, strict=True):
+            new[:rows, :, :kept] = old[:rows, :, :kept]
+        self.cache = cache
+
+    def move(self, src: int, dst: int, width: int) -> None:
+        """Rows src.. to dst.. (dst < src: ascending moves never overwrite a row still to move)."""
+        for buf in (*self.cross, *self.cache):
+            buf[dst : dst + width] = buf[src : src + width]
+        self.mask[dst : dst + width] = self.mask[src : src + width]
 
 
 class RunningBatch(Generic[T]):
@@ -80,12 +106,10 @@ class RunningBatch(Generic[T]):
         self.layers2 = 2 * rt.n_layers
         self.blocks: list[Block[T]] = []
         self.rows = 0
-        self.past = self._empty_past()  # the last step's present: 2L arrays (R_prev, H, P, d_k)
-        self.row_index = np.zeros(0, np.int64)  # (R,) the row of `past` each row continues
         self.buf = _Buffers()
 
-    def _empty_past(self) -> list[np.ndarray]:
-        return [np.zeros((1, self.rt.heads, 0, self.rt.d_k), np.float32)] * self.layers2
+    def set_timer(self, timer: Callable[[str, float], None] | None) -> None:
+        self.timer = timer
 
     # -- sentences in and out ----------------------------------------------------------------
 
@@ -97,30 +121,23 @@ class RunningBatch(Generic[T]):
         ids, mask = pad(sources, self.pad_id)
         cross = self.rt.encode(ids, mask)  # 2L arrays (n, H, S, d_k)
         self._record("encode", time.perf_counter() - t0)
-        widths = [s.width for s in searches]
-        need = self.rows + sum(widths)
+        need = self.rows + sum(s.width for s in searches)
         columns = max(self._source_needed(), ids.shape[1])
         if need > self.buf.capacity or columns > self.buf.columns:
             # rows double only when rows run out: wider sources alone keep the row capacity (the
             # source columns shrink again when long sentences leave, so they come and go often)
             capacity = max(need, 2 * self.buf.capacity, 8) if need > self.buf.capacity else self.buf.capacity
-            self.buf.resize(
-                self.rows, capacity, max(columns, self.buf.columns), self.rt.heads, self.rt.d_k, self.layers2
-            )
+            self._resize(capacity, max(columns, self.buf.columns), max(self.buf.slots, SLOT_CHUNK))
         s = ids.shape[1]
-        new_index = []
         for i, (search, tag) in enumerate(zip(searches, tags, strict=True)):
-            block = Block(tag, search, self.rows, int(mask[i].sum()))
             rows = slice(self.rows, self.rows + search.width)
             for buf, c in zip(self.buf.cross, cross, strict=True):
                 buf[rows, :, :s] = c[i]
                 buf[rows, :, s:] = 0.0
             self.buf.mask[rows, :s] = mask[i]
             self.buf.mask[rows, s:] = 0
-            self.blocks.append(block)
+            self.blocks.append(Block(tag, search, self.rows, int(mask[i].sum())))
             self.rows += search.width
-            new_index.append(np.zeros(search.width, np.int64))  # any row: its past is fully masked
-        self.row_index = np.concatenate([self.row_index, *new_index])
 
     def drop(self, keep: Callable[[T], bool]) -> list[T]:
         """Removes the sentences whose tag `keep` refuses (cancelled, expired); returns their tags."""
@@ -136,67 +153,72 @@ class RunningBatch(Generic[T]):
             return []
         t0 = time.perf_counter()
         r = self.rows
-        lengths = np.concatenate([np.full(b.search.width, b.search.t, np.int64) for b in self.blocks])  # (R,)
-        p = self.past[0].shape[2]
-        past_mask = (np.arange(p)[None, :] >= (p - lengths)[:, None]).astype(np.int64)  # (R, P), right-aligned
+        positions = np.concatenate([np.full(b.search.width, b.search.t, np.int64) for b in self.blocks])  # (R,)
+        needed = int(positions.max()) + 1
+        if needed > self.buf.slots:  # doubling: a sentence of n tokens copies its cache about log2(n) times
+            self.buf.resize_slots(self.rows, max(needed, 2 * self.buf.slots))
         tokens = np.concatenate([b.search.tokens for b in self.blocks])
-        cross = [c[:r] for c in self.buf.cross]  # leading rows of a C-ordered buffer: no copy
-        logp, self.past = self.rt.decode(
-            tokens, lengths, self.row_index, past_mask, self.buf.mask[:r], self.past, cross
+        out = self.rt.decode(
+            tokens, positions, self.buf.mask[:r], [c[:r] for c in self.buf.cache], [c[:r] for c in self.buf.cross]
         )
-        next_index = np.empty(r, np.int64)
+        every = np.arange(r)
+        for buf, new in zip(self.buf.cache, out.new_kv, strict=True):
+            buf[every, :, positions] = new[:, :, 0]  # each row's new key into its slot t
+        parents = every.copy()
         finished: list[Block[T]] = []
-        for b in self.blocks:
-            parents = b.search.advance(logp[b.start : b.start + b.search.width])
-            if parents is None:
+        ranked = self._rank(out.logprobs)
+        for i, b in enumerate(self.blocks):
+            w = b.search.width
+            rows = slice(b.start, b.start + w)
+            if ranked is not None and b.search.plain:
+                score, row, tok = ranked
+                chosen = b.search.advance_ranked(score[i, : 2 * w], row[i, : 2 * w] - b.start, tok[i, : 2 * w])
+            else:
+                chosen = b.search.advance(out.logprobs[rows])
+            if chosen is None:
                 finished.append(b)
             else:
-                next_index[b.start : b.start + b.search.width] = b.start + parents
-        self.row_index = next_index
+                parents[rows] = b.start + chosen
+        moved = np.flatnonzero(parents != every)
+        if moved.size:  # beam rows that continue another row take its cache (a copy: the source may move too)
+            for buf in self.buf.cache:
+                buf[moved] = buf[parents[moved]]
         self._remove(finished)
-        self._trim_past()
         self._record("decode", time.perf_counter() - t0)
         return [(b.tag, b.search.hypotheses()) for b in finished]
+
+    def _rank(self, logp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """The 2K best candidates of every sentence, in one sort for the whole batch (used by the
+        plain searches; sampling and penalties take their rows' full log-probabilities)."""
+        if not any(b.search.plain for b in self.blocks):
+            return None
+        widths = np.array([b.search.width for b in self.blocks])
+        cum = np.concatenate([b.search.cum for b in self.blocks])
+        return rank_candidates(logp, cum, widths, 2 * widths, self.blocks[0].search.eos_id)
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
     def _remove(self, gone: Sequence[Block[T]]) -> None:
-        """The blocks after each leaving one move up (cross rows, source mask, row_index)."""
+        """The blocks after each leaving one move up (cross rows, source mask, cache)."""
         if not gone:
             return
         leaving = set(map(id, gone))
-        kept = [b for b in self.blocks if id(b) not in leaving]
-        order = sorted(kept, key=lambda b: b.start)
-        new_start: dict[int, int] = {}
+        kept = sorted((b for b in self.blocks if id(b) not in leaving), key=lambda b: b.start)
         pos = 0
-        for b in order:
-            new_start[id(b)] = pos
+        for b in kept:
+            if b.start != pos:
+                self.buf.move(b.start, pos, b.search.width)
+                b.start = pos
             pos += b.search.width
-        moves = [(b.start, new_start[id(b)], b.search.width) for b in order if b.start != new_start[id(b)]]
-        index = self.row_index.copy()
-        for src, dst, w in moves:  # ascending destinations never overwrite a source still to move
-            for buf in self.buf.cross:
-                buf[dst : dst + w] = buf[src : src + w]
-            self.buf.mask[dst : dst + w] = self.buf.mask[src : src + w]
-            index[dst : dst + w] = self.row_index[src : src + w]
-        for b in order:
-            b.start = new_start[id(b)]
-        self.blocks, self.rows = order, pos
-        self.row_index = index[:pos]
-        if not self.blocks:
-            self.past, self.row_index = self._empty_past(), np.zeros(0, np.int64)
-        elif self.buf.columns - self._source_needed() >= SOURCE_SLACK:
-            self.buf.resize(
-                self.rows, self.buf.capacity, self._source_needed(), self.rt.heads, self.rt.d_k, self.layers2
-            )
+        self.blocks, self.rows = kept, pos
+        columns, slots = self._source_needed(), max((b.search.t for b in kept), default=0) + 1
+        if self.buf.columns - columns >= SOURCE_SLACK:
+            self._resize(self.buf.capacity, columns, self.buf.slots)
+        if self.buf.slots >= 4 * max(slots, SLOT_CHUNK):  # a long sentence left: attend over fewer slots
+            self.buf.resize_slots(self.rows, 2 * max(slots, SLOT_CHUNK))
 
-    def _trim_past(self) -> None:
-        if not self.blocks:
-            return
-        p = self.past[0].shape[2]
-        needed = max(b.search.t for b in self.blocks)
-        if p - needed >= TRIM_COLUMNS:
-            self.past = [np.ascontiguousarray(a[:, :, p - needed :]) for a in self.past]
+    def _resize(self, capacity: int, columns: int, slots: int) -> None:
+        self.buf.resize(self.rows, capacity, columns, slots, self.rt.heads, self.rt.d_k, self.layers2)
 
     def _source_needed(self) -> int:
         return max((b.source_len for b in self.blocks), default=0)
@@ -204,3 +226,87 @@ class RunningBatch(Generic[T]):
     def _record(self, stage: str, seconds: float) -> None:
         if self.timer is not None:
             self.timer(stage, seconds)
+
+
+class StepError(Exception):
+    """A shard's step failed; `finished` holds what the other shards finished in that step (their
+    owner answers those and fails the rest, as for any failing step)."""
+
+    def __init__(self, cause: Exception, finished: list[tuple[Any, list[Hypothesis]]]) -> None:
+        super().__init__(str(cause))
+        self.finished = finished
+
+
+class ShardedBatch(Generic[T]):
+    """Several running batches ("shards") stepped at once on as many threads, as CTranslate2's
+    workers do: each shard's decoder call runs on one core (ONNX Runtime releases the GIL), so
+    large batches use every core without the per-operator synchronisation of intra-op threads.
+    A joining sentence goes to the shard with the fewest rows and stays there with its cache.
+    When only one shard has work, it steps on `wide`, the runtime whose sessions use every thread,
+    if it holds at least WIDE_MIN_ROWS rows (below, on one thread: a step of a few rows is too
+    short for intra-op threads to pay off). The same interface as `RunningBatch` (one owner thread)."""
+
+    def __init__(
+        self,
+        narrow: TranslatorRuntime,
+        wide: TranslatorRuntime,
+        shards: int,
+        pad_id: int,
+        timer: Callable[[str, float], None] | None = None,
+    ) -> None:
+        self.narrow, self.wide = narrow, wide
+        self.parts: list[RunningBatch[T]] = [RunningBatch(wide, pad_id, timer) for _ in range(shards)]
+        self._pool = ThreadPoolExecutor(shards - 1, thread_name_prefix="shard")
+
+    @property
+    def blocks(self) -> list[Block[T]]:
+        return [b for p in self.parts for b in p.blocks]
+
+    def set_timer(self, timer: Callable[[str, float], None] | None) -> None:
+        for p in self.parts:
+            p.timer = timer
+
+    @property
+    def rows(self) -> int:
+        return sum(p.rows for p in self.parts)
+
+    def join(self, sources: Sequence[Sequence[int]], searches: Sequence[Search], tags: Sequence[T]) -> None:
+        rows = [p.rows for p in self.parts]
+        chosen: list[list[int]] = [[] for _ in self.parts]
+        for i, search in enumerate(searches):
+            k = rows.index(min(rows))
+            chosen[k].append(i)
+            rows[k] += search.width
+        for part, idx in zip(self.parts, chosen, strict=True):
+            part.rt = self.wide  # the encoder of the wide runtime: joins run on the owner thread alone
+            part.join([sources[i] for i in idx], [searches[i] for i in idx], [tags[i] for i in idx])
+
+    def drop(self, keep: Callable[[T], bool]) -> list[T]:
+        return [tag for p in self.parts for tag in p.drop(keep)]
+
+    def step(self) -> list[tuple[T, list[Hypothesis]]]:
+        active = [p for p in self.parts if p.blocks]
+        if len(active) <= 1:
+            for p in active:  # a few rows: one thread (intra-op threads cost more than they give)
+                p.rt = self.wide if p.rows >= WIDE_MIN_ROWS else self.narrow
+            return active[0].step() if active else []
+        for p in active:
+            p.rt = self.narrow
+        others = [self._pool.submit(p.step) for p in active[1:]]
+        done: list[tuple[T, list[Hypothesis]]] = []
+        error: Exception | None = None
+        try:
+            done += active[0].step()
+        except Exception as exc:
+            error = exc
+        for f in others:  # every shard ends its step before anything else touches the batch
+            try:
+                done += f.result()
+            except Exception as exc:
+                error = error or exc
+        if error is not None:
+            raise StepError(error, done) from error
+        return done
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)

@@ -1,7 +1,7 @@
 """ONNX Runtime: sessions, execution providers, thread count, and the translator's cached step.
 
-The only module that imports onnxruntime. Sessions are built from bytes whose sha256 the registry
-has just checked, so what runs is what the manifest pins, and an ONNX file that points at
+The only module that imports onnxruntime. Sessions are built from bytes whose sha256 the store
+(`service.store.read_pinned`) has just checked, so what runs is what the manifest pins, and an ONNX file that points at
 external data cannot make the runtime read files outside the store.
 """
 
@@ -96,15 +96,24 @@ def classifier_attention(session: ort.InferenceSession, ids: np.ndarray, mask: n
     return session.run([graphs.ATTENTIONS], {graphs.INPUT_IDS: ids, graphs.ATTENTION_MASK: mask})[0]
 
 
+@dataclass(frozen=True)
+class DecoderStep:
+    """One decoder step's outputs for R rows (IO contract 3, `service.contract.graphs`)."""
+
+    logprobs: np.ndarray  # (R, V)
+    new_kv: list[np.ndarray]  # 2L arrays (R, H, 1, d_k): the step's keys and values
+    attention: np.ndarray | None = None  # (R, L, H, S) cross-attention weights, when asked for
+
+
 class TranslatorRuntime:
-    """The translator's two graphs behind plain numpy calls (IO contract 2, `service.contract.graphs`)."""
+    """The translator's two graphs behind plain numpy calls (IO contract 3, `service.contract.graphs`)."""
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, n_layers: int) -> None:
         self.encoder, self.decoder, self.n_layers = encoder, decoder, n_layers
-        self.past_names = graphs.past_names(n_layers)
+        self.cache_names = graphs.cache_names(n_layers)
         self.cross_names = graphs.cross_names(n_layers)
-        self.present_names = graphs.present_names(n_layers)
-        shape = next(i for i in decoder.get_inputs() if i.name == self.past_names[0]).shape  # (R, H, past, d_k)
+        self.outputs = [graphs.LOGPROBS, *graphs.new_kv_names(n_layers)]
+        shape = next(i for i in decoder.get_inputs() if i.name == self.cache_names[0]).shape  # (R, H, slots, d_k)
         self.heads, self.d_k = int(shape[1]), int(shape[3])
 
     def encode(self, ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
@@ -116,29 +125,23 @@ class TranslatorRuntime:
         self,
         tokens: np.ndarray,
         positions: np.ndarray,
-        row_index: np.ndarray,
-        past_mask: np.ndarray,
         enc_mask: np.ndarray,
-        past: Sequence[np.ndarray],
+        cache: Sequence[np.ndarray],
         cross: Sequence[np.ndarray],
-        attention: list[np.ndarray] | None = None,
-    ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """One step for R rows: (R, V) log-probs and the grown cache, 2L arrays (R, H, P + 1, d_k).
-        `attention`, when given, receives the cross-attention weights (R, L, H, S) of the step."""
+        attention: bool = False,
+    ) -> DecoderStep:
+        """One step for R rows: row r's token at `positions[r]`, its keys in cache slots
+        0 .. positions[r]-1 (2L arrays (R, H, slots, d_k), contiguous: leading rows of a buffer)."""
         feed = {
             graphs.INPUT_IDS: tokens.reshape(-1, 1),
             graphs.POSITION_IDS: positions,
-            graphs.ROW_INDEX: row_index,
-            graphs.PAST_ATTENTION_MASK: past_mask,
             graphs.ENCODER_ATTENTION_MASK: enc_mask,
         }
-        feed.update(zip(self.past_names, past, strict=True))
+        feed.update(zip(self.cache_names, cache, strict=True))
         feed.update(zip(self.cross_names, cross, strict=True))
-        names = [graphs.LOGPROBS, *self.present_names] + ([graphs.CROSS_ATTENTIONS] if attention is not None else [])
-        outs = self.decoder.run(names, feed)
-        if attention is not None:
-            attention.append(outs.pop())
-        return outs[0], list(outs[1:])
+        outs = self.decoder.run(self.outputs + ([graphs.CROSS_ATTENTIONS] if attention else []), feed)
+        weights = outs.pop() if attention else None
+        return DecoderStep(outs[0], outs[1:], weights)
 
 
 def choose_variant(manifest: Manifest, requested: str | None) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 
@@ -17,10 +17,12 @@ from service.contract.graphs import IO_CONTRACT_VERSION, pad
 from service.contract.manifest import Manifest, ManifestError
 from service.engine import runtime, text
 from service.engine.decoding import DecodeParams, Hypothesis, Search
-from service.engine.running import RunningBatch
+from service.engine.running import RunningBatch, ShardedBatch
 from service.engine.tokenizer import TextCodec
 from service.errors import InvalidInput
 from service.store import StoreEntry, read_pinned
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,18 @@ class TranslatorEngine:
     batch (`RunningBatch`) and leaves it when done. The service's step scheduler drives the same
     batch from its own thread with sentences coming and going."""
 
-    def __init__(self, manifest: Manifest, rt: runtime.TranslatorRuntime, codec: TextCodec, variant: str) -> None:
+    def __init__(
+        self,
+        manifest: Manifest,
+        rt: runtime.TranslatorRuntime,
+        codec: TextCodec,
+        variant: str,
+        narrow: runtime.TranslatorRuntime | None = None,
+        shards: int = 1,
+    ) -> None:
         self.manifest, self.rt, self.codec, self.variant = manifest, rt, codec, variant
+        self.narrow, self.shards = narrow, shards  # one-thread decoder for sharded batches
+        self._spare: list[RunningBatch[int] | ShardedBatch[int]] = []  # idle batches, buffers kept
         st = manifest.special_tokens
         self.pad_id, self.bos_id, self.eos_id = st["pad_id"], st["bos_id"], st["eos_id"]
         self.max_new_tokens = manifest.max_new_tokens
@@ -127,13 +139,27 @@ class TranslatorEngine:
     ) -> list[list[Hypothesis]]:
         """Decodes prepared searches in one running batch until every one is done."""
         out: list[list[Hypothesis]] = [s.hypotheses() for s in searches]
-        batch: RunningBatch[int] = RunningBatch(self.rt, self.pad_id, timer)
+        batch = self._spare.pop() if self._spare else self.new_batch()
+        batch.set_timer(timer)
         live = [i for i, s in enumerate(searches) if not s.done]
-        batch.join([seqs[i] for i in live], [searches[i] for i in live], live)
-        while batch.blocks:
-            for i, hyps in batch.step():
-                out[i] = hyps
+        try:
+            batch.join([seqs[i] for i in live], [searches[i] for i in live], live)
+            while batch.blocks:
+                for i, hyps in batch.step():
+                    out[i] = hyps
+        except BaseException:
+            batch.drop(lambda _: False)
+            raise
+        finally:
+            self._spare.append(batch)  # its buffers serve the next call (no regrowth)
         return out
+
+    def new_batch(self, timer: Callable[[str, float], None] | None = None) -> RunningBatch[T] | ShardedBatch[T]:
+        """An empty running batch: sharded over one-thread decoder calls when there are threads
+        to shard over (`load_translator`), else one batch on all threads."""
+        if self.narrow is not None and self.shards > 1:
+            return ShardedBatch(self.narrow, self.rt, self.shards, self.pad_id, timer)
+        return RunningBatch(self.rt, self.pad_id, timer)
 
     def translate(self, texts: Sequence[str], params: DecodeParams | None = None) -> list[list[Translation]]:
         """Texts in, n-best translations out, exactly as the service answers (same sentence layout)."""
@@ -147,13 +173,15 @@ class TranslatorEngine:
         rt = self.rt
         ids, mask = pad([source], self.pad_id)
         cross = rt.encode(ids, mask)
-        past = [np.zeros((1, rt.heads, 0, rt.d_k), np.float32)] * (2 * rt.n_layers)
         targets = [*hyp.tokens, self.eos_id] if hyp.finished else list(hyp.tokens)
+        cache = [np.zeros((1, rt.heads, len(targets), rt.d_k), np.float32) for _ in range(2 * rt.n_layers)]
         weights: list[np.ndarray] = []
         for t, token in enumerate([self.bos_id, *targets[:-1]] if targets else []):
-            past_mask = np.ones((1, t), np.int64)
-            tok, pos, row = np.array([token], np.int64), np.array([t], np.int64), np.zeros(1, np.int64)
-            _, past = rt.decode(tok, pos, row, past_mask, mask, past, cross, attention=weights)
+            out = rt.decode(np.array([token], np.int64), np.array([t], np.int64), mask, cache, cross, attention=True)
+            for buf, new in zip(cache, out.new_kv, strict=True):
+                buf[:, :, t] = new[:, :, 0]
+            assert out.attention is not None
+            weights.append(out.attention)
         stacked = np.concatenate(weights) if weights else np.zeros((0, rt.n_layers, rt.heads, len(source)))
         return AttentionMap(self.codec.tokens(source), self.codec.tokens(targets), np.transpose(stacked, (1, 2, 0, 3)))
 
@@ -177,7 +205,12 @@ def load_translator(entry: StoreEntry, options: runtime.LoadOptions | None = Non
             f"(step-level batching); re-export the checkpoint: python -m export.publish CHECKPOINT --name {m.name}"
         )
     enc = runtime.make_session(read_pinned(entry, files["encoder"]), providers, threads)
-    dec = runtime.make_session(read_pinned(entry, files["decoder"]), providers, threads)
+    decoder = read_pinned(entry, files["decoder"])
+    dec = runtime.make_session(decoder, providers, threads)
     n_layers = int(m.architecture["n_dec_layers"])
     codec = TextCodec(read_pinned(entry, m.tokenizer), m.max_source_tokens, eos_id=m.special_tokens["eos_id"])
-    return TranslatorEngine(m, runtime.TranslatorRuntime(enc, dec, n_layers), codec, variant)
+    rt = runtime.TranslatorRuntime(enc, dec, n_layers)
+    narrow = None
+    if threads > 1 and not runtime.uses_cuda(dec):  # CPU: shard large batches over one-thread calls
+        narrow = runtime.TranslatorRuntime(enc, runtime.make_session(decoder, providers, 1), n_layers)
+    return TranslatorEngine(m, rt, codec, variant, narrow, threads)

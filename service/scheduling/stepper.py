@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from service.engine.decoding import Hypothesis, Search
-from service.engine.running import RunningBatch
+from service.engine.running import RunningBatch, ShardedBatch, StepError
 from service.errors import DeadlineExceeded, InputTooLong, InvalidInput, NotReady, QueueFull, ShuttingDown
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class StepScheduler:
     def __init__(
         self,
         name: str,
-        make_batch: Callable[[], RunningBatch[Sentence]],
+        make_batch: Callable[[], RunningBatch[Sentence] | ShardedBatch[Sentence]],
         limits: StepLimits,
         observer: StepObserver,
     ) -> None:
@@ -232,6 +232,8 @@ class StepScheduler:
                 while not self._stop and not batch.blocks and not self._waiting:
                     self._cv.wait()
                 if self._stop and not batch.blocks and not self._waiting:
+                    if isinstance(batch, ShardedBatch):
+                        batch.close()
                     return
                 now = time.monotonic()
                 self._expire(now)
@@ -248,7 +250,14 @@ class StepScheduler:
                 finished = batch.step()
             except Exception as exc:  # a failing step fails the sentences it held, nothing else
                 log.exception("stepper %s: decoder step failed", self.name)
-                failed = list({id(s): s for s in [*batch.drop(lambda s: False), *admitted]}.values())
+                answered = set()
+                others: list[tuple[Sentence, list[Hypothesis]]] = exc.finished if isinstance(exc, StepError) else []
+                for sent, hyps in others:  # what another shard finished in the failing step
+                    answered.add(id(sent))
+                    reserved -= sent.reserve
+                    self._finish(sent, hyps)
+                held = {id(s): s for s in [*batch.drop(lambda s: False), *admitted] if id(s) not in answered}
+                failed = list(held.values())
                 reserved -= sum(s.reserve for s in failed)
                 self._fail_jobs({s.job for s in failed}, exc)
                 self._forget(failed)

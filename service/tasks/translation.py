@@ -19,7 +19,7 @@ from typing import Annotated, Any, Literal, Protocol
 from pydantic import Field, ValidationError, model_validator
 
 from service.engine.decoding import MAX_BEAM_SIZE, DecodeParams, Hypothesis, Search
-from service.engine.running import RunningBatch
+from service.engine.running import RunningBatch, ShardedBatch
 from service.engine.runtime import LoadOptions
 from service.engine.translator import Prepared, TranslatorEngine, load_translator
 from service.engine.translator import Translation as EngineTranslation
@@ -224,8 +224,8 @@ class TranslationTask(Task):
         if s.scheduler == "step":
             limits = StepLimits(s.step_max_rows, s.step_max_cache_tokens, s.max_queue)
 
-            def make_batch() -> RunningBatch[Sentence]:
-                return RunningBatch(engine.rt, engine.pad_id, timer=obs.compute_time)
+            def make_batch() -> RunningBatch[Sentence] | ShardedBatch[Sentence]:
+                return engine.new_batch(timer=obs.compute_time)
 
             self.queue = StepScheduler(entry.name, make_batch, limits, obs)
         else:
