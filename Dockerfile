@@ -7,7 +7,7 @@
 # drains), HEALTHCHECK on /healthz, a read-only root filesystem works (only /tmp need be writable).
 # ORT_DISABLE_TELEMETRY=1: onnxruntime 1.31+ otherwise sets up telemetry on Linux and tries to
 # persist a device id (a warning on a read-only root); CUDA_CACHE_PATH keeps the CUDA JIT cache in /tmp.
-# `make image-check` builds and runs the CPU target without a Docker daemon (README, Deployment).
+# `make image-check` builds and runs the CPU target without a Docker daemon (docs/deployment.md).
 
 ARG PYTHON_IMAGE=python:3.11-slim
 # onnxruntime-gpu 1.31 on PyPI is built for CUDA 13 and cuDNN 9: change the two together.

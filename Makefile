@@ -42,7 +42,7 @@ models: data train
 	$(PYTHON) -m export.publish $(RUNS)/sentiment --name sentiment --store $(STORE) --version 1 --force --data-dir $(DATA) $(EXPORT_FLAGS)
 	$(PYTHON) -m export.publish $(RUNS)/en-de --name en-de --store $(STORE) --version 1 --force --data-dir $(DATA) $(EXPORT_FLAGS)
 
-# Serve the store (README, "Serving"): settings from SERVE_* variables, 127.0.0.1:8000 by default.
+# Serve the store (docs/serving.md): settings from SERVE_* variables, 127.0.0.1:8000 by default.
 .PHONY: serve bench-service
 serve: install
 	SERVE_MODEL_STORE=$${SERVE_MODEL_STORE:-$(STORE)} $(PYTHON) -m service
@@ -100,7 +100,7 @@ bench: $(VENV)/.bench-installed
 
 bench-engine: bench
 
-# Deployment (README, "Deployment"): offline manifest validation + Dockerfile lint + alert rules and
+# Deployment (docs/deployment.md): offline manifest validation + Dockerfile lint + alert rules and
 # dashboard queries through promtool (k8s/README.md; fetched from Debian's archive on first use, root
 # if apt has no package lists yet); a real image build and run without a Docker daemon (root; a few
 # minutes from empty).

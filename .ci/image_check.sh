@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Image check: build the CPU image from the unchanged Dockerfile without a Docker daemon, run it the
 # way the Kubernetes manifests do (read-only root, uid 10001, no capabilities) and check serving
-# and graceful shutdown. Root only (buildah/podman with runc). README: "Deployment".
+# and graceful shutdown. Root only (buildah/podman with runc). docs/deployment.md.
 #
 #   make image-check                      # or: bash .ci/image_check.sh
 #   IMAGE_CHECK_DIR=/var/tmp/x make image-check   # where storage, configs and logs go

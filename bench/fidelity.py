@@ -1,4 +1,4 @@
-"""Text fidelity of a served translator (`make fidelity`): what the user wrote comes back.
+"""Text fidelity of a served translator (`python -m bench.fidelity`): what the user wrote comes back.
 
 On bench/data/fidelity.jsonl (strings of the test split that carry protected spans, and
 hand-written ones with placeholders, URLs, e-mail addresses, paths, options, numbers, markup

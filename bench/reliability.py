@@ -737,6 +737,13 @@ SCENARIOS: dict[str, Callable[[argparse.Namespace, Path], Scenario]] = {
 }
 
 
+def cpu_name() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
 def fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:,.2f}"
@@ -747,9 +754,9 @@ def fmt(value: Any) -> str:
 
 def markdown(report: dict[str, Any]) -> str:
     lines = [
-        f"Reliability campaign, {report['date'][:10]} (`{report['command']}`): "
-        f"server on CPU {report['cpus']['server']}, load generator on CPU {report['cpus']['client']}, "
-        f"store {report['store']}.",
+        f"Reliability campaign, {report['date'][:10]} (`{report['command']}`), {report['machine']['cores']} cores "
+        f"({report['machine']['cpu']}): server on CPU {report['cpus']['server']}, load generator on CPU "
+        f"{report['cpus']['client']}, store {report['store']}.",
         "",
         "| scenario | check | held |",
         "|---|---|---|",
@@ -815,7 +822,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.reliability" + (" --quick" if args.quick else ""),
-        "machine": {"cores": os.cpu_count(), "python": platform.python_version()},
+        "machine": {"cores": os.cpu_count(), "cpu": cpu_name(), "python": platform.python_version()},
         "cpus": {"server": args.server_cpus, "client": args.client_cpus, "threads": args.threads},
         "store": args.store.name,
         "scenarios": {},

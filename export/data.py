@@ -158,7 +158,7 @@ TRANSLATION_RULES = (
     "English side, first occurrence wins in the "
     "order: Ding, then the gettext packages in the order listed, files sorted by path.",
     "Split by sha1 of the English text: 2% valid, 2% test, rest train; rows sorted by that sha1.",
-    "All seven Debian package names exist as given in Debian 12 (bookworm): no substitution. "
+    "Every Debian package name exists as given in Debian 12 (bookworm): no substitution. "
     "Debian versions are whatever apt-get's candidate is (exact versions and sha256 above).",
 )
 

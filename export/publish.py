@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default="fp32,int8", help=f"comma list of {','.join(VARIANTS)}")
     p.add_argument("--default-variant", default="fp32", help="the variant served unless SERVE_VARIANT says otherwise")
     p.add_argument("--ship", default="", help="variants written to the store (default: all exported)")
-    p.add_argument("--data-dir", type=Path, default=Path("data"), help="validation and test sentences come from here")
+    p.add_argument("--data-dir", type=Path, default=Path("data"), help="the validation and test splits come from here")
     p.add_argument("--languages", default="en,de", help="translators: source,target language codes")
     p.add_argument("--threads", type=int, default=2)
     return p
@@ -269,11 +269,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         model, tok = load_checkpoint(args.checkpoint)
         is_clf = isinstance(model, Classifier)
         sub = "sentiment" if is_clf else "translation"
-        test_file = args.data_dir / sub / "test.jsonl"
-        if not test_file.is_file():
-            raise ExportError(f"{test_file} not found: run `make data` first (validation uses real sentences)")
+        test_file, valid_file = args.data_dir / sub / "test.jsonl", args.data_dir / sub / "valid.jsonl"
+        for f in (test_file, valid_file):
+            if not f.is_file():
+                raise ExportError(f"{f} not found: run `make data` first (validation uses real sentences)")
         test_rows = load_jsonl(test_file)
-        texts = [r["text"] if is_clf else r["en"] for r in test_rows]
+        # parity, batch invariance and int8 calibration on the validation split; the figures of
+        # every variant on the test split, which nothing else has seen
+        texts = [r["text"] if is_clf else r["en"] for r in load_jsonl(valid_file)]
         report_file = args.checkpoint / "report.json"
         train_report = json.loads(report_file.read_text()) if report_file.is_file() else {}
         curves = args.checkpoint / "curves.png"  # written by export.train

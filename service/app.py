@@ -30,8 +30,8 @@ log = logging.getLogger(__name__)
 
 def create_app(settings: Settings) -> FastAPI:
     metrics = Metrics()
-    # One worker thread for all model work: ORT already uses every allowed core per call, so
-    # batches of different models queue here rather than fight over the cores.
+    # One thread loads and warms up the models (one at a time, so loading never takes every core
+    # from serving); each task then runs its model work on threads of its own.
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
     state = AppState(settings, metrics, ModelSet(settings, metrics, executor))
     tasks = registry.tasks()

@@ -1,4 +1,5 @@
-"""The model store: find versions, check them against their manifests, load the newest of each name."""
+"""The model store: find versions and check them against their manifests (which version serves
+is the version policy's choice, `service.serving`)."""
 
 from __future__ import annotations
 

@@ -88,7 +88,8 @@ def test_cli_keeps_the_runs_curves(tmp_path: Path, tiny_classifier: Classifier, 
     data = tmp_path / "data"
     (data / "sentiment").mkdir(parents=True)
     rows = [{"text": s, "label": LABELS[i % 3]} for i, s in enumerate(sentences(12, seed=5))]
-    (data / "sentiment" / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for split in ("valid", "test"):
+        (data / "sentiment" / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (data / "datacard.json").write_text(json.dumps({"sentiment": {"sources": []}}))
     args = [str(ckpt), "--name", "clf", "--store", str(tmp_path / "store"), "--data-dir", str(data)]
     assert exporter.main([*args, "--variants", "fp32", "--threads", "1"]) == 0

@@ -108,7 +108,7 @@ def install(app: FastAPI, settings: Settings, models: ModelSet) -> None:
         # the OIP infer body is parsed by hand (JSON or binary tensors); its model is documented here
         _, defs = models_json_schema([(OipInferRequest, "validation")], ref_template="#/components/schemas/{model}")
         doc["components"]["schemas"].update(defs["$defs"])
-        tensor = doc["components"]["schemas"]["OipTensor"]  # a JSON body carries its data (binary: see README)
+        tensor = doc["components"]["schemas"]["OipTensor"]  # a JSON body carries its data (binary: docs/serving.md)
         tensor["required"] = [*tensor["required"], "data"]
         tensor["properties"]["data"] = {"type": "array", "items": {"type": "string"}, "description": "one text per row"}
         for path, operations in doc["paths"].items():
