@@ -551,3 +551,20 @@ async def test_beyond_max_in_flight_a_request_gets_503_at_once_and_probes_still_
     assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
     assert refused.json()["type"] == "overloaded"
     assert probes == [200, 200, 200] and after.status_code == 200
+
+
+async def test_versioned_oip_infer_is_counted_like_the_unversioned_route(client: httpx.AsyncClient) -> None:
+    def served() -> float:
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in metrics_text.splitlines()
+            if line.startswith('inference_requests_total{endpoint="/v2/models/{name}/infer",model="tiny-clf"')
+        )
+
+    body = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["A cat."]}]}
+    metrics_text = (await client.get("/metrics")).text
+    before = served()
+    assert (await client.post("/v2/models/tiny-clf/versions/1/infer", json=body)).status_code == 200
+    assert (await client.post("/v2/models/tiny-clf/infer", json=body)).status_code == 200
+    metrics_text = (await client.get("/metrics")).text
+    assert served() == before + 2

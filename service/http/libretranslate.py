@@ -4,7 +4,8 @@
 Parameters come as JSON, form-encoded or in the query string (`q` a string or a list, `source`,
 `target`, `format` text | html, `alternatives`, `api_key`). Language pairs are those the served
 translators declare in their manifests. Errors use LibreTranslate's shape and codes:
-``{"error": ...}`` with 400 (bad or unsupported request), 403 (API key), 429 (busy), 500.
+``{"error": ...}`` with 400 (bad or unsupported request), 403 (API key), 429 (busy, with
+Retry-After), 503 (not ready, shutting down), 504 (deadline passed), 500.
 There is no language detector here, so `/detect` answers that detection is disabled and
 `source: "auto"` means the one source language a translator of the target language knows.
 """
@@ -22,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from service.errors import NotReady, QueueFull, ServiceError
 from service.http import html_text, schemas
 from service.http.auth import key_allowed
-from service.http.errors import http_status
+from service.http.errors import RETRY_AFTER_S, http_status
 from service.http.state import admit, get_state, set_model
 from service.tasks.base import Task
 from service.tasks.translation import TranslateRequest, TranslateResponse, TranslationTask
@@ -35,13 +36,14 @@ FORM = "application/x-www-form-urlencoded"
 
 
 class LtError(Exception):
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
         super().__init__(message)
-        self.status = status
+        self.status, self.retry_after = status, retry_after
 
 
 def _answer(error: LtError) -> Response:
-    headers = {"Retry-After": "1"} if error.status == 429 else None
+    retry = error.retry_after or (RETRY_AFTER_S.get(QueueFull.kind) if error.status == 429 else None)
+    headers = {"Retry-After": str(retry)} if retry else None
     return JSONResponse({"error": str(error)}, status_code=error.status, headers=headers)
 
 
@@ -112,7 +114,8 @@ def _guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
         except ServiceError as exc:
             status = http_status(exc.kind)
             status = 429 if isinstance(exc, QueueFull) else 503 if isinstance(exc, NotReady) else status
-            return _answer(LtError(400 if status in (404, 413, 422) else status, str(exc)))
+            retry = exc.retry_after or RETRY_AFTER_S.get(exc.kind)  # the busy server's own estimate
+            return _answer(LtError(400 if status in (404, 413, 422) else status, str(exc), retry))
 
     run.__name__ = handler.__name__
     run.__doc__ = handler.__doc__

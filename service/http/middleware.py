@@ -28,7 +28,7 @@ CLIENT_CLOSED = 499  # status logged for such a request (nginx's convention)
 REQUEST_ID_HEADER = b"x-request-id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 OIP_INFER = "/v2/models/{name}/infer"
-_INFER_PATH = re.compile(r"^/v2/models/[^/]+/infer$")
+_INFER_PATH = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")  # both count as OIP_INFER
 _OCTETS = "application/octet-stream"
 _FORM = "application/x-www-form-urlencoded"  # the LibreTranslate API takes form posts
 _JSON_TYPE = re.compile(r"^application/([a-z0-9.+-]*\+)?json\s*(;.*)?$", re.IGNORECASE)
@@ -58,7 +58,7 @@ def _endpoint(scope: Scope, endpoints: frozenset[str]) -> str | None:
     template = getattr(scope.get("route"), "path", None)
     if template in endpoints:
         return str(template)
-    path = scope.get("path", "")
+    path = str(template or scope.get("path", ""))
     if path in endpoints:
         return str(path)
     return OIP_INFER if _INFER_PATH.match(path) else None

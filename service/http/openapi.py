@@ -59,17 +59,24 @@ LT_TRANSLATE = {
 }
 
 
+def needs_key(path: str) -> bool:
+    """A route template that needs an API key when the server has keys."""
+    return path in ("/predict", "/translate") or bool(
+        PROTECTED.match(path.replace("{name}", "x").replace("{version}", "1"))
+    )
+
+
 def statuses(method: str, path: str, keys: bool) -> tuple[int, ...]:
     """The error statuses one operation can answer."""
     out: tuple[int, ...] = () if path in PROBES else (503,)  # beyond SERVE_MAX_IN_FLIGHT
     if path.startswith("/libretranslate/"):
-        return out + ((400, 403, 429) if path.endswith("/translate") else (400, 403) if method == "post" else (403,))
+        return out + (
+            (400, 403, 429, 504) if path.endswith("/translate") else (400, 403) if method == "post" else (403,)
+        )
     if method == "post":
         out += BODY_ERRORS
-    infer = path in ("/predict", "/translate") or bool(
-        PROTECTED.match(path.replace("{name}", "x").replace("{version}", "1"))
-    )
-    if keys and (infer or path.startswith("/v2/repository")):
+    infer = path in ("/predict", "/translate") or path.endswith("/infer")
+    if keys and needs_key(path):
         out += (401,)
     if "{name}" in path or infer:
         out += (404,)
