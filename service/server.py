@@ -16,6 +16,7 @@ import socket
 import time
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
@@ -29,35 +30,60 @@ from service.settings import Settings, unknown_variables
 log = logging.getLogger(__name__)
 
 
-class GuardedH11Protocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for a request's headers.
+class HeaderDeadline:
+    """A deadline and a size limit for a request's headers, mixed into uvicorn's HTTP protocols.
 
     uvicorn times out idle keep-alive connections, but only after a first response, and any byte
     restarts that timer: a client that connects and stays silent, or sends its headers a byte at
     a time (slowloris), would hold its connection forever. Here a connection must complete each
     request's headers within `header_timeout` seconds of connecting or of its previous response;
-    otherwise it is closed. (A slow body is the app's business: `BodyLimit` answers 408.)
+    otherwise it is closed. Headers above `max_header_bytes` get a 431 and the connection is
+    closed (httptools sets no limit of its own). (A slow body is the app's business: `BodyLimit`
+    answers 408.)
     """
 
     header_timeout = 10.0
+    max_header_bytes = 16384
     _header_timer: asyncio.TimerHandle | None = None
+    _header_bytes = 0  # of the request whose headers are arriving
+    _awaiting_headers = True
+    # provided by the protocol class this is mixed into
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+    cycle: Any
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        super().data_received(data)
+        if self._awaiting_headers:
+            end = data.find(b"\r\n\r\n")
+            seen = self._header_bytes + (end if end >= 0 else len(data))
+            if seen > self.max_header_bytes:
+                self._refuse_headers()
+                return
+            self._header_bytes = 0 if end >= 0 else seen
+        super().data_received(data)  # type: ignore[misc]
         if self.cycle is not None and not self.cycle.response_complete:
             self._disarm()  # the headers are in: the request is the app's now
+            self._awaiting_headers = False
 
     def on_response_complete(self) -> None:
-        super().on_response_complete()
+        super().on_response_complete()  # type: ignore[misc]
+        self._awaiting_headers, self._header_bytes = True, 0
         self._arm()
+
+    def _refuse_headers(self) -> None:
+        """431 and close, before the parser spends time on headers no request needs."""
+        body = b'{"error":"request headers above %d bytes","type":"headers_too_large"}' % self.max_header_bytes
+        head = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+        self.transport.write(head + b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
-        super().connection_lost(exc)
+        super().connection_lost(exc)  # type: ignore[misc]
 
     def _arm(self) -> None:
         self._disarm()
@@ -73,8 +99,17 @@ class GuardedH11Protocol(H11Protocol):
             self.transport.close()
 
 
-def guarded_protocol(header_timeout: float) -> type[GuardedH11Protocol]:
-    return type("GuardedH11", (GuardedH11Protocol,), {"header_timeout": header_timeout})
+def guarded_protocol(header_timeout: float, max_header_bytes: int = 16384) -> type:
+    """uvicorn's fastest HTTP/1.1 protocol here (httptools, a C parser; else h11) with the
+    header deadline and size limit."""
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+        base: type = HttpToolsProtocol
+    except ImportError:  # httptools missing: the pure-Python parser
+        base = H11Protocol
+    limits = {"header_timeout": header_timeout, "max_header_bytes": max_header_bytes}
+    return type(f"Guarded{base.__name__}", (HeaderDeadline, base), limits)
 
 
 class DrainingServer(uvicorn.Server):
@@ -108,6 +143,16 @@ class DrainingServer(uvicorn.Server):
         if self.state.models.in_flight:
             log.warning("drain timeout: %d items still admitted", self.state.models.in_flight)
         self.should_exit = True
+
+
+def event_loop() -> str:
+    """uvloop (libuv) when installed, else asyncio's own loop."""
+    try:
+        import uvloop  # noqa: F401
+
+        return "uvloop"
+    except ImportError:
+        return "asyncio"
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -158,7 +203,8 @@ def serve(settings: Settings) -> int:
         lifespan="on",
         timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
         server_header=False,
-        http=guarded_protocol(settings.header_timeout_s),
+        http=guarded_protocol(settings.header_timeout_s, settings.max_header_bytes),
+        loop=event_loop(),
         timeout_keep_alive=max(1, int(settings.keepalive_timeout_s)),
     )
     server = DrainingServer(config, app.state.serve)

@@ -76,7 +76,13 @@ class Settings(BaseSettings):
     body_timeout_s: float = Field(
         default=10.0, gt=0, le=600, description="a request's body must arrive within this (408)"
     )
+    max_header_bytes: int = Field(
+        default=16384, ge=1024, le=1_048_576, description="a request's headers above this get 431 (and a close)"
+    )
     keepalive_timeout_s: float = Field(default=5.0, ge=1, le=600, description="an idle keep-alive connection is closed")
+    opentelemetry: bool = Field(
+        default=False, description="FastAPI's own OpenTelemetry spans and metrics (a configured provider needed)"
+    )
     max_in_flight: int = Field(
         default=512, ge=1, description="requests in flight at once; beyond: 503 at once (probes and /metrics exempt)"
     )
