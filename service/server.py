@@ -57,7 +57,8 @@ class HeaderDeadline:
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        if self._awaiting_headers:
+        # the rest of a body the app answered early (413, 408) is the parser's to skip, not headers
+        if self._awaiting_headers and not (self.cycle is not None and self.cycle.more_body):
             end = data.find(b"\r\n\r\n")
             seen = self._header_bytes + (end if end >= 0 else len(data))
             if seen > self.max_header_bytes:
