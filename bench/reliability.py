@@ -201,6 +201,8 @@ async def overload_async(args: argparse.Namespace, server: ServerProcess, deadli
         "statuses": s["statuses"],
         "by_kind": {kind: summary([o for o in outcomes if o.kind == kind], 1)["statuses"] for kind in kinds(outcomes)},
         "no_answer": s["no_answer"],
+        "refused_429_p99_ms": percentile([o.seconds * 1000 for o in outcomes if o.status == 429], 99),
+        "refused_503_p99_ms": percentile([o.seconds * 1000 for o in outcomes if o.status == 503], 99),
         "admitted_p99_ms": s["p99_ms"],
         "admitted_max_ms": s["max_ms"],
         "deadline_ms": deadline_s * 1000,
@@ -219,6 +221,7 @@ async def overload_async(args: argparse.Namespace, server: ServerProcess, deadli
     sc.check("queue bounded (max_queue)", sc.figures["queue_depth_max"] <= args.max_queue)
     sc.check("memory bounded (peak < 1.5x before)", sc.figures["rss_max_mb"] < 1.5 * before)
     sc.check("ready throughout", sc.figures["not_ready_samples"] == 0 and len(samples) > 0)
+    sc.check("429 answered within 10 ms (p99)", sc.figures["refused_429_p99_ms"] <= 10, True)
     sc.check("normal latency within 5 s after the storm", recovered_after is not None and recovered_after <= 5, True)
     return sc
 

@@ -19,6 +19,10 @@ the same texts. Parts:
 2. HTTP path: served ÷ offline throughput at 32 connections, one text per request (/predict,
    /translate beam 4) and 8 texts per request (/predict); the added latency of HTTP + queueing
    at one connection (p50 served latency - the engine's time for that text alone).
+3. isolation: the translator saturated by two clients sending 64-text beam-8 requests; the
+   latency one /predict client and one-sentence greedy /translate requests see (Python clients:
+   latencies, not throughput), for several per-step budgets (SERVE_STEP_MAX_ROWS).
+4. abandonment: ten such requests abandoned after 0.5 s; the next one-sentence request.
 Writes bench/results/service.json and prints markdown tables.
 """
 
@@ -29,13 +33,18 @@ import contextlib
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from bench import serverproc
 from bench.serverproc import ROOT
@@ -223,6 +232,103 @@ def http_path(args: argparse.Namespace, off: dict[str, Any], log: Path) -> dict[
     return out
 
 
+def latencies(url: str, path: str, body: dict[str, Any], n: int) -> list[float]:
+    """n sequential requests from one client (ms each); every one must answer 200."""
+    out = []
+    with httpx.Client(base_url=url, timeout=120) as c:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            r = c.post(path, json=body)
+            out.append((time.perf_counter() - t0) * 1000)
+            if r.status_code != 200:
+                raise RuntimeError(f"{path}: {r.status_code} {r.text[:200]}")
+    return out
+
+
+HEAVY_TEXTS = (SHORT + LONG) * 5 + SHORT[:4]  # 64 texts
+HEAVY = {"texts": HEAVY_TEXTS, "beam_size": 8, "timeout_ms": 600_000}
+GREEDY_ONE = {"texts": ["Open the file."], "decode": "greedy"}
+
+
+def heavy_load(url: str, clients: int, stop: threading.Event, done: list[int]) -> list[threading.Thread]:
+    """Clients sending 64-text beam-8 requests back to back; `done` counts answered texts."""
+
+    def client() -> None:
+        with httpx.Client(base_url=url, timeout=600) as c:
+            while not stop.is_set():
+                if c.post("/translate", json=HEAVY).status_code == 200:
+                    done.append(len(HEAVY_TEXTS))
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def isolation(args: argparse.Namespace, log: Path) -> dict[str, Any]:
+    """Part 3: the translator saturated with 64-text beam-8 requests; what one /predict client and
+    a one-sentence greedy /translate see, for several per-step budgets (SERVE_STEP_MAX_ROWS)."""
+    out: dict[str, Any] = {"load": "2 clients sending 64-text beam-8 /translate requests back to back", "budgets": {}}
+    for rows in args.budgets:
+        with server(args.store, args.server_cpus, args.threads, log, step_max_rows=str(rows)) as url:
+            idle_greedy = latencies(url, "/translate", GREEDY_ONE, args.probes)
+            idle_predict = latencies(url, "/predict", {"texts": [REVIEWS[0]]}, args.probes)
+            stop, done = threading.Event(), list[int]()
+            threads = heavy_load(url, 2, stop, done)
+            time.sleep(args.seconds / 4)  # the heavy work is running
+            t0, texts0 = time.perf_counter(), sum(done)
+            predict = latencies(url, "/predict", {"texts": [REVIEWS[0]]}, args.probes * 5)
+            greedy = latencies(url, "/translate", GREEDY_ONE, args.probes)
+            time.sleep(max(0.0, args.seconds - (time.perf_counter() - t0)))  # a window of whole requests
+            heavy_rate = (sum(done) - texts0) / (time.perf_counter() - t0)
+            stop.set()
+            for t in threads:
+                t.join(600)
+        r = {
+            "predict_idle_p99_ms": percentile(idle_predict, 99),
+            "predict_loaded_p99_ms": percentile(predict, 99),
+            "greedy_idle_p90_ms": percentile(idle_greedy, 90),
+            "greedy_loaded_p90_ms": percentile(greedy, 90),
+            "heavy_texts_per_s": heavy_rate,
+        }
+        r["greedy_ratio_p90"] = r["greedy_loaded_p90_ms"] / r["greedy_idle_p90_ms"]
+        out["budgets"][str(rows)] = r
+        print(
+            f"  step_max_rows {rows}: /predict p99 {r['predict_loaded_p99_ms']:.1f} ms, greedy p90 "
+            f"{r['greedy_ratio_p90']:.1f}x idle, heavy {heavy_rate:.1f} texts/s",
+            flush=True,
+        )
+    return out
+
+
+def abandonment(args: argparse.Namespace, log: Path) -> dict[str, Any]:
+    """Part 4: ten heavy requests abandoned after 0.5 s; the next one-sentence greedy request's
+    latency against its idle latency."""
+    body = json.dumps(HEAVY).encode()
+    with server(args.store, args.server_cpus, args.threads, log) as url:
+        idle = latencies(url, "/translate", GREEDY_ONE, args.probes)
+        host, port = url.removeprefix("http://").split(":")
+        socks = []
+        for _ in range(10):
+            sock = socket.create_connection((host, int(port)))
+            head = "POST /translate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            sock.sendall(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            socks.append(sock)
+        time.sleep(0.5)
+        for sock in socks:
+            sock.close()
+        after = latencies(url, "/translate", GREEDY_ONE, 1)[0]
+    r = {"greedy_idle_p50_ms": percentile(idle, 50), "greedy_after_abandon_ms": after}
+    r["ratio"] = after / r["greedy_idle_p50_ms"]
+    print(f"  after 10 abandoned heavy requests: {after:.1f} ms, {r['ratio']:.2f}x idle", flush=True)
+    return r
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, round(q / 100 * len(ordered) + 0.5) - 1))] if ordered else 0.0
+
+
 def markdown(results: dict[str, Any]) -> str:
     s = results.get("scheduling")
     lines = []
@@ -252,6 +358,27 @@ def markdown(results: dict[str, Any]) -> str:
             )
         p = h["predict_one_connection"]
         lines.append(f"\n/predict at one connection: p50 {p['p50_ms']:.2f} ms, added {p['added_p50_ms']:.2f} ms.")
+    iso = results.get("isolation")
+    if iso:
+        lines += [
+            "",
+            f"Isolation ({iso['load']}):",
+            "",
+            "| step_max_rows | /predict p99 ms (idle) | greedy p90 ms (idle) | greedy ÷ idle | heavy texts/s |",
+            "|---:|---:|---:|---:|---:|",
+        ]
+        for rows, r in iso["budgets"].items():
+            lines.append(
+                f"| {rows} | {r['predict_loaded_p99_ms']:.1f} ({r['predict_idle_p99_ms']:.1f}) | "
+                f"{r['greedy_loaded_p90_ms']:.0f} ({r['greedy_idle_p90_ms']:.0f}) | {r['greedy_ratio_p90']:.1f} | "
+                f"{r['heavy_texts_per_s']:.1f} |"
+            )
+    a = results.get("abandonment")
+    if a:
+        lines.append(
+            f"\nAfter ten 64-text beam-8 requests abandoned at 0.5 s: a one-sentence greedy request took "
+            f"{a['greedy_after_abandon_ms']:.0f} ms, {a['ratio']:.2f}× its idle p50 ({a['greedy_idle_p50_ms']:.0f} ms)."
+        )
     return "\n".join(lines)
 
 
@@ -264,13 +391,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seconds", type=float, default=30.0, help="per measured load")
     p.add_argument("--offline-seconds", type=float, default=10.0)
     p.add_argument("--levels", default="0.25,0.5,0.75,1.0")
-    p.add_argument("--parts", default="scheduling,http")
+    p.add_argument("--parts", default="scheduling,http,isolation,abandonment")
+    p.add_argument("--budgets", default="16,32,64,128", help="isolation: SERVE_STEP_MAX_ROWS values")
+    p.add_argument("--probes", type=int, default=20, help="isolation: requests per latency measurement")
     p.add_argument("--smoke", action="store_true", help="a few seconds per part")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "service.json")
     args = p.parse_args(argv)
     args.levels = [float(x) for x in args.levels.split(",")]
+    args.budgets = [int(x) for x in args.budgets.split(",")]
     if args.smoke:
-        args.seconds, args.offline_seconds, args.levels = 2.0, 1.0, [0.5]
+        args.seconds, args.offline_seconds, args.levels, args.budgets, args.probes = 2.0, 1.0, [0.5], [32], 3
     return args
 
 
@@ -287,12 +417,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "store": str(args.store),
     }
     parts = args.parts.split(",")
-    off = offline(args)
+    off = offline(args) if "http" in parts else {}
     results["offline"] = off
     if "scheduling" in parts:
         results["scheduling"] = scheduling(args, log)
     if "http" in parts:
         results["http"] = http_path(args, off, log)
+    if "isolation" in parts:
+        results["isolation"] = isolation(args, log)
+    if "abandonment" in parts:
+        results["abandonment"] = abandonment(args, log)
     results["markdown"] = markdown(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
