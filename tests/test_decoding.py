@@ -460,7 +460,8 @@ def test_candidates_ranked_for_a_whole_batch_decide_as_each_sentence_alone(
 ) -> None:
     """`rank_candidates` over several sentences of different beam widths, then `advance_ranked`
     per sentence, decides exactly what `advance` decides from the sentence's own log-probs,
-    also with many tied scores and vocabularies too small to supply 2K candidates."""
+    also with many tied scores and vocabularies too small to supply 2K candidates; a greedy
+    sentence from its best token alone (`advance_greedy`)."""
     from service.engine.decoding import Search, rank_candidates
 
     rng = np.random.default_rng(seed)
@@ -483,7 +484,11 @@ def test_candidates_ranked_for_a_whole_batch_decide_as_each_sentence_alone(
         for j, i in enumerate(live):
             c = 2 * widths[i]
             a = alone[i].advance(logp_of[i])
-            b = batched[i].advance_ranked(score[j, :c], row[j, :c] - start, tok[j, :c])
+            if widths[i] == 1:  # greedy: the row's best token alone
+                best = int(logp_of[i][0].argmax())
+                b = batched[i].advance_greedy(best, float(logp_of[i][0, best]))
+            else:
+                b = batched[i].advance_ranked(score[j, :c], row[j, :c] - start, tok[j, :c])
             assert (a is None) == (b is None) and (a is None or np.array_equal(a, b))
             assert np.array_equal(alone[i].tokens, batched[i].tokens)
             start += widths[i]

@@ -40,6 +40,8 @@ new_state: R rows, row i being the continuation of ``rows[i]``.
 """
 
 MAX_BEAM_SIZE = 8
+_KEEP_ONE = np.zeros(1, dtype=np.int64)  # a greedy row continues itself (read-only by its users)
+_KEEP_ONE.flags.writeable = False
 # Block count for the top-k threshold: enough blocks that few extra tokens pass it, few enough
 # that the per-row maximum over blocks stays a cheap contiguous reduction.
 _THRESHOLD_BLOCKS = 512
@@ -132,6 +134,22 @@ class Search:
         which `rank_candidates` finds for every plain sentence of a batch at once."""
         p = self.params
         return self._rng is None and p.repetition_penalty == 1.0 and not p.no_repeat_ngram_size
+
+    def advance_greedy(self, tok: int, logprob: float) -> np.ndarray | None:
+        """`advance` for a plain greedy search (width 1) from its row's best token (the lowest id
+        among equals) and that token's log-probability: the same decision in a few scalar steps."""
+        self.t += 1
+        t, lp, score = self.t, self.params.length_penalty, float(self.cum[0]) + logprob
+        if tok == self.eos_id:
+            self.found.append(_hypothesis(self.hist[0, : t - 1], score, t, True, lp))
+        elif t >= self.limit:
+            self.found.append(_hypothesis(np.append(self.hist[0, : t - 1], tok), score, t, False, lp))
+        else:
+            self.hist[0, t - 1] = self.tokens[0] = tok
+            self.cum[0] = score
+            return _KEEP_ONE
+        self.done = True
+        return None
 
     def advance_ranked(self, score: np.ndarray, row: np.ndarray, tok: np.ndarray) -> np.ndarray | None:
         """`advance` for a plain search from its 2K best candidates (`rank_candidates`, rows

@@ -166,15 +166,21 @@ class RunningBatch(Generic[T]):
             buf[every, :, positions] = new[:, :, 0]  # each row's new key into its slot t
         parents = every.copy()
         finished: list[Block[T]] = []
-        ranked = self._rank(out.logprobs)
+        logp = out.logprobs
+        ranked = self._rank(logp)
+        best = logp.argmax(axis=1)  # greedy rows: their token (the lowest id among equals)
+        best_lp = logp[every, best].tolist()
+        best_tok = best.tolist()
         for i, b in enumerate(self.blocks):
             w = b.search.width
             rows = slice(b.start, b.start + w)
-            if ranked is not None and b.search.plain:
+            if b.search.plain and w == 1:
+                chosen = b.search.advance_greedy(best_tok[b.start], best_lp[b.start])
+            elif ranked is not None and b.search.plain:
                 score, row, tok = ranked
                 chosen = b.search.advance_ranked(score[i, : 2 * w], row[i, : 2 * w] - b.start, tok[i, : 2 * w])
             else:
-                chosen = b.search.advance(out.logprobs[rows])
+                chosen = b.search.advance(logp[rows])
             if chosen is None:
                 finished.append(b)
             else:
@@ -190,8 +196,8 @@ class RunningBatch(Generic[T]):
     def _rank(self, logp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The 2K best candidates of every sentence, in one sort for the whole batch (used by the
         plain searches; sampling and penalties take their rows' full log-probabilities)."""
-        if not any(b.search.plain for b in self.blocks):
-            return None
+        if not any(b.search.plain and b.search.width > 1 for b in self.blocks):
+            return None  # greedy rows take their best token; sampling and penalties, full rows
         widths = np.array([b.search.width for b in self.blocks])
         cum = np.concatenate([b.search.cum for b in self.blocks])
         return rank_candidates(logp, cum, widths, 2 * widths, self.blocks[0].search.eos_id)
