@@ -4,6 +4,7 @@ optionally pinned to CPUs, counted as started when /readyz answers 200."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -38,6 +39,14 @@ class ServerProcess:
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
+
+    def lines(self) -> list[dict[str, object]]:
+        """The log's JSON lines (the service logs one JSON object a line)."""
+        out = []
+        for line in self.log_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+        return out
 
 
 def start(

@@ -6,70 +6,30 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from bench.serverproc import ROOT, ServerProcess, start, stop, wait_ready
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class Server:
-    url: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def lines(self) -> list[dict[str, object]]:
-        out = []
-        for line in self.log.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                out.append(json.loads(line))
-        return out
+Server = ServerProcess  # the tests' name for a running server process
 
 
 @contextlib.contextmanager
 def run_server(store: Path, log: Path, **settings: str) -> Iterator[Server]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_")}
-    port = free_port()
-    env |= {"SERVE_MODEL_STORE": str(store), "SERVE_PORT": str(port), "SERVE_THREADS": "1"}
-    env |= {f"SERVE_{k.upper()}": v for k, v in settings.items()}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "service"], cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-    server = Server(f"http://127.0.0.1:{port}", proc, log)
+    """A real server on one thread, logging at info (the tests read its access log)."""
+    server = start(store, log, settings={"threads": "1", "log_level": "info", **settings})
     try:
-        end = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, f"server exited with {proc.returncode}:\n{log.read_text()}"
-            assert time.monotonic() < end, f"server not ready after 60 s:\n{log.read_text()}"
-            with contextlib.suppress(httpx.TransportError):
-                if httpx.get(server.url + "/readyz", timeout=2).status_code == 200:
-                    break
-            time.sleep(0.1)
+        wait_ready(server, 60)
         yield server
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop(server, 15)
 
 
 @pytest.fixture(scope="module")
