@@ -187,8 +187,9 @@ class RunningBatch(Generic[T]):
                 parents[rows] = b.start + chosen
         moved = np.flatnonzero(parents != every)
         if moved.size:  # beam rows that continue another row take its cache (a copy: the source may move too)
+            used = slice(0, needed)  # the slots any row holds; the rest is never read
             for buf in self.buf.cache:
-                buf[moved] = buf[parents[moved]]
+                buf[moved, :, used] = buf[parents[moved], :, used]
         self._remove(finished)
         self._record("decode", time.perf_counter() - t0)
         return [(b.tag, b.search.hypotheses()) for b in finished]
