@@ -26,7 +26,7 @@ class Metrics:
         )
         self.request_duration = Histogram(
             "inference_request_duration_seconds",
-            "Inference request latency, body read to response",
+            "Inference request latency, from its arrival (before the body is read) to the response",
             ["endpoint", "model"],
             buckets=LATENCY_BUCKETS,
             registry=r,

@@ -19,7 +19,9 @@ class Settings(BaseSettings):
     # server
     host: str = Field(default="127.0.0.1", description="bind address (the container sets 0.0.0.0)")
     port: int = Field(default=8000, ge=0, le=65535, description="TCP port (0: any free port)")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="JSON log lines from this level on"
+    )
     # models
     model_store: DirectoryPath = Field(default=DirectoryPath("model_store"), description="model store folder")
     variant: Literal["fp32", "int8", "fp16"] | None = Field(
