@@ -85,8 +85,10 @@ class Settings(BaseSettings):
     opentelemetry: bool = Field(
         default=False, description="FastAPI's own OpenTelemetry spans and metrics (a configured provider needed)"
     )
+    # 128: at 4x overload on one core, 512 let requests wait seconds in the accept queue before the
+    # first refusal (bench/reliability.py); the queues' own admission bounds the work in flight anyway
     max_in_flight: int = Field(
-        default=512, ge=1, description="requests in flight at once; beyond: 503 at once (probes and /metrics exempt)"
+        default=128, ge=1, description="requests in flight at once; beyond: 503 at once (probes and /metrics exempt)"
     )
     # request limits
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="request body size (413 above)")

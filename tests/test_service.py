@@ -568,3 +568,11 @@ async def test_versioned_oip_infer_is_counted_like_the_unversioned_route(client:
     assert (await client.post("/v2/models/tiny-clf/infer", json=body)).status_code == 200
     metrics_text = (await client.get("/metrics")).text
     assert served() == before + 2
+
+
+async def test_decode_options_are_checked_against_the_model_even_without_sentences(client: httpx.AsyncClient) -> None:
+    """An empty text has no sentence to decode; a max_new_tokens above the model's limit is
+    still refused (schemathesis found it answered 200)."""
+    limit = next(m for m in (await client.get("/v1/models")).json()["models"] if m["name"] == "tiny-mt")
+    r = await client.post("/translate", json={"texts": [""], "max_new_tokens": limit["max_new_tokens"] + 1})
+    assert r.status_code == 422 and "max_new_tokens" in r.json()["error"]

@@ -267,6 +267,7 @@ class TranslationTask(Task):
         """The texts' sentences and their hypotheses: lines and sentences decoded side by side."""
         prepared = self.engine.prepare(texts)
         limit = self.engine.max_new_tokens
+        options.params(limit, 0)  # the options hold for this model even when no text has a sentence
         items = [(seq, self.engine.search(options.params(limit, k))) for k, seq in enumerate(prepared.sources)]
         return prepared, (await self.queue.submit(items, deadline) if items else [])
 
