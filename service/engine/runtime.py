@@ -73,13 +73,17 @@ def resolve_providers(requested: Sequence[str]) -> list[str]:
     return out
 
 
-def make_session(model: bytes, providers: Sequence[str], threads: int) -> ort.InferenceSession:
+def make_session(model: bytes, providers: Sequence[str], threads: int, spin: bool = True) -> ort.InferenceSession:
+    """`spin`: the intra-op threads spin a while after each call, waiting for the next (fast for
+    a session called in a loop, the decoder; a session called now and then, the encoder, would
+    only take those cores from the one that is looping)."""
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 3
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
     return ort.InferenceSession(model, opts, providers=list(providers))
 
 

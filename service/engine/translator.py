@@ -204,7 +204,7 @@ def load_translator(entry: StoreEntry, options: runtime.LoadOptions | None = Non
             f"{entry.folder}: exported for IO contract {m.io_contract}, this service needs {IO_CONTRACT_VERSION} "
             f"(step-level batching); re-export the checkpoint: python -m export.publish CHECKPOINT --name {m.name}"
         )
-    enc = runtime.make_session(read_pinned(entry, files["encoder"]), providers, threads)
+    enc = runtime.make_session(read_pinned(entry, files["encoder"]), providers, threads, spin=False)
     decoder = read_pinned(entry, files["decoder"])
     dec = runtime.make_session(decoder, providers, threads)
     n_layers = int(m.architecture["n_dec_layers"])
