@@ -268,9 +268,15 @@ def heavy_load(url: str, clients: int, stop: threading.Event, done: list[int]) -
 def isolation(args: argparse.Namespace, log: Path) -> dict[str, Any]:
     """Part 3: the translator saturated with 64-text beam-8 requests; what one /predict client and
     a one-sentence greedy /translate see, for several per-step budgets (SERVE_STEP_MAX_ROWS)."""
-    out: dict[str, Any] = {"load": "2 clients sending 64-text beam-8 /translate requests back to back", "budgets": {}}
+    out: dict[str, Any] = {
+        "load": "2 clients sending 64-text beam-8 /translate requests back to back",
+        "cpus": f"server on CPUs {args.isolation_cpus} with {args.isolation_threads} threads (classifier and "
+        "translator split them: service.serving.split_threads); the Python clients anywhere",
+        "budgets": {},
+    }
     for rows in args.budgets:
-        with server(args.store, args.server_cpus, args.threads, log, step_max_rows=str(rows)) as url:
+        cpus, threads = args.isolation_cpus, args.isolation_threads
+        with server(args.store, cpus, threads, log, step_max_rows=str(rows)) as url:
             idle_greedy = latencies(url, "/translate", GREEDY_ONE, args.probes)
             idle_predict = latencies(url, "/predict", {"texts": [REVIEWS[0]]}, args.probes)
             stop, done = threading.Event(), list[int]()
@@ -305,7 +311,7 @@ def abandonment(args: argparse.Namespace, log: Path) -> dict[str, Any]:
     """Part 4: ten heavy requests abandoned after 0.5 s; the next one-sentence greedy request's
     latency against its idle latency."""
     body = json.dumps(HEAVY).encode()
-    with server(args.store, args.server_cpus, args.threads, log) as url:
+    with server(args.store, args.isolation_cpus, args.isolation_threads, log) as url:
         idle = latencies(url, "/translate", GREEDY_ONE, args.probes)
         host, port = url.removeprefix("http://").split(":")
         socks = []
@@ -362,7 +368,7 @@ def markdown(results: dict[str, Any]) -> str:
     if iso:
         lines += [
             "",
-            f"Isolation ({iso['load']}):",
+            f"Isolation ({iso['load']}; {iso['cpus']}):",
             "",
             "| step_max_rows | /predict p99 ms (idle) | greedy p90 ms (idle) | greedy ÷ idle | heavy texts/s |",
             "|---:|---:|---:|---:|---:|",
@@ -394,6 +400,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parts", default="scheduling,http,isolation,abandonment")
     p.add_argument("--budgets", default="16,32,64,128", help="isolation: SERVE_STEP_MAX_ROWS values")
     p.add_argument("--probes", type=int, default=20, help="isolation: requests per latency measurement")
+    p.add_argument("--isolation-cpus", default="0,1", help="isolation and abandonment: the server's CPUs")
+    p.add_argument("--isolation-threads", type=int, default=2, help="isolation and abandonment: SERVE_THREADS")
     p.add_argument("--smoke", action="store_true", help="a few seconds per part")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "service.json")
     args = p.parse_args(argv)
