@@ -250,7 +250,8 @@ class ShardedBatch(Generic[T]):
     A joining sentence goes to the shard with the fewest rows and stays there with its cache.
     When only one shard has work (a lone request), it steps on `wide`, the runtime whose decoder
     session uses every thread (its threads spin between calls: with two cores idle, one sentence
-    decodes about 1.4x faster in fp32 than on one thread; measured). The same interface as `RunningBatch` (one owner thread)."""
+    decodes about 1.4x faster in fp32 than on one thread; measured).
+    The same interface as `RunningBatch` (one owner thread)."""
 
     def __init__(
         self,
