@@ -125,15 +125,20 @@ def run_loop(
     history: History,
     state_file: Path,
     keep_last: int = 0,
+    stop_at: int = 0,
 ) -> tuple[dict[str, Tensor], list[dict[str, Tensor]]]:
     """Trains one phase; returns the best state dict (higher metric is better) and the last
-    `keep_last` evaluated snapshots. Resumes from `state_file` when it exists."""
+    `keep_last` evaluated snapshots. Resumes from `state_file` when it exists. With `stop_at`, the
+    process exits at that step's evaluation (state saved, unfinished), so a rerun can resume it
+    with another length: this is how a shortened run is replayed exactly."""
     opt = make_optimizer(model, cfg)
     best, best_state, bad_evals, step = -math.inf, None, 0, 0
     snapshots: list[dict[str, Tensor]] = []
     if state_file.is_file():
         saved = torch.load(state_file, weights_only=False)
-        if saved["config"] != asdict(cfg):
+        # The run's length may change on resume (the schedule follows the new length from there on);
+        # any other setting would make the resumed run a different run.
+        if {**saved["config"], "steps": cfg.steps} != asdict(cfg):
             raise ValueError(f"{state_file} was written with other settings: {saved['config']}; delete it to restart")
         model.load_state_dict(saved["model"])
         opt.load_state_dict(saved["optimizer"])
@@ -146,6 +151,9 @@ def run_loop(
         if saved.get("finished"):
             model.load_state_dict(best_state)
             return best_state, snapshots
+    if stop_at and step >= stop_at:
+        print(f"{desc}: at step {step}, past --stop-at {stop_at}; rerun without it to go on", flush=True)
+        raise SystemExit(0)
     stream = batches.from_step(step)
     t0, units = time.perf_counter(), 0
     bar = tqdm(total=cfg.steps, initial=step, desc=desc, mininterval=10.0, dynamic_ncols=True)
@@ -199,6 +207,10 @@ def run_loop(
             },
             state_file,
         )
+        if stop_at and step >= stop_at and not finished:
+            bar.close()
+            print(f"{desc}: stopped at step {step} as asked (--stop-at); rerun to resume", flush=True)
+            raise SystemExit(0)
     bar.close()
     assert best_state is not None
     model.load_state_dict(best_state)
@@ -358,6 +370,7 @@ def train_translator_loop(
     cfg: TrainConfig,
     history: History,
     state_file: Path,
+    stop_at: int = 0,
 ) -> None:
     """Trains on token-budget batches; keeps the best checkpoint or the average of the last ones."""
     device = torch.device(cfg.device)
@@ -383,7 +396,7 @@ def train_translator_loop(
     history.eval_name = "neg_val_loss"
     batches = EpochBatches([max(len(s), len(t)) for s, t in pairs], cfg.batch_tokens, cfg.seed)
     best, snapshots = run_loop(
-        model, cfg, batches, loss_fn, evaluate, "translator", history, state_file, keep_last=cfg.average_last
+        model, cfg, batches, loss_fn, evaluate, "translator", history, state_file, cfg.average_last, stop_at
     )
     best_value = evaluate()
     model.load_state_dict(average_states(snapshots))
@@ -563,7 +576,8 @@ def run_translator(args: argparse.Namespace) -> dict:
     train, valid = encoded(masked["train"]), encoded(masked["valid"])
     histories = {"translator": History()}
     t0 = time.perf_counter()
-    train_translator_loop(model, train, valid, phase_config(args), histories["translator"], out / "state-translator.pt")
+    state = out / "state-translator.pt"
+    train_translator_loop(model, train, valid, phase_config(args), histories["translator"], state, args.stop_at)
     train_s = time.perf_counter() - t0
     model.cpu()
     test = split["test"]
@@ -625,6 +639,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--warmup", dest="warmup_steps", type=int, default=400)
     t.add_argument("--batch-tokens", type=int, default=2500)
     t.add_argument("--average-last", type=int, default=5)
+    t.add_argument("--stop-at", type=int, default=0, help="exit at this evaluation step, resumable (see run_loop)")
     return p
 
 

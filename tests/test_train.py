@@ -131,3 +131,23 @@ def test_an_interrupted_run_resumes_to_the_same_weights(
     b, _ = train.load_checkpoint(tmp_path / "resumed")
     for k, v in a.state_dict().items():
         assert torch.equal(v, b.state_dict()[k]), k
+
+
+def test_a_shortened_run_replays_exactly(tiny_data: Path, tmp_path: Path) -> None:
+    """`--stop-at` then a rerun with another `--steps`: how the Makefile replays a run whose length
+    changed on the way. Two replays give the same weights; the stop itself publishes nothing."""
+    args = ["translator", "--data-dir", str(tiny_data), "--warmup", "3", *TINY]
+    args += ["--eval-every", "4", "--batch-tokens", "400", "--average-last", "2", "--threads", "1"]
+    for name in ("first", "second"):
+        out = ["--out", str(tmp_path / name)]
+        with pytest.raises(SystemExit) as stop:
+            train.main([*args, *out, "--steps", "20", "--stop-at", "4"])
+        assert stop.value.code == 0
+        assert not (tmp_path / name / "model.safetensors").exists()
+        train.main([*args, *out, "--steps", "8"])
+    a, _ = train.load_checkpoint(tmp_path / "first")
+    b, _ = train.load_checkpoint(tmp_path / "second")
+    for k, v in a.state_dict().items():
+        assert torch.equal(v, b.state_dict()[k]), k
+    report = json.loads((tmp_path / "first" / "report.json").read_text())
+    assert report["steps_run"] == 8
