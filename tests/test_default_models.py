@@ -49,16 +49,23 @@ def test_bundled_store_is_intact_and_validated(entries: dict[str, store.StoreEnt
 
 
 def plain_greedy(engine: TranslatorEngine, seqs: list[list[int]], max_new: int) -> list[list[int]]:
-    """The exporter's greedy loop over the engine's runtime: every row runs every step, no row dropping."""
+    """The exporter's greedy loop over the engine's runtime: every row runs every step at the same
+    position, its cache grown by concatenation (one spare masked slot), no row dropping."""
+    rt = engine.rt
     ids, mask = pad(seqs)
-    state = [engine.rt.encode(ids, mask)]
-    rows = np.arange(len(seqs))
+    cross = rt.encode(ids, mask)
+    n = len(seqs)
+    cache = [np.zeros((n, rt.heads, 0, rt.d_k), np.float32) for _ in range(2 * rt.n_layers)]
+    spare = np.zeros((n, rt.heads, 1, rt.d_k), np.float32)
 
     def step(prefix: torch.Tensor) -> np.ndarray:
-        logp, state[0] = engine.rt.step(prefix[:, -1].numpy(), state[0], rows)
-        return logp
+        positions = np.full(n, prefix.shape[1] - 1, np.int64)
+        tokens = prefix[:, -1].numpy().astype(np.int64)
+        out = rt.decode(tokens, positions, mask, [np.concatenate([c, spare], axis=2) for c in cache], cross)
+        cache[:] = [np.concatenate([c, kv], axis=2) for c, kv in zip(cache, out.new_kv, strict=True)]
+        return out.logprobs
 
-    return greedy_loop(step, len(seqs), engine.bos_id, engine.eos_id, max_new, torch.device("cpu"))
+    return greedy_loop(step, n, engine.bos_id, engine.eos_id, max_new, torch.device("cpu"))
 
 
 def test_default_translator_engine_matches_the_plain_cached_loop(entries: dict[str, store.StoreEntry]) -> None:
