@@ -152,8 +152,8 @@ class DynamicBatcher(Generic[T, R]):
         futures = [p.future for p in pending]
         try:
             if deadline is None:
-                return list(await asyncio.gather(*futures))
-            return list(await asyncio.wait_for(asyncio.gather(*futures), deadline - now))
+                return await _results(futures)
+            return await asyncio.wait_for(_results(futures), deadline - now)
         except TimeoutError:
             where = "while running" if any(p.started for p in pending) else "while queued"
             raise DeadlineExceeded(f"the request deadline passed {where}") from None
@@ -320,3 +320,9 @@ class DynamicBatcher(Generic[T, R]):
         if len(results) != len(ran):
             raise RuntimeError(f"run_batch returned {len(results)} results for {len(ran)} items")
         return ran, results
+
+
+async def _results(futures: Sequence[asyncio.Future[R]]) -> list[R]:
+    """The futures' results in order. Not `asyncio.gather`: a gather cancelled with its caller (a
+    client gone) keeps a CancelledError nobody reads, logged at shutdown as an error."""
+    return [await f for f in futures]

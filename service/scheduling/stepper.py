@@ -10,7 +10,8 @@ its neighbours.
 Admission is fair and cost-aware:
 - waiting requests are served round-robin, one sentence each in turn, so a one-sentence request
   is not stuck behind a 64-sentence one; a sentence too wide for the free rows is passed over,
-  unless it has waited `starvation_s`, then nothing else is admitted before it;
+  unless it has waited `starvation_s`, then nothing else is admitted before it, except greedy
+  sentences in the eighth of the rows beams may not fill (`StepLimits.wide_rows`);
 - a request is refused at once (`QueueFull`, 429) when the queued work would overflow
   `max_queue` sentences or could not finish before the request's deadline at the throughput
   measured on full steps; work is estimated in row-steps (rows x expected tokens);
@@ -62,6 +63,13 @@ class StepLimits:
     def __post_init__(self) -> None:
         if self.max_rows < 1 or self.max_cache_tokens < 1 or self.max_queue < 1 or not 0 < self.admit_share <= 1:
             raise ValueError(f"invalid step limits {self}")
+
+    @property
+    def wide_rows(self) -> int:
+        """Rows beam sentences may fill while others run: an eighth of the budget is kept for
+        greedy sentences, so a short greedy request joins at the next step even while the
+        batch is full of beams (a beam wider than this still runs, alone)."""
+        return self.max_rows - max(1, self.max_rows // 8)
 
 
 @dataclass(eq=False)
@@ -274,6 +282,7 @@ class StepScheduler:
         """Waiting sentences to admit now: round-robin over jobs within the budgets (under the lock)."""
         limits, chosen = self.limits, []
         skipped = 0  # jobs in a row whose next sentence did not fit
+        wide_held = False  # a starving beam sentence waits for rows: no other beam goes in first
         while self._waiting and skipped < len(self._waiting):
             job = self._waiting[0]
             if job.cancelled is not None:  # `_forget` answers it
@@ -281,9 +290,14 @@ class StepScheduler:
                 continue
             s = job.sentences[job.admitted]
             if not s.search.done:  # a sentence with limit 0 was answered without a step
-                if rows + s.search.width > limits.max_rows or reserved + s.reserve > limits.max_cache_tokens:
+                width = s.search.width
+                cap = limits.max_rows if width == 1 or not rows else limits.wide_rows
+                fits = rows + width <= cap and reserved + s.reserve <= limits.max_cache_tokens
+                if not fits or (width > 1 and wide_held):
                     if now - job.enqueued >= limits.starvation_s:
-                        break  # nothing else goes in before it: the rows it needs will free up
+                        if width == 1:
+                            break  # nothing else goes in before it: the rows it needs will free up
+                        wide_held = True  # greedy sentences still join, in the rows kept for them
                     self._waiting.rotate(-1)
                     skipped += 1
                     continue
