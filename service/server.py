@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import time
 from pathlib import Path
 from types import FrameType
@@ -193,6 +194,11 @@ def serve(settings: Settings) -> int:
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror or exc)
         return 1
+    # The event loop shares the GIL with the model threads, whose Python (search, scheduling)
+    # holds it between ONNX Runtime calls. At the default 5 ms switch interval the loop waits up
+    # to 5 ms after every socket call it makes, so under overload it reads requests too slowly to
+    # refuse them and the kernel's backlog fills; 0.5 ms keeps it answering.
+    sys.setswitchinterval(settings.gil_switch_interval_s)
     app: FastAPI = create_app(settings)
     config = uvicorn.Config(
         app,

@@ -31,6 +31,7 @@ import numpy as np
 from service.contract.graphs import pad
 from service.engine.decoding import Hypothesis, Search, rank_candidates
 from service.engine.runtime import TranslatorRuntime
+from service.priority import lower_priority
 
 T = TypeVar("T")
 SOURCE_SLACK = 8  # shrink the source buffer once this many columns are padding for every row
@@ -263,7 +264,7 @@ class ShardedBatch(Generic[T]):
     ) -> None:
         self.narrow, self.wide = narrow, wide
         self.parts: list[RunningBatch[T]] = [RunningBatch(wide, pad_id, timer) for _ in range(shards)]
-        self._pool = ThreadPoolExecutor(shards - 1, thread_name_prefix="shard")
+        self._pool = ThreadPoolExecutor(shards - 1, "shard", lower_priority)
 
     @property
     def blocks(self) -> list[Block[T]]:

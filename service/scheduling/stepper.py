@@ -34,6 +34,7 @@ from typing import Protocol
 from service.engine.decoding import Hypothesis, Search
 from service.engine.running import RunningBatch, ShardedBatch, StepError
 from service.errors import DeadlineExceeded, InputTooLong, InvalidInput, NotReady, QueueFull, ShuttingDown
+from service.priority import lower_priority
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,8 @@ class StepLimits:
     max_cache_tokens: int = 65536  # admitted rows x (source + max new tokens), reserved at admission
     max_queue: int = 512  # sentences waiting or running before 429
     starvation_s: float = 0.5  # a passed-over sentence is admitted first after waiting this long
-    admit_share: float = 0.5  # admit when the queued work fits in this share of the time left
+    admit_share: float = 0.35  # admit when the queued work fits in this share of the time left (greedy
+    # sentences overtake beams in the rows kept for them, so a beam may finish later than projected)
 
     def __post_init__(self) -> None:
         if self.max_rows < 1 or self.max_cache_tokens < 1 or self.max_queue < 1 or not 0 < self.admit_share <= 1:
@@ -179,6 +181,19 @@ class StepScheduler:
                 job.cancelled = reason
                 self._cv.notify()
 
+    def refuse_if_busy(self, deadline: float) -> None:
+        """Raises the QueueFull any request would get now: the queued work alone would not finish
+        in the deadline's share. Checked before a request's texts are split and tokenized, so an
+        overloaded server refuses at the cost of reading the JSON, not of preparing the texts."""
+        with self._cv:
+            if not (self._rate and self._work):
+                return
+            projected = self._work / self._rate
+        if projected > self.limits.admit_share * (deadline - time.monotonic()):
+            error = QueueFull(f"model {self.name} is busy: about {projected:.1f} s of queued work; retry later")
+            error.retry_after = max(1, math.ceil(projected))
+            raise error
+
     def _admit_job(self, job: Job, now: float) -> None:
         """Refuses a job the queue cannot hold or could not finish in time (under the lock)."""
         n = job.remaining
@@ -233,6 +248,7 @@ class StepScheduler:
     # -- the scheduler thread ----------------------------------------------------------------
 
     def _run(self) -> None:
+        lower_priority()
         batch = self._make_batch()
         reserved = 0  # cache tokens held by admitted sentences
         while True:

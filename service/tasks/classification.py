@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.runtime import LoadOptions
 from service.metrics import BatchMetrics
+from service.priority import lower_priority
 from service.scheduling.batcher import BatchLimits, DynamicBatcher
 from service.store import StoreEntry
 from service.tasks.base import (
@@ -75,7 +76,7 @@ class ClassificationTask(Task):
         self.engine = engine
         s = context.settings
         limits = BatchLimits(s.max_batch_size, s.max_wait_ms / 1000, s.max_queue, s.max_batch_tokens)
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"classify-{entry.name}")
+        self.executor = ThreadPoolExecutor(1, f"classify-{entry.name}", lower_priority)
         self.batcher: DynamicBatcher[list[int], np.ndarray] = DynamicBatcher(
             entry.name,
             _runner(engine, context.metrics),

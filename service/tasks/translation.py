@@ -201,6 +201,8 @@ class SentenceQueue(Protocol):
     @property
     def in_flight(self) -> int: ...
 
+    def refuse_if_busy(self, deadline: float) -> None: ...
+
     async def submit(
         self, items: Sequence[tuple[Sequence[int], Search]], deadline: float
     ) -> list[list[Hypothesis]]: ...
@@ -265,6 +267,7 @@ class TranslationTask(Task):
         self, texts: Sequence[str], options: DecodeOptions, deadline: float
     ) -> tuple[Prepared, list[list[Hypothesis]]]:
         """The texts' sentences and their hypotheses: lines and sentences decoded side by side."""
+        self.queue.refuse_if_busy(deadline)
         prepared = self.engine.prepare(texts)
         limit = self.engine.max_new_tokens
         options.params(limit, 0)  # the options hold for this model even when no text has a sentence
@@ -367,6 +370,9 @@ class RequestBatches:
     @property
     def in_flight(self) -> int:
         return self.batcher.in_flight
+
+    def refuse_if_busy(self, deadline: float) -> None:
+        """The baseline refuses at admission only."""
 
     async def submit(self, items: Sequence[tuple[Sequence[int], Search]], deadline: float) -> list[list[Hypothesis]]:
         return await self.batcher.submit_many([_Item(ids, search) for ids, search in items], deadline)
