@@ -186,12 +186,20 @@ class StepScheduler:
         in the deadline's share. Checked before a request's texts are split and tokenized, so an
         overloaded server refuses at the cost of reading the JSON, not of preparing the texts."""
         with self._cv:
-            if not (self._rate and self._work):
-                return
-            projected = self._work / self._rate
-        if projected > self.limits.admit_share * (deadline - time.monotonic()):
-            error = QueueFull(f"model {self.name} is busy: about {projected:.1f} s of queued work; retry later")
-            error.retry_after = max(1, math.ceil(projected))
+            self._check_time(0, deadline - time.monotonic())
+
+    def _check_time(self, work: int, time_left: float) -> None:
+        """QueueFull when the queued work plus `work` would not finish within `admit_share` of
+        `time_left` at the measured throughput (under the lock)."""
+        if not (self._rate and self._work):
+            return
+        projected = (self._work + work) / self._rate
+        if projected > self.limits.admit_share * time_left:
+            error = QueueFull(
+                f"model {self.name} is busy: about {projected:.1f} s of queued work, more than this request's "
+                "deadline allows; retry later"
+            )
+            error.retry_after = max(1, math.ceil(self._work / self._rate))
             raise error
 
     def _admit_job(self, job: Job, now: float) -> None:
@@ -212,18 +220,10 @@ class StepScheduler:
                 f"a sentence needs {largest} cache tokens (rows x (source + max_new_tokens)); this server holds "
                 f"{self.limits.max_cache_tokens}: lower max_new_tokens or the beam size"
             )
-        if self._rate and self._work:
-            work = sum(s.work for s in job.sentences if not s.search.done)
-            projected = (self._work + work) / self._rate
-            if projected > self.limits.admit_share * (job.deadline - now):
-                error = QueueFull(
-                    f"model {self.name} is busy: about {projected:.1f} s of queued work, more than this request's "
-                    "deadline allows; retry later"
-                )
-                error.retry_after = max(1, math.ceil(self._work / self._rate))
-                raise error
+        work = sum(s.work for s in job.sentences if not s.search.done)
+        self._check_time(work, job.deadline - now)
         self._sentences += n
-        self._work += sum(s.work for s in job.sentences if not s.search.done)
+        self._work += work
 
     async def close(self, timeout: float) -> None:
         """Stops admitting; admitted work runs for up to `timeout` s; the rest fails with ShuttingDown."""

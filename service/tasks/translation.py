@@ -25,6 +25,7 @@ from service.engine.translator import Prepared, TranslatorEngine, load_translato
 from service.engine.translator import Translation as EngineTranslation
 from service.errors import InvalidInput
 from service.metrics import BatchMetrics
+from service.priority import lower_priority
 from service.scheduling.batcher import BatchLimits, DynamicBatcher
 from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
 from service.store import StoreEntry
@@ -220,7 +221,7 @@ class TranslationTask(Task):
     def __init__(self, entry: StoreEntry, engine: TranslatorEngine, context: TaskContext) -> None:
         super().__init__(entry, engine.variant)
         self.engine = engine
-        self.attention_worker = ThreadPoolExecutor(1, thread_name_prefix=f"attention-{entry.name}")
+        self.attention_worker = ThreadPoolExecutor(1, f"attention-{entry.name}", lower_priority)
         s, obs = context.settings, context.metrics
         self.queue: SentenceQueue
         if s.scheduler == "step":
@@ -350,7 +351,7 @@ class RequestBatches:
     next starts (what the step scheduler replaced; kept to measure against)."""
 
     def __init__(self, name: str, engine: TranslatorEngine, limits: BatchLimits, obs: BatchMetrics) -> None:
-        self.executor = ThreadPoolExecutor(1, thread_name_prefix=f"translate-{name}")
+        self.executor = ThreadPoolExecutor(1, f"translate-{name}", lower_priority)
         self.batcher: DynamicBatcher[_Item, list[Hypothesis]] = DynamicBatcher(
             name,
             _run_batch(engine, obs),
