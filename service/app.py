@@ -16,6 +16,7 @@ from fastapi.routing import APIRoute
 
 from service.http import errors, libretranslate, oip, openapi, page, routes
 from service.http.auth import ApiKeys
+from service.http.direct import DirectTaskRoutes
 from service.http.middleware import BodyLimit, RequestContext
 from service.http.schemas import OipInferRequest
 from service.http.state import AppState
@@ -60,7 +61,8 @@ def create_app(settings: Settings) -> FastAPI:
         telemetry={"tracing": otel, "metrics": otel, "logs": otel},
     )
     app.state.serve = state
-    errors.install(app, field_rules(*(cls.Request for cls in tasks), OipInferRequest))
+    rules = field_rules(*(cls.Request for cls in tasks), OipInferRequest)
+    errors.install(app, rules)
     openapi.install(app, settings, state.models)
     routers = [routes.router, routes.task_router(tasks), oip.router, libretranslate.router, page.router]
     for router in routers:
@@ -71,6 +73,7 @@ def create_app(settings: Settings) -> FastAPI:
         for r in router.routes
         if isinstance(r, APIRoute) and "POST" in (r.methods or ())
     ]
+    app.add_middleware(DirectTaskRoutes, tasks=tasks, rules=rules)
     app.add_middleware(
         BodyLimit,
         max_bytes=settings.max_body_bytes,

@@ -576,3 +576,38 @@ async def test_decode_options_are_checked_against_the_model_even_without_sentenc
     limit = next(m for m in (await client.get("/v1/models")).json()["models"] if m["name"] == "tiny-mt")
     r = await client.post("/translate", json={"texts": [""], "max_new_tokens": limit["max_new_tokens"] + 1})
     assert r.status_code == 422 and "max_new_tokens" in r.json()["error"]
+
+
+async def test_the_direct_task_path_answers_as_the_fastapi_routes_do(tiny_store: Path) -> None:
+    """POSTs to task routes skip FastAPI (`service.http.direct`); without that middleware the same
+    bodies reach the FastAPI routes, and every answer (status, body) must be the same."""
+    from service.http.direct import DirectTaskRoutes
+
+    bodies: list[tuple[str, bytes, dict[str, str]]] = [
+        ("/predict", b'{"texts": ["good", "bad"]}', {"content-type": "application/json"}),
+        ("/translate", b'{"texts": ["open the file"], "beam_size": 2, "return_scores": true}', {}),
+        ("/predict", b'{"texts": ["a"', {"content-type": "application/json"}),
+        ("/predict", b'{"texts": ["\xff"]}', {"content-type": "application/json"}),
+        ("/predict", b"", {"content-type": "application/json"}),
+        ("/predict", b"[1, 2]", {"content-type": "application/json"}),
+        ("/predict", b'{"texts": [], "extra": 1}', {"content-type": "application/json"}),
+        ("/predict", b'{"texts": ["a"], "model": "nope"}', {"content-type": "application/json"}),
+        ("/translate", b'{"texts": ["a"], "length_penalty": NaN}', {"content-type": "application/json"}),
+        (
+            "/translate",
+            b'{"texts": ["a"], "beam_size": 4.0, "max_new_tokens": 3}',
+            {"content-type": "application/json"},
+        ),
+        ("/translate", b'{"texts": ["ok", "bad \\ud800 text"]}', {"content-type": "application/json"}),
+    ]
+    answers = []
+    for direct in (True, False):
+        application = create_app(settings(tiny_store, max_wait_ms=0))
+        if not direct:
+            application.user_middleware = [m for m in application.user_middleware if m.cls is not DirectTaskRoutes]
+        async with serving(application) as c:
+            answers.append(
+                [(r.status_code, r.json()) for r in [await c.post(p, content=b, headers=h) for p, b, h in bodies]]
+            )
+    assert answers[0] == answers[1]
+    assert [status for status, _ in answers[0]] == [200, 200, 400, 400, 422, 422, 422, 404, 422, 200, 422]

@@ -228,21 +228,28 @@ async def _run_watched(app: ASGIApp, scope: Scope, body: bytes, receive: Receive
         started = started or message["type"] == "http.response.start"
         await send(message)
 
-    route = asyncio.ensure_future(app(scope, replay, tracked_send))
+    route = asyncio.current_task()  # the route runs in this task (one task less per request)
+    assert route is not None
+    finishing = False
 
     async def watch() -> None:
         while (await receive())["type"] != "http.disconnect":
             pass
         left.set()
-        if not started and not route.done():
+        if not started and not finishing:
             scope[DISCONNECTED] = True
             route.cancel()
 
     watcher = asyncio.ensure_future(watch())
     try:
-        await route
+        await app(scope, replay, tracked_send)
     except asyncio.CancelledError:
         if not scope.get(DISCONNECTED):
             raise  # the server is cancelling us, not the client
+        route.uncancel()
+    else:
+        if scope.get(DISCONNECTED):  # the route finished despite our cancel: take it back (no later await sees it)
+            route.uncancel()
     finally:
+        finishing = True
         watcher.cancel()

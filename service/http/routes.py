@@ -1,7 +1,9 @@
 """REST endpoints: health, readiness, metrics, the model list, and one POST route per task.
 
 HTTP in, HTTP out: a task route validates the body with the task's own request model, resolves
-the model, and returns the task's answer.
+the model, and returns the task's answer (`answer_task`). Under a server, POSTs to the task routes
+are answered by `service.http.direct` before routing, through the same `answer_task`; the routes
+here give the API document its operations and answer when the app runs without that middleware.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from collections.abc import Awaitable, Callable, Iterable
 from fastapi import APIRouter, Request
 from pydantic import BaseModel
 from starlette.responses import Response
+from starlette.types import Scope
 
 from service.errors import NotReady, ShuttingDown
 from service.http import schemas
-from service.http.state import admit, get_state, set_model
+from service.http.middleware import request_info
+from service.http.state import admit_scope, get_state
 from service.metrics import CONTENT_TYPE
 from service.tasks.base import Task, TextsRequest
 
@@ -95,18 +99,24 @@ def task_router(tasks: Iterable[type[Task]]) -> APIRouter:
             responses=ERRORS,
             summary=cls.summary,
             name=cls.name,
+            strict_content_type=False,  # a body without Content-Type is read as JSON (`BodyLimit`)
         )
     return out
 
 
+async def answer_task(cls: type[Task], scope: Scope, body: TextsRequest) -> BaseModel:
+    """A validated task request's answer: size limits, the model it names, the task's `answer`."""
+    state, deadline = admit_scope(scope)
+    s = state.settings
+    schemas.check_texts(body.texts, s.max_texts, s.max_text_chars)
+    task = state.models.resolve(body.model, cls.name, body.version)
+    request_info(scope).model = task.entry.name
+    return await task.answer(body, deadline)
+
+
 def _endpoint(cls: type[Task]) -> Callable[[TextsRequest, Request], Awaitable[BaseModel]]:
     async def endpoint(body: TextsRequest, request: Request) -> BaseModel:
-        state, deadline = admit(request)
-        s = state.settings
-        schemas.check_texts(body.texts, s.max_texts, s.max_text_chars)
-        task = state.models.resolve(body.model, cls.name, body.version)
-        set_model(request, task.entry.name)
-        return await task.answer(body, deadline)
+        return await answer_task(cls, request.scope, body)
 
     endpoint.__annotations__ = {"body": cls.Request, "request": Request, "return": BaseModel}
     return endpoint

@@ -6,6 +6,7 @@ import asyncio
 from dataclasses import dataclass
 
 from fastapi import Request
+from starlette.types import Scope
 
 from service.errors import ShuttingDown
 from service.http.middleware import request_info
@@ -33,18 +34,25 @@ class AppState:
 
 
 def get_state(request: Request) -> AppState:
-    state = request.app.state.serve
+    return scope_state(request.scope)
+
+
+def scope_state(scope: Scope) -> AppState:
+    state = scope["app"].state.serve
     assert isinstance(state, AppState)
     return state
 
 
 def admit(request: Request) -> tuple[AppState, float]:
     """The app state and this request's deadline; 503 while draining."""
-    state = get_state(request)
+    return admit_scope(request.scope)
+
+
+def admit_scope(scope: Scope) -> tuple[AppState, float]:
+    state = scope_state(scope)
     if state.draining:
         raise ShuttingDown("the service is shutting down; retry on another instance")
-    info = request_info(request.scope)
-    return state, info.start + state.settings.request_timeout_s
+    return state, request_info(scope).start + state.settings.request_timeout_s
 
 
 def set_model(request: Request, name: str) -> None:
