@@ -7,10 +7,11 @@ the raw stream, so a lying or missing Content-Length cannot get more than the li
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import re
+import secrets
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -41,9 +42,18 @@ class RequestInfo:
     model: str = ""  # set by the route once the model is resolved
 
 
+_IDS = (f"{secrets.token_hex(8)}{n:016x}" for n in itertools.count())
+"""Generated request ids: 32 hex digits, a random per-process prefix and a counter (unique like
+uuid4 without a getrandom call per request)."""
+
+
+def new_request_id() -> str:
+    return next(_IDS)
+
+
 def request_info(scope: Scope) -> RequestInfo:
     info = scope.get(SCOPE_KEY)
-    return info if isinstance(info, RequestInfo) else RequestInfo(uuid.uuid4().hex, time.monotonic())
+    return info if isinstance(info, RequestInfo) else RequestInfo(new_request_id(), time.monotonic())
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -86,7 +96,7 @@ class RequestContext:
             await self.app(scope, receive, send)
             return
         given = _header(scope, REQUEST_ID_HEADER)
-        info = RequestInfo(given if given and _VALID_ID.match(given) else uuid.uuid4().hex, time.monotonic())
+        info = RequestInfo(given if given and _VALID_ID.match(given) else new_request_id(), time.monotonic())
         scope[SCOPE_KEY] = info
         status = 0
 
@@ -188,24 +198,26 @@ class BodyLimit:
             await error_response(path, wrong_type, "unsupported_media_type")(scope, receive, send)
             return
         chunks, size = [], 0
-        end = time.monotonic() + self.body_timeout
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, end - time.monotonic()))
-            except TimeoutError:
-                late = f"the request body did not arrive within {self.body_timeout:g} s"
-                await error_response(path, late, "request_timeout")(scope, receive, send)
-                return
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await error_response(path, too_large, "payload_too_large")(scope, receive, send)
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            async with asyncio.timeout(self.body_timeout):  # no task per request, unlike wait_for
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        break
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            late = f"the request body did not arrive within {self.body_timeout:g} s"
+            await error_response(path, late, "request_timeout")(scope, receive, send)
+            return
+        if size > self.max_bytes:
+            await error_response(path, too_large, "payload_too_large")(scope, receive, send)
+            return
         await _run_watched(self.app, scope, b"".join(chunks), receive, send)
 
 
