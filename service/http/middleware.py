@@ -42,13 +42,13 @@ class RequestInfo:
     model: str = ""  # set by the route once the model is resolved
 
 
-_IDS = (f"{secrets.token_hex(8)}{n:016x}" for n in itertools.count())
-"""Generated request ids: 32 hex digits, a random per-process prefix and a counter (unique like
-uuid4 without a getrandom call per request)."""
+_ID_PREFIX, _ID_COUNTER = secrets.token_hex(8), itertools.count()
 
 
 def new_request_id() -> str:
-    return next(_IDS)
+    """32 hex digits: a random per-process prefix and a counter (unique like uuid4, without a
+    getrandom call per request)."""
+    return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
 def request_info(scope: Scope) -> RequestInfo:

@@ -150,14 +150,13 @@ class DynamicBatcher(Generic[T, R]):
         self._arrived.set()
         self._observer.queue_depth(self.depth)
         futures = [p.future for p in pending]
+        # the deadline fails the futures themselves (no wait_for: it costs a task per request)
+        timer = loop.call_later(deadline - now, _expire, pending) if deadline is not None else None
         try:
-            if deadline is None:
-                return await _results(futures)
-            return await asyncio.wait_for(_results(futures), deadline - now)
-        except TimeoutError:
-            where = "while running" if any(p.started for p in pending) else "while queued"
-            raise DeadlineExceeded(f"the request deadline passed {where}") from None
+            return await _results(futures)
         finally:
+            if timer is not None:
+                timer.cancel()
             for f in futures:
                 if not f.done():
                     f.cancel()  # withdrawn: the loop skips it
@@ -232,7 +231,8 @@ class DynamicBatcher(Generic[T, R]):
         while not self._closing and not self._full(first.key) and (left := close_at - time.monotonic()) > 0:
             self._arrived.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), left)
+                async with asyncio.timeout(left):
+                    await self._arrived.wait()
         self._drop_dead()
         batch = self._select()
         if batch:
@@ -309,7 +309,7 @@ class DynamicBatcher(Generic[T, R]):
     def _work(self, batch: list[_Pending[T, R]]) -> tuple[list[_Pending[T, R]], Sequence[R]]:
         """In the worker thread: drops items that expired or were withdrawn meanwhile, runs the rest."""
         now = time.monotonic()
-        ran = [p for p in batch if (p.deadline is None or p.deadline > now) and not p.future.cancelled()]
+        ran = [p for p in batch if (p.deadline is None or p.deadline > now) and not p.future.done()]
         if not ran:
             return [], []
         for p in ran:
@@ -320,6 +320,13 @@ class DynamicBatcher(Generic[T, R]):
         if len(results) != len(ran):
             raise RuntimeError(f"run_batch returned {len(results)} results for {len(ran)} items")
         return ran, results
+
+
+def _expire(pending: Sequence[_Pending[T, R]]) -> None:
+    where = "while running" if any(p.started for p in pending) else "while queued"
+    for p in pending:
+        if not p.future.done():
+            p.future.set_exception(DeadlineExceeded(f"the request deadline passed {where}"))
 
 
 async def _results(futures: Sequence[asyncio.Future[R]]) -> list[R]:
