@@ -13,6 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp
 
 from service.http import errors, libretranslate, oip, openapi, page, routes
 from service.http.auth import ApiKeys
@@ -29,7 +31,23 @@ from service.validation import field_rules
 log = logging.getLogger(__name__)
 
 
-def create_app(settings: Settings) -> FastAPI:
+class ServiceApp(FastAPI):
+    """FastAPI with the service's own middleware (`outer_middleware`, outermost first) around its
+    whole stack: request context, API keys, body limit and the direct task path run before
+    FastAPI's error, telemetry and body-limit layers, so a task request the direct path answers
+    never enters them (they cost the event loop more than its routing; py-spy). An exception
+    nothing handled becomes `RequestContext`'s one 500 answer."""
+
+    outer_middleware: list[Middleware]
+
+    def build_middleware_stack(self) -> ASGIApp:
+        app = super().build_middleware_stack()
+        for cls, args, kwargs in reversed(self.outer_middleware):
+            app = cls(app, *args, **kwargs)
+        return app
+
+
+def create_app(settings: Settings) -> ServiceApp:
     metrics = Metrics()
     # One thread loads and warms up the models (one at a time, so loading never takes every core
     # from serving); each task then runs its model work on threads of its own.
@@ -54,7 +72,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     otel = settings.opentelemetry  # off by default: Prometheus has the figures, and FastAPI's
     # per-request check for an OpenTelemetry provider cost about 8 % of a small request (py-spy)
-    app = FastAPI(
+    app = ServiceApp(
         title="transformer-serve",
         summary="Transformer text models (classification, translation) over ONNX Runtime",
         lifespan=lifespan,
@@ -73,21 +91,23 @@ def create_app(settings: Settings) -> FastAPI:
         for r in router.routes
         if isinstance(r, APIRoute) and "POST" in (r.methods or ())
     ]
-    app.add_middleware(DirectTaskRoutes, tasks=tasks, rules=rules)
-    app.add_middleware(
-        BodyLimit,
-        max_bytes=settings.max_body_bytes,
-        accepts_body=lambda path: any(rx.match(path) for rx in post_routes),
-        body_timeout=settings.body_timeout_s,
-    )
     task_paths = frozenset(cls.rest_path for cls in tasks)
-    app.add_middleware(ApiKeys, keys=settings.api_key_list, task_paths=task_paths)
-    app.add_middleware(
-        RequestContext,
-        metrics=metrics,
-        endpoints=task_paths | {"/libretranslate/translate"},
-        max_in_flight=settings.max_in_flight,
-    )
+    app.outer_middleware = [
+        Middleware(
+            RequestContext,
+            metrics=metrics,
+            endpoints=task_paths | {"/libretranslate/translate"},
+            max_in_flight=settings.max_in_flight,
+        ),
+        Middleware(ApiKeys, keys=settings.api_key_list, task_paths=task_paths),
+        Middleware(
+            BodyLimit,
+            max_bytes=settings.max_body_bytes,
+            accepts_body=lambda path: any(rx.match(path) for rx in post_routes),
+            body_timeout=settings.body_timeout_s,
+        ),
+        Middleware(DirectTaskRoutes, tasks=tasks, rules=rules),
+    ]
     return app
 
 

@@ -604,7 +604,7 @@ async def test_the_direct_task_path_answers_as_the_fastapi_routes_do(tiny_store:
     for direct in (True, False):
         application = create_app(settings(tiny_store, max_wait_ms=0))
         if not direct:
-            application.user_middleware = [m for m in application.user_middleware if m.cls is not DirectTaskRoutes]
+            application.outer_middleware = [m for m in application.outer_middleware if m.cls is not DirectTaskRoutes]
         async with serving(application) as c:
             answers.append(
                 [(r.status_code, r.json()) for r in [await c.post(p, content=b, headers=h) for p, b, h in bodies]]
