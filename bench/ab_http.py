@@ -1,0 +1,94 @@
+"""Paired A/B of the served throughput: this tree against a git revision, runs alternating.
+
+    python -m bench.ab_http --base HEAD~1 [--path /predict] [--pairs 6] [--setting KEY=VALUE ...]
+
+A tool for performance work, not a report. This VM's speed drifts by tens of percent within
+minutes, so two separate `bench.service_load` runs cannot tell a 10 % change from noise. Here the
+revision `--base` (checked out into a temporary git worktree) and this tree each run a server
+(`python -m service`, the bundled models), both started once and pinned to the same CPU; `wrk`
+(on the other CPU, 32 connections, one text per request) loads one of them at a time, A B then
+B A, short runs, so both see the same drift. `--setting` applies SERVE_* settings to this tree's
+server only (the same code under another setting). Prints each pair's B ÷ A and their median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+from bench.serverproc import ROOT, ServerProcess, free_port, stop, wait_ready
+from bench.service_load import REVIEWS, SHORT, translate_bodies, wrk, wrk_result
+
+BASE_SETTINGS = {"threads": "1", "max_queue": "100000", "request_timeout_s": "120"}
+
+
+def start(root: Path, store: Path, cpus: str, settings: Mapping[str, str], log: Path) -> ServerProcess:
+    """`python -m service` of the tree at `root` (the current interpreter and its packages)."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_")}
+    env |= {"SERVE_MODEL_STORE": str(store), "SERVE_PORT": str(port), "SERVE_LOG_LEVEL": "warning"}
+    env |= {f"SERVE_{k.upper()}": v for k, v in settings.items()}
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            ["taskset", "-c", cpus, sys.executable, "-m", "service"], cwd=root, env=env, stdout=out, stderr=out
+        )
+    return ServerProcess(f"http://127.0.0.1:{port}", port, proc, log)
+
+
+@contextlib.contextmanager
+def worktree(revision: str) -> Iterator[Path]:
+    with tempfile.TemporaryDirectory(prefix="ab-http-") as tmp:
+        path = Path(tmp) / "base"
+        subprocess.run(["git", "worktree", "add", "--detach", str(path), revision], cwd=ROOT, check=True)
+        try:
+            yield path
+        finally:
+            subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.ab_http", description=__doc__.split("\n")[0])
+    p.add_argument("--base", required=True, help="git revision for A")
+    p.add_argument("--path", default="/predict", choices=["/predict", "/translate"])
+    p.add_argument("--pairs", type=int, default=6)
+    p.add_argument("--seconds", type=float, default=8.0, help="per run")
+    p.add_argument("--store", type=Path, default=ROOT / "model_store")
+    p.add_argument("--server-cpus", default="0")
+    p.add_argument("--client-cpus", default="1")
+    p.add_argument("--setting", action="append", default=[], help="KEY=VALUE for B's server only")
+    args = p.parse_args(argv)
+    extra = dict(s.split("=", 1) for s in args.setting)
+    bodies = [{"texts": [t]} for t in REVIEWS] if args.path == "/predict" else translate_bodies("beam", SHORT)
+    logs = Path(tempfile.mkdtemp(prefix="ab-http-logs-"))
+    with worktree(args.base) as base:
+        a = start(base, args.store, args.server_cpus, BASE_SETTINGS, logs / "a.log")
+        b = start(ROOT, args.store, args.server_cpus, BASE_SETTINGS | extra, logs / "b.log")
+        try:
+            wait_ready(a)
+            wait_ready(b)
+            for server in (a, b):  # warm-up
+                wrk_result(wrk(server.url, args.path, bodies, 32, 3, args.client_cpus))
+            ratios = []
+            for i in range(args.pairs):
+                rates = {}
+                for server in (a, b) if i % 2 == 0 else (b, a):
+                    run = wrk(server.url, args.path, bodies, 32, args.seconds, args.client_cpus)
+                    rates[server.port] = wrk_result(run)["per_s"]
+                ratios.append(rates[b.port] / rates[a.port])
+                print(f"A {rates[a.port]:8.1f}  B {rates[b.port]:8.1f} requests/s  B/A {ratios[-1]:.3f}", flush=True)
+            print(f"median B/A over {args.pairs} pairs: {statistics.median(ratios):.3f} (logs in {logs})")
+        finally:
+            stop(a)
+            stop(b)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
