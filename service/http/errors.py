@@ -103,6 +103,11 @@ def install(app: FastAPI, rules: Mapping[str, str]) -> None:
             response.headers.update(exc.headers)
         return response
 
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        # FastAPI's outermost layer answers with this and re-raises: `RequestContext` logs it
+        return error_response(request.url.path, "internal server error", "internal_error")
+
+    app.add_exception_handler(Exception, internal_error)
     app.add_exception_handler(ServiceError, service_error)
     app.add_exception_handler(RequestValidationError, validation_error)
     app.add_exception_handler(HTTPException, http_error)
