@@ -262,7 +262,10 @@ async def soak_async(args: argparse.Namespace, server: ServerProcess) -> Scenari
     sc = Scenario("soak")
     shots = mix(server.url, 10_000)
     capacity = await measure_capacity(server.port, shots, args.capacity_s)
-    rate = 0.7 * capacity
+    # Half the capacity: the soak looks for leaks and drift, not for the edge of capacity. This VM's
+    # speed drifts by tens of percent within minutes, and at 70 % of a 10 s measurement the
+    # slow minutes came near saturation: the admission rightly refused a few (18 and 87 429s).
+    rate = 0.5 * capacity
     stop = asyncio.Event()
     await asyncio.sleep(2.0)  # the capacity run's connections closed
     fds_idle_before = open_fds(server.pid)
@@ -724,7 +727,7 @@ def fuzz(args: argparse.Namespace, log: Path) -> Scenario:
     sc.check(f"at least {args.fuzz_min_cases} cases", sc.figures["cases"] >= args.fuzz_min_cases)
     if not args.quick:
         tests = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_service_fuzz.py"],
+            [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "tests/test_service_fuzz.py"],  # -q: addopts
             cwd=ROOT,
             capture_output=True,
             text=True,
