@@ -130,7 +130,9 @@ def run_loop(
     """Trains one phase; returns the best state dict (higher metric is better) and the last
     `keep_last` evaluated snapshots. Resumes from `state_file` when it exists. With `stop_at`, the
     process exits at that step's evaluation (state saved, unfinished), so a rerun can resume it
-    with another length: this is how a shortened run is replayed exactly."""
+    with another length: this is how a shortened run is replayed exactly. A phase that finished
+    its length goes on from its last state when rerun with a longer `steps` (early-stopped ones
+    stay finished)."""
     opt = make_optimizer(model, cfg)
     best, best_state, bad_evals, step = -math.inf, None, 0, 0
     snapshots: list[dict[str, Tensor]] = []
@@ -148,9 +150,10 @@ def run_loop(
             setattr(history, k, v)
         torch.set_rng_state(saved["torch_rng"])
         print(f"{desc}: resumed at step {step} from {state_file}", flush=True)
-        if saved.get("finished"):
+        if saved.get("finished") and (step >= cfg.steps or bad_evals >= cfg.patience):
             model.load_state_dict(best_state)
             return best_state, snapshots
+        # else: a phase that ran its length goes on when the length grew (e.g. longer pre-training)
     if stop_at and step >= stop_at:
         print(f"{desc}: at step {step}, past --stop-at {stop_at}; rerun without it to go on", flush=True)
         raise SystemExit(0)

@@ -151,3 +151,17 @@ def test_a_shortened_run_replays_exactly(tiny_data: Path, tmp_path: Path) -> Non
         assert torch.equal(v, b.state_dict()[k]), k
     report = json.loads((tmp_path / "first" / "report.json").read_text())
     assert report["steps_run"] == 8
+
+
+def test_a_finished_run_goes_on_when_made_longer(tiny_data: Path, tmp_path: Path) -> None:
+    """A finished phase rerun with more `--steps` continues from its last state (longer
+    pre-training without starting over); rerun with the same length, it is left as it is."""
+    args = ["translator", "--data-dir", str(tiny_data), "--warmup", "3", *TINY, "--out", str(tmp_path / "run")]
+    args += ["--eval-every", "2", "--batch-tokens", "400", "--threads", "1", "--patience", "100"]
+    train.main([*args, "--steps", "4"])
+    state = torch.load(tmp_path / "run" / "state-translator.pt", weights_only=False)
+    assert state["finished"] and state["step"] == 4
+    train.main([*args, "--steps", "6"])
+    state = torch.load(tmp_path / "run" / "state-translator.pt", weights_only=False)
+    assert state["finished"] and state["step"] == 6 and state["history"]["eval_step"][-1] == 6
+    assert json.loads((tmp_path / "run" / "report.json").read_text())["steps_run"] == 6
