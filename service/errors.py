@@ -26,6 +26,12 @@ class InvalidJson(ServiceError):
     kind = "invalid_json"
 
 
+class UnreadableBody(ServiceError):
+    """A body that cannot be read as text at all (not UTF-8, nested too deeply)."""
+
+    kind = "bad_request"
+
+
 class ModelNotFound(ServiceError):
     kind = "model_not_found"
 

@@ -599,6 +599,7 @@ async def test_the_direct_task_path_answers_as_the_fastapi_routes_do(tiny_store:
             {"content-type": "application/json"},
         ),
         ("/translate", b'{"texts": ["ok", "bad \\ud800 text"]}', {"content-type": "application/json"}),
+        ("/predict", b"[" * 100_000 + b"]" * 100_000, {"content-type": "application/json"}),
     ]
     answers = []
     for direct in (True, False):
@@ -610,4 +611,17 @@ async def test_the_direct_task_path_answers_as_the_fastapi_routes_do(tiny_store:
                 [(r.status_code, r.json()) for r in [await c.post(p, content=b, headers=h) for p, b, h in bodies]]
             )
     assert answers[0] == answers[1]
-    assert [status for status, _ in answers[0]] == [200, 200, 400, 400, 422, 422, 422, 404, 422, 200, 422]
+    assert [status for status, _ in answers[0]] == [200, 200, 400, 400, 422, 422, 422, 404, 422, 200, 422, 400]
+
+
+async def test_json_nested_deeper_than_the_parser_goes_is_a_400_everywhere(client: httpx.AsyncClient) -> None:
+    """json.loads raises RecursionError on deep nesting; every JSON endpoint answers 400 for it."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    json_type = {"content-type": "application/json"}
+    for path in ("/predict", "/translate"):
+        error_of(await client.post(path, content=deep, headers=json_type), 400, "bad_request")
+    r = await client.post("/v2/models/tiny-clf/infer", content=deep, headers=json_type)
+    assert r.status_code == 400 and "invalid JSON" in r.json()["error"], r.text
+    r = await client.post("/libretranslate/translate", content=deep, headers=json_type)
+    assert r.status_code == 400 and "neither JSON nor form" in r.json()["error"], r.text
+    assert (await client.post("/predict", json={"texts": ["still serving"]})).status_code == 200

@@ -18,9 +18,10 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.errors import InvalidInput, InvalidJson, ServiceError
+from service.errors import InvalidInput, InvalidJson, ServiceError, UnreadableBody
 from service.http.errors import error_response
 from service.http.routes import answer_task
+from service.http.schemas import load_json
 from service.tasks.base import Task
 from service.validation import describe_validation
 
@@ -30,13 +31,15 @@ MISSING = {"type": "missing", "loc": (), "msg": "Field required"}  # an empty bo
 
 
 def parse_request(model: type[BaseModel], body: bytes, rules: Mapping[str, str]) -> Any:
-    """The body as `model`; InvalidJson (400), InvalidInput (422) or UnicodeDecodeError (400)."""
+    """The body as `model`; InvalidJson (400), UnreadableBody (400) or InvalidInput (422)."""
     if not body:
         raise InvalidInput(describe_validation([MISSING], rules))
     try:
-        data = json.loads(body)
+        data = load_json(body)
     except json.JSONDecodeError as exc:
         raise InvalidJson(f"invalid JSON at position {exc.pos}: {exc.msg}") from None
+    except ValueError:
+        raise UnreadableBody(UNREADABLE) from None
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -73,9 +76,6 @@ class DirectTaskRoutes:
             await error_response(path, str(exc) or exc.kind, exc.kind, retry_after=exc.retry_after)(
                 scope, receive, send
             )
-            return
-        except UnicodeDecodeError:
-            await error_response(path, UNREADABLE, "bad_request", 400)(scope, receive, send)
             return
         content = answer.model_dump_json(exclude_none=True).encode()
         headers = [(b"content-length", str(len(content)).encode()), *JSON_HEADERS]

@@ -12,7 +12,6 @@ There is no language detector here, so `/detect` answers that detection is disab
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import parse_qs
@@ -59,8 +58,8 @@ async def _params(request: Request) -> dict[str, Any]:
         out |= {k: v[0] if len(v) == 1 else v for k, v in form.items()}
         return out
     try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+        data = schemas.load_json(body)
+    except ValueError:
         raise LtError(400, "Invalid request: the body is neither JSON nor form-encoded") from None
     if not isinstance(data, dict):
         raise LtError(400, "Invalid request: the JSON body must be an object")

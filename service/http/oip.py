@@ -149,8 +149,8 @@ async def _infer(request: Request, name: str, version: int | None) -> Response:
 
 def _parse(head: bytes) -> schemas.OipInferRequest:
     try:
-        raw = json.loads(head or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
+        raw = schemas.load_json(head or b"null")
+    except ValueError as exc:
         raise InvalidJson(f"invalid JSON in the inference request header: {exc}") from None
     try:
         return schemas.OipInferRequest.model_validate(raw)

@@ -3,6 +3,7 @@ request-size limits from the settings. Each task's own REST bodies live in its t
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
@@ -10,6 +11,16 @@ from pydantic import AfterValidator, Field
 
 from service.errors import InputTooLong, InvalidInput, PayloadTooLarge
 from service.tasks.base import INTEGRAL, ResponseModel, StrictModel
+
+
+def load_json(body: bytes) -> Any:
+    """A request body's JSON. Whatever makes a body unreadable raises ValueError: malformed JSON
+    (json.JSONDecodeError), bytes that are not UTF-8 (UnicodeDecodeError), and nesting deeper
+    than the parser's recursion limit (RecursionError otherwise: a 500 for a 4xx input)."""
+    try:
+        return json.loads(body)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def check_texts(texts: Sequence[str], max_texts: int, max_chars: int, field: str = "texts") -> None:
