@@ -15,31 +15,18 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 
-from bench.serverproc import ROOT, ServerProcess, free_port, stop, wait_ready
+from bench import serverproc
+from bench.serverproc import ROOT, stop, wait_ready
 from bench.service_load import REVIEWS, SHORT, translate_bodies, wrk, wrk_result
 
 BASE_SETTINGS = {"threads": "1", "max_queue": "100000", "request_timeout_s": "120"}
-
-
-def start(root: Path, store: Path, cpus: str, settings: Mapping[str, str], log: Path) -> ServerProcess:
-    """`python -m service` of the tree at `root` (the current interpreter and its packages)."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_")}
-    env |= {"SERVE_MODEL_STORE": str(store), "SERVE_PORT": str(port), "SERVE_LOG_LEVEL": "warning"}
-    env |= {f"SERVE_{k.upper()}": v for k, v in settings.items()}
-    with log.open("ab") as out:
-        proc = subprocess.Popen(
-            ["taskset", "-c", cpus, sys.executable, "-m", "service"], cwd=root, env=env, stdout=out, stderr=out
-        )
-    return ServerProcess(f"http://127.0.0.1:{port}", port, proc, log)
 
 
 @contextlib.contextmanager
@@ -68,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     bodies = [{"texts": [t]} for t in REVIEWS] if args.path == "/predict" else translate_bodies("beam", SHORT)
     logs = Path(tempfile.mkdtemp(prefix="ab-http-logs-"))
     with worktree(args.base) as base:
-        a = start(base, args.store, args.server_cpus, BASE_SETTINGS, logs / "a.log")
-        b = start(ROOT, args.store, args.server_cpus, BASE_SETTINGS | extra, logs / "b.log")
+        a = serverproc.start(args.store, logs / "a.log", args.server_cpus, settings=BASE_SETTINGS, root=base)
+        b = serverproc.start(args.store, logs / "b.log", args.server_cpus, settings=BASE_SETTINGS | extra)
         try:
             wait_ready(a)
             wait_ready(b)

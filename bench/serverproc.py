@@ -57,8 +57,10 @@ def start(
     settings: Mapping[str, str] | None = None,
     env: Mapping[str, str] | None = None,
     port: int | None = None,
+    root: Path = ROOT,
 ) -> ServerProcess:
-    """Starts the server without waiting; `settings` become SERVE_* variables, `env` is added as is."""
+    """Starts the server without waiting; `settings` become SERVE_* variables, `env` is added as is.
+    `root`: the source tree whose `service` runs (another checkout, for A/B comparisons)."""
     port = port or free_port()
     full = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_")}
     full |= {"SERVE_MODEL_STORE": str(store), "SERVE_PORT": str(port), "SERVE_LOG_LEVEL": "warning"}
@@ -68,7 +70,7 @@ def start(
     if cpus is not None:
         cmd = ["taskset", "-c", cpus, *cmd]
     with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=full, stdout=out, stderr=out)
+        proc = subprocess.Popen(cmd, cwd=root, env=full, stdout=out, stderr=out)
     return ServerProcess(f"http://127.0.0.1:{port}", port, proc, log)
 
 
