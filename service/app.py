@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -23,7 +24,7 @@ from service.http.middleware import BodyLimit, RequestContext
 from service.http.schemas import OipInferRequest
 from service.http.state import AppState
 from service.metrics import Metrics
-from service.serving import ModelSet
+from service.serving import ModelSet, freeze_heap
 from service.settings import Settings
 from service.tasks import registry
 from service.validation import field_rules
@@ -69,6 +70,7 @@ def create_app(settings: Settings) -> ServiceApp:
                         await task
             await state.models.close(settings.drain_timeout_s)
             executor.shutdown(wait=False, cancel_futures=True)
+            gc.unfreeze()  # the models closed: their objects may be collected like any other
 
     otel = settings.opentelemetry  # off by default: Prometheus has the figures, and FastAPI's
     # per-request check for an OpenTelemetry provider cost about 8 % of a small request (py-spy)
@@ -117,6 +119,7 @@ async def start_models(state: AppState) -> None:
     try:
         await asyncio.get_running_loop().run_in_executor(models.executor, models.load)
         models.start()
+        freeze_heap()
     except Exception:
         log.exception("loading the models failed")
         models.problems.append("loading the models failed (see the log)")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import time
 from collections.abc import Sequence
@@ -265,6 +266,7 @@ class ModelSet:
         task = asyncio.create_task(drain(), name=f"drain-{model.name}-{old.version}")
         self._draining.add(task)
         task.add_done_callback(self._draining.discard)
+        task.add_done_callback(lambda _: refreeze_heap())  # the dropped version's objects may be freed
 
     def _refuse(self, model: ServedModel, version: int, reason: str, record: dict[int, str]) -> None:
         if record.get(version) == reason:
@@ -351,6 +353,24 @@ class ModelSet:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def freeze_heap() -> None:
+    """Collects, then hides every object alive from the garbage collector (`gc.freeze`).
+
+    The loaded models' objects live as long as their version. Under load, requests in flight
+    survive into the oldest generation, and each full collection then walked the whole heap: the
+    event loop stopped about 27 ms, five times in a 10 s overload run, and the slowest 429s waited
+    for it. Once after loading, so the collector walks only what serving allocates."""
+    gc.collect()
+    gc.freeze()
+
+
+def refreeze_heap() -> None:
+    """After a version is dropped: the frozen objects become collectable again (a retired version's
+    reference cycles would otherwise never be freed), and what is still alive is frozen anew."""
+    gc.unfreeze()
+    freeze_heap()
 
 
 def versions_in(folder: Path) -> dict[str, list[store.StoreEntry]]:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import shutil
 import threading
+import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -522,6 +524,33 @@ async def test_a_bug_is_a_logged_500_and_fails_only_its_batch(
     assert (await client.post("/translate", json={"texts": ["a"]})).status_code == 200
     monkeypatch.undo()
     assert (await client.post("/predict", json={"texts": ["a"]})).status_code == 200
+
+
+async def test_the_loaded_heap_is_frozen_and_a_retired_version_is_freed(tiny_store: Path, tmp_path: Path) -> None:
+    """Loading ends with `gc.freeze` (full collections then skip the models); a version replaced
+    by a newer one must still be freed, reference cycles included, once it has drained."""
+    from tests.test_reload import add_version
+
+    store_dir = tmp_path / "store"
+    shutil.copytree(tiny_store, store_dir)
+    application = create_app(settings(store_dir))
+    async with serving(application) as client:
+        assert gc.get_freeze_count() > 0
+        models = state_of(application).models
+        task = models.models["tiny-mt"].task
+        assert task is not None
+        task.__dict__["cycle"] = [task]  # a reference cycle: only the collector frees it, never refcounts
+        old = weakref.ref(task)
+        del task
+        add_version(store_dir / "tiny-mt", 1, 2)
+        await models.refresh("tiny-mt")
+        assert (await client.post("/translate", json={"texts": ["fine"]})).json()["version"] == 2
+        while models._draining:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0)  # the drain's done callbacks
+        gc.collect()
+        assert old() is None
+    assert gc.get_freeze_count() == 0  # shut down: nothing stays hidden from the collector
 
 
 async def test_beyond_max_in_flight_a_request_gets_503_at_once_and_probes_still_answer() -> None:
