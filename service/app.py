@@ -24,6 +24,7 @@ from service.http.middleware import BodyLimit, RequestContext
 from service.http.schemas import OipInferRequest
 from service.http.state import AppState
 from service.metrics import Metrics
+from service.priority import lower_priority
 from service.serving import ModelSet, freeze_heap
 from service.settings import Settings
 from service.tasks import registry
@@ -51,8 +52,9 @@ class ServiceApp(FastAPI):
 def create_app(settings: Settings) -> ServiceApp:
     metrics = Metrics()
     # One thread loads and warms up the models (one at a time, so loading never takes every core
-    # from serving); each task then runs its model work on threads of its own.
-    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model")
+    # from serving); each task then runs its model work on threads of its own. It runs below the
+    # event loop like them, and so do ONNX Runtime's worker threads: they inherit its priority.
+    executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model", initializer=lower_priority)
     state = AppState(settings, metrics, ModelSet(settings, metrics, executor))
     tasks = registry.tasks()
 

@@ -6,19 +6,58 @@ import os
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
+import onnxruntime as ort
 import pytest
 
+from service.app import create_app
 from service.priority import lower_priority
+from service.settings import Settings
 
 
 def _policy() -> int:
     return os.sched_getscheduler(threading.get_native_id())
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_IDLE is Linux's")
+
+
+@linux
 def test_a_model_thread_runs_under_sched_idle_and_the_caller_keeps_its_policy() -> None:
     before = _policy()
     with ThreadPoolExecutor(1, "model", lower_priority) as pool:
         assert pool.submit(_policy).result() == os.SCHED_IDLE
     assert _policy() == before != os.SCHED_IDLE
+
+
+@linux
+def test_the_loader_thread_runs_under_sched_idle(tiny_store: Path) -> None:
+    """It creates the ONNX Runtime sessions, whose worker threads inherit its priority."""
+    models = create_app(Settings(model_store=tiny_store, threads=1)).state.serve.models
+    try:
+        assert models.executor.submit(_policy).result() == os.SCHED_IDLE
+    finally:
+        models.executor.shutdown()
+
+
+@linux
+def test_onnx_runtime_workers_inherit_the_priority_of_the_thread_creating_the_session(tiny_store: Path) -> None:
+    model = next((tiny_store / "tiny-clf" / "1").glob("*.onnx"))
+    sessions: list[ort.InferenceSession] = []
+
+    def load() -> None:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 3
+        sessions.append(ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"]))
+
+    before = _threads()
+    with ThreadPoolExecutor(1, "loader", lower_priority) as pool:
+        pool.submit(load).result()
+    workers = _threads() - before
+    assert len(workers) >= 2  # the session's pool (the loader thread itself has ended)
+    assert {os.sched_getscheduler(t) for t in workers} == {os.SCHED_IDLE}
+
+
+def _threads() -> set[int]:
+    return {int(t) for t in os.listdir("/proc/self/task")}
