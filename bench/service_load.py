@@ -20,8 +20,6 @@ the same texts. Parts:
    /translate beam 4) and 8 texts per request (/predict); the added latency of HTTP + queueing
    at one connection (p50 served latency - the engine's time for that text alone). The engine
    offline is measured before and after the served runs; the faster figure is the denominator.
-   /translate is also served with SERVE_STEP_MAX_ROWS=128, the rows of the offline batch (the
-   default 64 runs half of the 32 connections' sentences at once).
 3. isolation: the translator saturated by two clients sending 64-text beam-8 requests; the
    latency one /predict client and one-sentence greedy /translate requests see (Python clients:
    latencies, not throughput), for several per-step budgets (SERVE_STEP_MAX_ROWS).
@@ -217,30 +215,14 @@ def http_path(args: argparse.Namespace, log: Path) -> dict[str, Any]:
             "translate_beam4_1_text": ("/translate", beam, "translate_beam4_texts_per_s", 1),
         }
         for name, (path, bodies, offline_key, texts) in cases.items():
-            out[name] = served(url, path, bodies, offline_key, texts, args)
+            r = wrk_result(wrk(url, path, bodies, 32, args.seconds, args.client_cpus))
+            out[name] = {"served_texts_per_s": r["per_s"] * texts, "offline_key": offline_key}
+            out[name] |= {"p50_ms": r["p50_ms"], "p99_ms": r["p99_ms"], "codes": r["codes"]}
+            print(f"  {name}: {r['per_s'] * texts:.0f} texts/s served", flush=True)
         r = wrk_result(wrk(url, "/predict", one, 1, args.seconds, args.client_cpus))
         out["predict_one_connection"] = {"p50_ms": r["p50_ms"]}
         print(f"  /predict at 1 connection: p50 {r['p50_ms']:.2f} ms")
-    # The offline batch holds 32 sentences x 4 beams = 128 rows; the server's default step budget
-    # (64 rows, chosen for the latency of greedy requests beside beams) runs half of them at once.
-    rows = {"step_max_rows": "128"}
-    with server(args.store, args.server_cpus, args.threads, log, **rows) as url:
-        name = "translate_beam4_1_text_128_rows"
-        out[name] = served(url, "/translate", beam, "translate_beam4_texts_per_s", 1, args)
     return out
-
-
-def served(
-    url: str, path: str, bodies: Sequence[dict[str, Any]], offline_key: str, texts: int, args: argparse.Namespace
-) -> dict[str, Any]:
-    """One case at 32 connections: texts/s served and wrk's latencies."""
-    r = wrk_result(wrk(url, path, bodies, 32, args.seconds, args.client_cpus))
-    print(f"  {path} ({offline_key}): {r['per_s'] * texts:.0f} texts/s served", flush=True)
-    return {"served_texts_per_s": r["per_s"] * texts, "offline_key": offline_key} | {
-        "p50_ms": r["p50_ms"],
-        "p99_ms": r["p99_ms"],
-        "codes": r["codes"],
-    }
 
 
 def compare(http: dict[str, Any], off: dict[str, Any]) -> None:
@@ -386,9 +368,7 @@ def markdown(results: dict[str, Any]) -> str:
     h = results.get("http")
     if h:
         lines += ["", "| HTTP path | texts/s served | offline | served ÷ offline |", "|---|---:|---:|---:|"]
-        for name in ("predict_1_text", "predict_8_texts", "translate_beam4_1_text", "translate_beam4_1_text_128_rows"):
-            if name not in h:
-                continue
+        for name in ("predict_1_text", "predict_8_texts", "translate_beam4_1_text"):
             r = h[name]
             lines.append(
                 f"| {name} | {r['served_texts_per_s']:,.0f} | {r['offline_texts_per_s']:,.0f} | {r['ratio']:.2f} |"
