@@ -521,6 +521,9 @@ def run_classifier(args: argparse.Namespace) -> dict:
         pretrain_mlm(
             model, tokenizer_lib.encode_texts(tok, unlabelled, mc.max_len), pcfg, histories["mlm"], out / "state-mlm.pt"
         )
+        if args.pretrain_only:
+            print("mlm: pre-training done (--pretrain-only); rerun without it to fine-tune", flush=True)
+            raise SystemExit(0)
     t_pre = time.perf_counter() - t0
     histories["classifier"] = History()
     finetune_classifier(model, train, valid, phase_config(args), histories["classifier"], out / "state-classifier.pt")
@@ -633,6 +636,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--pretrain-lr", type=float, default=1e-3)
     c.add_argument("--pretrain-warmup", dest="pretrain_warmup_steps", type=int, default=400)
     c.add_argument("--pretrain-eval-every", type=int, default=500)
+    c.add_argument(
+        "--pretrain-only",
+        action="store_true",
+        help="exit after the pre-training (rerun with more --pretrain-steps to go on, or without it to fine-tune)",
+    )
     c.set_defaults(pretrain_patience=100, pretrain_label_smoothing=0.0)
     t = sub.choices["translator"]
     t.add_argument("--dec-layers", type=int, default=0, help="decoder layers (default: --layers)")

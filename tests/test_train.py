@@ -165,3 +165,19 @@ def test_a_finished_run_goes_on_when_made_longer(tiny_data: Path, tmp_path: Path
     state = torch.load(tmp_path / "run" / "state-translator.pt", weights_only=False)
     assert state["finished"] and state["step"] == 6 and state["history"]["eval_step"][-1] == 6
     assert json.loads((tmp_path / "run" / "report.json").read_text())["steps_run"] == 6
+
+
+def test_pretraining_alone_then_longer_then_fine_tuning(tiny_data: Path, tmp_path: Path) -> None:
+    """`--pretrain-only` stops before fine-tuning; a rerun with more `--pretrain-steps` goes on
+    with the pre-training, then fine-tunes: how the Makefile replays a lengthened pre-training."""
+    out = tmp_path / "clf"
+    args = ["classifier", "--data-dir", str(tiny_data), "--out", str(out), "--steps", "4", *TINY]
+    args += ["--eval-every", "2", "--pretrain-eval-every", "2", "--batch-tokens", "400", "--threads", "1"]
+    with pytest.raises(SystemExit) as stop:
+        train.main([*args, "--pretrain-steps", "4", "--pretrain-only"])
+    assert stop.value.code == 0
+    assert not (out / "state-classifier.pt").exists() and not (out / "model.safetensors").exists()
+    train.main([*args, "--pretrain-steps", "6"])
+    report = json.loads((out / "report.json").read_text())
+    assert report["steps_run"] == {"mlm": 6, "classifier": 4}
+    assert report["curves"]["mlm"]["eval_step"] == [2, 4, 6]
