@@ -17,6 +17,7 @@ from fastapi.routing import APIRoute
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp
 
+from service import priority
 from service.http import errors, libretranslate, oip, openapi, page, routes
 from service.http.auth import ApiKeys
 from service.http.direct import DirectTaskRoutes
@@ -51,6 +52,7 @@ class ServiceApp(FastAPI):
 
 def create_app(settings: Settings) -> ServiceApp:
     metrics = Metrics()
+    priority.use(settings.model_thread_priority)
     # One thread loads and warms up the models (one at a time, so loading never takes every core
     # from serving); each task then runs its model work on threads of its own. It runs below the
     # event loop like them, and so do ONNX Runtime's worker threads: they inherit its priority.

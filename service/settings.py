@@ -70,6 +70,11 @@ class Settings(BaseSettings):
     gil_switch_interval_s: float = Field(
         default=0.0005, gt=0, le=0.1, description="Python thread switch interval: how soon the event loop gets the GIL"
     )
+    model_thread_priority: Literal["idle", "nice"] = Field(
+        default="idle",
+        description="model threads below the event loop: idle = SCHED_IDLE (the loop preempts them at once; they get "
+        "the CPU nothing else wants), nice = 5 steps nicer (they keep a share beside other busy processes)",
+    )
     # access
     api_keys: SecretStr | None = Field(
         default=None, description="comma-separated keys; set: inference and repository endpoints need one"

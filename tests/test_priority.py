@@ -11,6 +11,7 @@ from pathlib import Path
 import onnxruntime as ort
 import pytest
 
+from service import priority
 from service.app import create_app
 from service.priority import lower_priority
 from service.settings import Settings
@@ -29,6 +30,18 @@ def test_a_model_thread_runs_under_sched_idle_and_the_caller_keeps_its_policy() 
     with ThreadPoolExecutor(1, "model", lower_priority) as pool:
         assert pool.submit(_policy).result() == os.SCHED_IDLE
     assert _policy() == before != os.SCHED_IDLE
+
+
+@linux
+def test_the_nice_policy_makes_model_threads_nicer_and_keeps_them_normal() -> None:
+    """For hosts shared with busy processes: SCHED_IDLE threads would wait for all of them."""
+    priority.use("nice")
+    try:
+        with ThreadPoolExecutor(1, "model", lower_priority) as pool:
+            policy, niceness = pool.submit(lambda: (_policy(), os.getpriority(os.PRIO_PROCESS, 0))).result()
+    finally:
+        priority.use("idle")
+    assert policy == os.SCHED_OTHER and niceness == min(19, os.getpriority(os.PRIO_PROCESS, 0) + 5)
 
 
 @linux
