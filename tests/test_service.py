@@ -608,8 +608,9 @@ async def test_decode_options_are_checked_against_the_model_even_without_sentenc
 
 
 async def test_the_direct_task_path_answers_as_the_fastapi_routes_do(tiny_store: Path) -> None:
-    """POSTs to task routes skip FastAPI (`service.http.direct`); without that middleware the same
-    bodies reach the FastAPI routes, and every answer (status, body) must be the same."""
+    """POSTs to task routes and to OIP infer skip FastAPI (`service.http.direct`); without that
+    middleware the same bodies reach the FastAPI routes, and every answer (status, content type,
+    body) must be the same."""
     from service.http.direct import DirectTaskRoutes
 
     bodies: list[tuple[str, bytes, dict[str, str]]] = [
@@ -630,17 +631,62 @@ async def test_the_direct_task_path_answers_as_the_fastapi_routes_do(tiny_store:
         ("/translate", b'{"texts": ["ok", "bad \\ud800 text"]}', {"content-type": "application/json"}),
         ("/predict", b"[" * 100_000 + b"]" * 100_000, {"content-type": "application/json"}),
     ]
+    infer = json.dumps({"id": "7", "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}]})
+    binary_head = json.dumps(
+        {
+            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 6}}],
+            "parameters": {"binary_data_output": True},
+        }
+    ).encode()
+    oip_bodies: list[tuple[str, bytes, dict[str, str]]] = [
+        ("/v2/models/tiny-clf/infer", infer.encode(), {"content-type": "application/json"}),
+        ("/v2/models/tiny-mt/versions/1/infer", infer.encode(), {}),
+        (
+            "/v2/models/tiny-clf/infer",
+            binary_head + b"\x02\x00\x00\x00ok",
+            {"inference-header-content-length": str(len(binary_head))},
+        ),
+        ("/v2/models/tiny-clf/versions/9/infer", infer.encode(), {}),
+        ("/v2/models/tiny-clf/versions/x/infer", infer.encode(), {}),
+        ("/v2/models/nope/infer", infer.encode(), {}),
+        ("/v2/models/tiny-clf/infer", b'{"inputs": [', {}),
+        ("/v2/models/tiny-clf/infer", infer.replace("BYTES", "FP32").encode(), {}),
+        ("/v2/models/tiny-clf/infer", b"", {}),
+    ]
     answers = []
     for direct in (True, False):
         application = create_app(settings(tiny_store, max_wait_ms=0))
         if not direct:
             application.outer_middleware = [m for m in application.outer_middleware if m.cls is not DirectTaskRoutes]
         async with serving(application) as c:
-            answers.append(
-                [(r.status_code, r.json()) for r in [await c.post(p, content=b, headers=h) for p, b, h in bodies]]
-            )
+            got = [await c.post(p, content=b, headers=h) for p, b, h in [*bodies, *oip_bodies]]
+            answers.append([(r.status_code, r.headers.get("content-type"), r.content) for r in got])
     assert answers[0] == answers[1]
-    assert [status for status, _ in answers[0]] == [200, 200, 400, 400, 422, 422, 422, 404, 422, 200, 422, 400]
+    statuses = [status for status, _, _ in answers[0]]
+    assert statuses == [
+        200,
+        200,
+        400,
+        400,
+        422,
+        422,
+        422,
+        404,
+        422,
+        200,
+        422,
+        400,
+        200,
+        200,
+        200,
+        404,
+        422,
+        404,
+        400,
+        422,
+        422,
+    ]
+    assert answers[0][len(bodies) + 2][1] == "application/octet-stream"  # the binary answer
 
 
 async def test_json_nested_deeper_than_the_parser_goes_is_a_400_everywhere(client: httpx.AsyncClient) -> None:

@@ -56,7 +56,7 @@ def request_info(scope: Scope) -> RequestInfo:
     return info if isinstance(info, RequestInfo) else RequestInfo(new_request_id(), time.monotonic())
 
 
-def _header(scope: Scope, name: bytes) -> str | None:
+def header(scope: Scope, name: bytes) -> str | None:
     for k, v in scope.get("headers", ()):
         if k == name:
             return str(v.decode("latin-1"))
@@ -95,7 +95,7 @@ class RequestContext:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        given = _header(scope, REQUEST_ID_HEADER)
+        given = header(scope, REQUEST_ID_HEADER)
         info = RequestInfo(given if given and _VALID_ID.match(given) else new_request_id(), time.monotonic())
         scope[SCOPE_KEY] = info
         status = 0
@@ -177,7 +177,7 @@ class BodyLimit:
             return
         path = scope.get("path", "")
         too_large = f"the request body exceeds {self.max_bytes} bytes"
-        declared = _header(scope, b"content-length")
+        declared = header(scope, b"content-length")
         if declared is not None:
             if not declared.strip().isdigit():
                 await error_response(path, "invalid Content-Length header", "bad_request")(scope, receive, send)
@@ -185,8 +185,8 @@ class BodyLimit:
             if int(declared) > self.max_bytes:
                 await error_response(path, too_large, "payload_too_large")(scope, receive, send)
                 return
-        content_type = (_header(scope, b"content-type") or "").strip()
-        binary = _header(scope, b"inference-header-content-length") is not None  # OIP binary tensor data
+        content_type = (header(scope, b"content-type") or "").strip()
+        binary = header(scope, b"inference-header-content-length") is not None  # OIP binary tensor data
         form = path.startswith("/libretranslate/") and content_type.split(";")[0].strip().lower() == _FORM
         if (
             content_type

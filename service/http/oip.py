@@ -10,17 +10,20 @@ repository extension lists, loads and unloads models. Errors: ``{"error": ...}``
 from __future__ import annotations
 
 import json
+import re
 from importlib import metadata
 from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import ValidationError
 from starlette.responses import Response
+from starlette.types import Scope
 
 from service.errors import InvalidInput, InvalidJson, ModelNotFound, NotReady
 from service.http import binary, schemas
 from service.http.errors import AsciiJSONResponse
-from service.http.state import admit, get_state, set_model
+from service.http.middleware import header, request_info
+from service.http.state import admit_scope, get_state
 from service.serving import ServedModel
 from service.tasks.base import OutputTensor
 from service.validation import describe_validation, field_rules
@@ -115,25 +118,31 @@ async def version_ready(name: str, version: int, request: Request) -> dict[str, 
 # -- inference -----------------------------------------------------------------------------------
 
 
+# Under a server, `service.http.direct` answers these POSTs before FastAPI's routing, through the
+# same `answer_infer`; the routes give the API document its operations.
+INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[0-9]+))?/infer")
+
+
 @router.post("/models/{name}/infer", response_model=schemas.OipInferResponse, openapi_extra=INFER_DOC)
 async def infer(name: str, request: Request) -> Response:
-    return await _infer(request, name, None)
+    return await answer_infer(request.scope, await request.body(), name, None)
 
 
 @router.post(
     "/models/{name}/versions/{version}/infer", response_model=schemas.OipInferResponse, openapi_extra=INFER_DOC
 )
 async def version_infer(name: str, version: int, request: Request) -> Response:
-    return await _infer(request, name, version)
+    return await answer_infer(request.scope, await request.body(), name, version)
 
 
-async def _infer(request: Request, name: str, version: int | None) -> Response:
-    state, deadline = admit(request)
-    head, blob = binary.split(await request.body(), request.headers.get(binary.HEADER_LENGTH))
+async def answer_infer(scope: Scope, raw: bytes, name: str, version: int | None) -> Response:
+    """An inference request's answer (JSON or binary), from its body as received."""
+    state, deadline = admit_scope(scope)
+    head, blob = binary.split(raw, header(scope, binary.HEADER_LENGTH.encode()))
     body = _parse(head)
     model = state.models.get(name)
     task = model.ready_task(version)
-    set_model(request, model.name)
+    request_info(scope).model = model.name
     texts = _texts(body.inputs[0], blob)
     schemas.check_texts(texts, state.settings.max_texts, state.settings.max_text_chars, "inputs[0].data")
     available = [t.name for t in task.outputs()]
