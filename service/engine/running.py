@@ -206,23 +206,54 @@ class RunningBatch(Generic[T]):
     # -- bookkeeping ---------------------------------------------------------------------------
 
     def _remove(self, gone: Sequence[Block[T]]) -> None:
-        """The blocks after each leaving one move up (cross rows, source mask, cache)."""
+        """The leaving blocks' rows are filled (cross rows, source mask, cache): by the last blocks
+        when they fit the holes, else by moving every later block up."""
         if not gone:
             return
         leaving = set(map(id, gone))
         kept = sorted((b for b in self.blocks if id(b) not in leaving), key=lambda b: b.start)
-        pos = 0
-        for b in kept:
-            if b.start != pos:
-                self.buf.move(b.start, pos, b.search.width)
-                b.start = pos
-            pos += b.search.width
-        self.blocks, self.rows = kept, pos
+        if not self._fill_holes(kept):
+            pos = 0
+            for b in kept:
+                if b.start != pos:
+                    self.buf.move(b.start, pos, b.search.width)
+                    b.start = pos
+                pos += b.search.width
+        kept.sort(key=lambda b: b.start)
+        self.blocks, self.rows = kept, sum(b.search.width for b in kept)
         columns, slots = self._source_needed(), max((b.search.t for b in kept), default=0) + 1
         if self.buf.columns - columns >= SOURCE_SLACK:
             self._resize(self.buf.capacity, columns, self.buf.slots)
         if self.buf.slots >= 4 * max(slots, SLOT_CHUNK):  # a long sentence left: attend over fewer slots
             self.buf.resize_slots(self.rows, 2 * max(slots, SLOT_CHUNK))
+
+    def _fill_holes(self, kept: list[Block[T]]) -> bool:
+        """Moves the blocks lying wholly beyond the rows that remain into the holes below (a
+        sentence leaving from the middle then costs one block's copy, not every later block's);
+        False, moving nothing, where they do not fit (a block across the end, or holes too narrow)."""
+        end = sum(b.search.width for b in kept)
+        stay = [b for b in kept if b.start + b.search.width <= end]
+        movers = [b for b in kept if b.start >= end]
+        if len(stay) + len(movers) != len(kept):
+            return False  # a block across the end
+        holes, pos = [], 0  # free row ranges below the end, [start, stop)
+        for b in stay:
+            if b.start > pos:
+                holes.append([pos, b.start])
+            pos = b.start + b.search.width
+        if pos < end:
+            holes.append([pos, end])
+        plan = []
+        for b in sorted(movers, key=lambda b: -b.search.width):
+            hole = next((h for h in holes if h[1] - h[0] >= b.search.width), None)
+            if hole is None:
+                return False
+            plan.append((b, hole[0]))
+            hole[0] += b.search.width
+        for b, dst in plan:  # sources lie beyond the end, destinations below it: no overlap
+            self.buf.move(b.start, dst, b.search.width)
+            b.start = dst
+        return True
 
     def _resize(self, capacity: int, columns: int, slots: int) -> None:
         self.buf.resize(self.rows, capacity, columns, slots, self.rt.heads, self.rt.d_k, self.layers2)
