@@ -16,7 +16,7 @@ from typing import Any
 
 from service.errors import InvalidInput
 
-HEADER_LENGTH = "inference-header-content-length"
+HEADER_LENGTH = b"inference-header-content-length"  # as ASGI scopes name it: lower case, bytes
 # OIP datatypes this service returns or accepts, as `array` type codes (fixed sizes on every platform we run).
 _CODES = {"FP32": "f", "FP64": "d", "INT64": "q", "INT32": "i", "INT16": "h", "INT8": "b", "UINT8": "B", "BOOL": "B"}
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.http.binary import HEADER_LENGTH
 from service.http.errors import error_response
 from service.logs import ACCESS
 from service.metrics import Metrics
@@ -186,7 +187,7 @@ class BodyLimit:
                 await error_response(path, too_large, "payload_too_large")(scope, receive, send)
                 return
         content_type = (header(scope, b"content-type") or "").strip()
-        binary = header(scope, b"inference-header-content-length") is not None  # OIP binary tensor data
+        binary = header(scope, HEADER_LENGTH) is not None  # OIP binary tensor data
         form = path.startswith("/libretranslate/") and content_type.split(";")[0].strip().lower() == _FORM
         if (
             content_type

@@ -119,8 +119,10 @@ async def version_ready(name: str, version: int, request: Request) -> dict[str, 
 
 
 # Under a server, `service.http.direct` answers these POSTs before FastAPI's routing, through the
-# same `answer_infer`; the routes give the API document its operations.
-INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[0-9]+))?/infer")
+# same `answer_infer`; the routes give the API document its operations. A version of more digits
+# than an int64 holds goes on to FastAPI, which answers it as it always did (404, or 422 beyond
+# what Python converts).
+INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[0-9]{1,18}))?/infer")
 
 
 @router.post("/models/{name}/infer", response_model=schemas.OipInferResponse, openapi_extra=INFER_DOC)
@@ -138,7 +140,7 @@ async def version_infer(name: str, version: int, request: Request) -> Response:
 async def answer_infer(scope: Scope, raw: bytes, name: str, version: int | None) -> Response:
     """An inference request's answer (JSON or binary), from its body as received."""
     state, deadline = admit_scope(scope)
-    head, blob = binary.split(raw, header(scope, binary.HEADER_LENGTH.encode()))
+    head, blob = binary.split(raw, header(scope, binary.HEADER_LENGTH))
     body = _parse(head)
     model = state.models.get(name)
     task = model.ready_task(version)
