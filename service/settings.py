@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import DirectoryPath, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.priority import Policy
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SERVE_", extra="forbid", frozen=True)
@@ -70,7 +72,7 @@ class Settings(BaseSettings):
     gil_switch_interval_s: float = Field(
         default=0.0005, gt=0, le=0.1, description="Python thread switch interval: how soon the event loop gets the GIL"
     )
-    model_thread_priority: Literal["idle", "nice"] = Field(
+    model_thread_priority: Policy = Field(
         default="idle",
         description="model threads below the event loop: idle = SCHED_IDLE (the loop preempts them at once; they get "
         "the CPU nothing else wants), nice = 5 steps nicer (they keep a share beside other busy processes)",

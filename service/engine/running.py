@@ -212,7 +212,8 @@ class RunningBatch(Generic[T]):
             return
         leaving = set(map(id, gone))
         kept = sorted((b for b in self.blocks if id(b) not in leaving), key=lambda b: b.start)
-        if not self._fill_holes(kept):
+        rows = sum(b.search.width for b in kept)
+        if not self._fill_holes(kept, rows):
             pos = 0
             for b in kept:
                 if b.start != pos:
@@ -220,18 +221,17 @@ class RunningBatch(Generic[T]):
                     b.start = pos
                 pos += b.search.width
         kept.sort(key=lambda b: b.start)
-        self.blocks, self.rows = kept, sum(b.search.width for b in kept)
+        self.blocks, self.rows = kept, rows
         columns, slots = self._source_needed(), max((b.search.t for b in kept), default=0) + 1
         if self.buf.columns - columns >= SOURCE_SLACK:
             self._resize(self.buf.capacity, columns, self.buf.slots)
         if self.buf.slots >= 4 * max(slots, SLOT_CHUNK):  # a long sentence left: attend over fewer slots
             self.buf.resize_slots(self.rows, 2 * max(slots, SLOT_CHUNK))
 
-    def _fill_holes(self, kept: list[Block[T]]) -> bool:
-        """Moves the blocks lying wholly beyond the rows that remain into the holes below (a
+    def _fill_holes(self, kept: list[Block[T]], end: int) -> bool:
+        """Moves the blocks lying wholly beyond `end` (the rows that remain) into the holes below (a
         sentence leaving from the middle then costs one block's copy, not every later block's);
         False, moving nothing, where they do not fit (a block across the end, or holes too narrow)."""
-        end = sum(b.search.width for b in kept)
         stay = [b for b in kept if b.start + b.search.width <= end]
         movers = [b for b in kept if b.start >= end]
         if len(stay) + len(movers) != len(kept):
