@@ -86,6 +86,31 @@ def test_batch_closes_on_wait_with_one_item() -> None:
     assert run(main()) == 11 and model.batches == [[5]]
 
 
+def test_under_load_items_that_arrive_while_the_worker_is_busy_join_the_batch() -> None:
+    """Under load the batch is ordered when its wait ends, but its items are chosen when the worker
+    is free: where the worker shares a core with the event loop, what arrives meanwhile rides along."""
+    model = Model()
+    taken = threading.Event()
+
+    async def main() -> list[int]:
+        executor = ThreadPoolExecutor(1)
+        b: DynamicBatcher[int, int] = DynamicBatcher("fake", model, BatchLimits(max_wait_s=0.01), executor=executor)
+        b.start()
+        await asyncio.gather(b.submit(10), b.submit(11))  # load: a batch of two
+        executor.submit(taken.wait, 10)  # the worker is busy
+        first = asyncio.ensure_future(b.submit(1))
+        await asyncio.sleep(0.1)  # the wait has ended: the batch is ordered
+        rest = [asyncio.ensure_future(b.submit(x)) for x in (2, 3)]
+        await asyncio.sleep(0.05)
+        taken.set()
+        out = [await first, *[await r for r in rest]]
+        await b.close(1)
+        return out
+
+    assert run(main()) == [3, 5, 7]
+    assert model.batches == [[10, 11], [1, 2, 3]]
+
+
 def test_keys_never_mix_and_others_stay_queued_in_order() -> None:
     model = Model()
 

@@ -4,8 +4,9 @@
 A batch starts with the oldest waiting item and closes when `max_batch_size` items of the same
 key are waiting or `max_wait_s` after that oldest item arrived, or earlier, as soon as as many
 items wait as the key's previous batch ran with: a lone client (previous batch 1) never waits,
-while under steady load a batch still fills up to the level it had. From the waiting items with the
-oldest item's key it takes those closest in size to it (size ~ tokens), as long as the padded
+while under steady load a batch still fills up to the level it had. Its items are chosen when the
+worker thread is free to start it (an item that arrives until then may join). From the waiting
+items with the oldest item's key it takes those closest in size to it (size ~ tokens), as long as the padded
 cost ``len(batch) * max(size)`` stays within `max_batch_cost`; the rest stay waiting in arrival
 order. So one batch never mixes keys, padding stays small, and every item is eventually the
 oldest one, so nothing starves: every submitted item is in `_waiting` (or running) from the
@@ -25,6 +26,7 @@ that batch only. An item whose deadline passes while waiting is dropped before i
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import math
@@ -32,7 +34,7 @@ import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from service.errors import DeadlineExceeded, NotReady, QueueFull, ShuttingDown
 
@@ -233,11 +235,7 @@ class DynamicBatcher(Generic[T, R]):
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
                     await self._arrived.wait()
-        self._drop_dead()
-        batch = self._select()
-        if batch:
-            self._last_size[batch[0].key] = len(batch)
-            await self._run(batch)
+        await self._run_next()
         return False
 
     def _drop_dead(self) -> None:
@@ -278,12 +276,49 @@ class DynamicBatcher(Generic[T, R]):
         self._waiting = [p for p in self._waiting if id(p) not in taken]
         return chosen
 
-    async def _run(self, batch: list[_Pending[T, R]]) -> None:
+    async def _run_next(self) -> None:
+        """Runs the next batch in the worker thread. Under load (the key's previous batch had more
+        than one item) a batch the wait closed before it was full gets its items when the worker is
+        free to start it: where the worker shares a core with the event loop, it gets the core once
+        the loop has taken in what arrived meanwhile, and those items join this batch instead of
+        forming a small one after it. A lone client's item goes at once (no round trip)."""
+        self._drop_dead()
+        if not self._waiting:
+            return
+        key = self._waiting[0].key
+        lazy = not self._full(key) and self._last_size.get(key, 1) > 1
+        loop = asyncio.get_running_loop()
+        free: asyncio.Future[None] = loop.create_future()
+        chosen: concurrent.futures.Future[list[_Pending[T, R]]] = concurrent.futures.Future()
+        if not lazy:
+            chosen.set_result(self._select())
+
+        def work() -> tuple[list[_Pending[T, R]], Sequence[R]]:
+            if not chosen.done():
+                loop.call_soon_threadsafe(_resolve, free)
+            return self._work(chosen.result())
+
+        t0 = time.perf_counter()
+        job = loop.run_in_executor(self._executor, work)
+        if lazy:
+            job.add_done_callback(lambda _: _resolve(free))  # a job the executor dropped must not strand us
+            try:
+                await free
+                if not job.done():
+                    self._drop_dead()
+                    chosen.set_result(self._select())
+            finally:
+                if not chosen.done():
+                    chosen.set_result([])  # the worker never waits for a choice that will not come
+        batch = chosen.result()
+        if not batch:
+            job.add_done_callback(_retrieve)
+            return
+        self._last_size[batch[0].key] = len(batch)
         self._current = batch
         self._observer.queue_depth(self.depth)
-        t0 = time.perf_counter()
         try:
-            ran, results = await asyncio.get_running_loop().run_in_executor(self._executor, self._work, batch)
+            ran, results = await job
             self._measure(sum(p.size for p in ran), time.perf_counter() - t0)
         except Exception as exc:  # a failing batch fails its own items only
             for p in batch:
@@ -320,6 +355,16 @@ class DynamicBatcher(Generic[T, R]):
         if len(results) != len(ran):
             raise RuntimeError(f"run_batch returned {len(results)} results for {len(ran)} items")
         return ran, results
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # read: no "exception was never retrieved" noise
 
 
 def _expire(pending: Sequence[_Pending[T, R]]) -> None:
