@@ -77,6 +77,18 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self._answered: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
+
+    def answered(self, endpoint: str, model: str, status: int, seconds: float) -> None:
+        """Counts a request and observes its latency. The labelled children are kept: looking them
+        up costs more than updating them (labels() converts and locks every time), once a request."""
+        key = (endpoint, model, status)
+        children = self._answered.get(key)
+        if children is None:
+            children = self.requests.labels(endpoint, model, str(status)), self.request_duration.labels(endpoint, model)
+            self._answered[key] = children
+        children[0].inc()
+        children[1].observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -25,7 +25,7 @@ class TextCodec:
         """Token ids per text; an empty text becomes a single <unk> so every row has one real token.
         `names` say which input each text is, for the error of one that is too long."""
         out = []
-        for i, enc in enumerate(self.tok.encode_batch(list(texts))):
+        for i, enc in enumerate(self.tok.encode_batch_fast(list(texts))):  # no character offsets: a quarter faster
             ids = enc.ids or [self.unk_id]
             if len(ids) > self.max_tokens:
                 name = names[i] if names is not None else f"texts[{i}]"

@@ -136,8 +136,7 @@ class RequestContext:
         duration = time.monotonic() - info.start
         endpoint = _endpoint(scope, self.endpoints)
         if endpoint is not None:
-            self.metrics.requests.labels(endpoint, info.model, str(status)).inc()
-            self.metrics.request_duration.labels(endpoint, info.model).observe(duration)
+            self.metrics.answered(endpoint, info.model, status, duration)
         if ACCESS.isEnabledFor(logging.INFO):
             client = scope.get("client")
             ACCESS.info(
