@@ -8,13 +8,16 @@ revision `--base` (checked out into a temporary git worktree) and this tree each
 (`python -m service`, the bundled models), both started once and pinned to the same CPU; `wrk`
 (on the other CPU, 32 connections, one text per request) loads one of them at a time, A B then
 B A, short runs, so both see the same drift. `--setting` applies SERVE_* settings to this tree's
-server only (the same code under another setting). Prints each pair's B ÷ A and their median.
+server only (the same code under another setting). Prints each pair's B ÷ A and their median, and
+the server's CPU time per request (user + system, all its threads, from /proc): less swayed by a
+slow minute than the rate, as long as the server has its CPU to itself.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import statistics
 import subprocess
 import sys
@@ -40,11 +43,18 @@ def worktree(revision: str) -> Iterator[Path]:
             subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, all its threads."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.ab_http", description=__doc__.split("\n")[0])
     p.add_argument("--base", required=True, help="git revision for A")
     p.add_argument("--path", default="/predict", choices=["/predict", "/translate"])
     p.add_argument("--pairs", type=int, default=6)
+    p.add_argument("--connections", type=int, default=32)
     p.add_argument("--seconds", type=float, default=8.0, help="per run")
     p.add_argument("--store", type=Path, default=ROOT / "model_store")
     p.add_argument("--server-cpus", default="0")
@@ -61,16 +71,29 @@ def main(argv: list[str] | None = None) -> int:
             wait_ready(a)
             wait_ready(b)
             for server in (a, b):  # warm-up
-                wrk_result(wrk(server.url, args.path, bodies, 32, 3, args.client_cpus))
-            ratios = []
+                wrk_result(wrk(server.url, args.path, bodies, args.connections, 3, args.client_cpus))
+            ratios, cpu_ratios = [], []
             for i in range(args.pairs):
-                rates = {}
+                rates, cpu, p50 = {}, {}, {}
                 for server in (a, b) if i % 2 == 0 else (b, a):
-                    run = wrk(server.url, args.path, bodies, 32, args.seconds, args.client_cpus)
-                    rates[server.port] = wrk_result(run)["per_s"]
+                    used = cpu_seconds(server.pid)
+                    run = wrk(server.url, args.path, bodies, args.connections, args.seconds, args.client_cpus)
+                    result = wrk_result(run)
+                    rates[server.port], p50[server.port] = result["per_s"], result["p50_ms"]
+                    cpu[server.port] = (cpu_seconds(server.pid) - used) / max(1, result["requests"])
                 ratios.append(rates[b.port] / rates[a.port])
-                print(f"A {rates[a.port]:8.1f}  B {rates[b.port]:8.1f} requests/s  B/A {ratios[-1]:.3f}", flush=True)
-            print(f"median B/A over {args.pairs} pairs: {statistics.median(ratios):.3f} (logs in {logs})")
+                cpu_ratios.append(cpu[b.port] / cpu[a.port])
+                print(
+                    f"A {rates[a.port]:8.1f}  B {rates[b.port]:8.1f} requests/s  B/A {ratios[-1]:.3f}   "
+                    f"CPU per request A {cpu[a.port] * 1e6:6.0f}  B {cpu[b.port] * 1e6:6.0f} us  "
+                    f"B/A {cpu_ratios[-1]:.3f}   "
+                    f"p50 A {p50[a.port]:.2f}  B {p50[b.port]:.2f} ms",
+                    flush=True,
+                )
+            print(
+                f"median B/A over {args.pairs} pairs: requests/s {statistics.median(ratios):.3f}, "
+                f"CPU per request {statistics.median(cpu_ratios):.3f} (logs in {logs})"
+            )
         finally:
             stop(a)
             stop(b)
