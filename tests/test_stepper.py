@@ -144,6 +144,7 @@ class Observer:
     def __init__(self) -> None:
         self.cancelled_by: dict[str, int] = {}
         self.admitted = 0
+        self.stages: list[str] = []
 
     def queue_depth(self, depth: int) -> None:
         pass
@@ -152,7 +153,7 @@ class Observer:
         self.admitted += size
 
     def compute_time(self, stage: str, seconds: float) -> None:
-        pass
+        self.stages.append(stage)
 
     def generated(self, tokens: int) -> None:
         pass
@@ -204,6 +205,26 @@ def test_concurrent_requests_with_mixed_parameters_equal_alone() -> None:
     for items, answers in zip(requests, got, strict=True):
         for (src, p), hyps in zip(items, answers, strict=True):
             assert hyps == alone(rt, src, p)
+
+
+@pytest.mark.parametrize("ahead, runs", [(16, 1), (0, 12)])
+def test_waiting_sentences_are_encoded_ahead_in_one_run(ahead: int, runs: int) -> None:
+    """With the batch full, sentences join one at a step; they are encoded ahead with the first
+    one that joins (one encoder run for a dozen instead of a dozen runs), and each still decodes
+    as it would alone."""
+    rt, rng = FakeRuntime(seed=3), random.Random(2)
+    items = [(source(i, rng), DecodeParams(beam_size=2, max_new_tokens=6)) for i in range(12)]
+
+    async def main() -> tuple[list[list[Hypothesis]], Observer]:
+        s, obs = scheduler(rt, max_rows=4, encode_ahead=ahead)
+        out = await s.submit([(src, Search(p, BOS, EOS)) for src, p in items], time.monotonic() + 20)
+        await s.close(1)
+        return out, obs
+
+    got, obs = run(main())
+    assert obs.stages.count("encode") == runs
+    for (src, p), hyps in zip(items, got, strict=True):
+        assert hyps == alone(rt, src, p)
 
 
 def test_a_short_request_is_not_stuck_behind_a_long_one() -> None:

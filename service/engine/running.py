@@ -38,6 +38,24 @@ SOURCE_SLACK = 8  # shrink the source buffer once this many columns are padding 
 SLOT_CHUNK = 8  # the fewest cache slots; they double when rows need more (each growth copies the cache)
 
 
+@dataclass(frozen=True)
+class Encoded:
+    """One sentence's encoder output, ready to join a batch: its cross-attention keys and values
+    (2L arrays (H, length, d_k), views into its encoder run's output) and its source length."""
+
+    cross: list[np.ndarray]
+    length: int
+
+
+def encode_sources(rt: TranslatorRuntime, sources: Sequence[Sequence[int]], pad_id: int) -> list[Encoded]:
+    """One encoder run for `sources`; each sentence's part without the padding columns (masked
+    anyway: a sentence's result does not depend on the others in its run)."""
+    ids, mask = pad(sources, pad_id)
+    cross = rt.encode(ids, mask)  # 2L arrays (n, H, S, d_k)
+    lengths = mask.sum(axis=1).tolist()
+    return [Encoded([c[i, :, :n] for c in cross], int(n)) for i, n in enumerate(lengths)]
+
+
 @dataclass(eq=False)
 class Block(Generic[T]):
     """One sentence in the batch."""
@@ -115,28 +133,35 @@ class RunningBatch(Generic[T]):
 
     def join(self, sources: Sequence[Sequence[int]], searches: Sequence[Search], tags: Sequence[T]) -> None:
         """Adds sentences (source ids with EOS): one encoder run for all of them, then their blocks."""
-        if not sources:
-            return
+        if sources:
+            self.join_encoded(self.encode(sources), searches, tags)
+
+    def encode(self, sources: Sequence[Sequence[int]]) -> list[Encoded]:
+        """One encoder run for sentences that join now or later (a scheduler may encode ahead)."""
         t0 = time.perf_counter()
-        ids, mask = pad(sources, self.pad_id)
-        cross = self.rt.encode(ids, mask)  # 2L arrays (n, H, S, d_k)
+        out = encode_sources(self.rt, sources, self.pad_id)
         self._record("encode", time.perf_counter() - t0)
+        return out
+
+    def join_encoded(self, encoded: Sequence[Encoded], searches: Sequence[Search], tags: Sequence[T]) -> None:
+        """Adds encoded sentences: each writes its block once (cross-attention K/V and source mask)."""
+        if not encoded:
+            return
         need = self.rows + sum(s.width for s in searches)
-        columns = max(self._source_needed(), ids.shape[1])
+        columns = max(self._source_needed(), max(e.length for e in encoded))
         if need > self.buf.capacity or columns > self.buf.columns:
             # rows double only when rows run out: wider sources alone keep the row capacity (the
             # source columns shrink again when long sentences leave, so they come and go often)
             capacity = max(need, 2 * self.buf.capacity, 8) if need > self.buf.capacity else self.buf.capacity
             self._resize(capacity, max(columns, self.buf.columns), max(self.buf.slots, SLOT_CHUNK))
-        s = ids.shape[1]
-        for i, (search, tag) in enumerate(zip(searches, tags, strict=True)):
-            rows = slice(self.rows, self.rows + search.width)
-            for buf, c in zip(self.buf.cross, cross, strict=True):
-                buf[rows, :, :s] = c[i]
-                buf[rows, :, s:] = 0.0
-            self.buf.mask[rows, :s] = mask[i]
-            self.buf.mask[rows, s:] = 0
-            self.blocks.append(Block(tag, search, self.rows, int(mask[i].sum())))
+        for enc, search, tag in zip(encoded, searches, tags, strict=True):
+            rows, n = slice(self.rows, self.rows + search.width), enc.length
+            for buf, c in zip(self.buf.cross, enc.cross, strict=True):
+                buf[rows, :, :n] = c
+                buf[rows, :, n:] = 0.0
+            self.buf.mask[rows, :n] = 1
+            self.buf.mask[rows, n:] = 0
+            self.blocks.append(Block(tag, search, self.rows, n))
             self.rows += search.width
 
     def drop(self, keep: Callable[[T], bool]) -> list[T]:
@@ -310,6 +335,16 @@ class ShardedBatch(Generic[T]):
         return sum(p.rows for p in self.parts)
 
     def join(self, sources: Sequence[Sequence[int]], searches: Sequence[Search], tags: Sequence[T]) -> None:
+        if sources:
+            self.join_encoded(self.encode(sources), searches, tags)
+
+    def encode(self, sources: Sequence[Sequence[int]]) -> list[Encoded]:
+        """On the wide runtime's encoder: joins run on the owner thread alone."""
+        part = self.parts[0]
+        part.rt = self.wide
+        return part.encode(sources)
+
+    def join_encoded(self, encoded: Sequence[Encoded], searches: Sequence[Search], tags: Sequence[T]) -> None:
         rows = [p.rows for p in self.parts]
         chosen: list[list[int]] = [[] for _ in self.parts]
         for i, search in enumerate(searches):
@@ -317,8 +352,7 @@ class ShardedBatch(Generic[T]):
             chosen[k].append(i)
             rows[k] += search.width
         for part, idx in zip(self.parts, chosen, strict=True):
-            part.rt = self.wide  # the encoder of the wide runtime: joins run on the owner thread alone
-            part.join([sources[i] for i in idx], [searches[i] for i in idx], [tags[i] for i in idx])
+            part.join_encoded([encoded[i] for i in idx], [searches[i] for i in idx], [tags[i] for i in idx])
 
     def drop(self, keep: Callable[[T], bool]) -> list[T]:
         return [tag for p in self.parts for tag in p.drop(keep)]

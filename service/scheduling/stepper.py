@@ -2,8 +2,10 @@
 at every decoder step. Knows nothing about HTTP.
 
 One thread per translator loops: drop what was cancelled or expired, admit waiting sentences
-within the row and cache budgets (one encoder run for all newly admitted), run one decoder step
-for every active row, deliver the sentences that finished. Greedy, beam and sampled sentences
+within the row and cache budgets (one encoder run for all newly admitted, which also encodes up
+to `encode_ahead` of the sentences still waiting, so that under load a sentence or two joining
+at a step rarely needs a run of its own), run one decoder step for every active row, deliver the
+sentences that finished. Greedy, beam and sampled sentences
 with any parameters share the same steps; each sentence's `Search` keeps it independent of
 its neighbours.
 
@@ -32,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from service.engine.decoding import Hypothesis, Search
-from service.engine.running import RunningBatch, ShardedBatch, StepError
+from service.engine.running import Encoded, RunningBatch, ShardedBatch, StepError
 from service.errors import DeadlineExceeded, InputTooLong, InvalidInput, NotReady, QueueFull, ShuttingDown
 from service.priority import lower_priority
 
@@ -61,6 +63,7 @@ class StepLimits:
     starvation_s: float = 0.5  # a passed-over sentence is admitted first after waiting this long
     admit_share: float = 0.35  # admit when the queued work fits in this share of the time left (greedy
     # sentences overtake beams in the rows kept for them, so a beam may finish later than projected)
+    encode_ahead: int = 16  # waiting sentences encoded with those joining, held until their turn
 
     def __post_init__(self) -> None:
         if self.max_rows < 1 or self.max_cache_tokens < 1 or self.max_queue < 1 or not 0 < self.admit_share <= 1:
@@ -97,6 +100,7 @@ class Sentence:
     search: Search
     work: int  # estimated row-steps
     reserve: int  # cache tokens held while active
+    encoded: Encoded | None = None  # encoded ahead of its admission, until it joins
 
 
 def estimate_work(source_tokens: int, width: int, limit: int) -> int:
@@ -262,6 +266,8 @@ class StepScheduler:
                 now = time.monotonic()
                 self._expire(now)
                 admitted = self._select(batch.rows, reserved, now)
+                fresh = [s for s in admitted if s.encoded is None]
+                ahead = self._next_waiting(self.limits.encode_ahead) if fresh else []
             gone = batch.drop(lambda s: s.job.cancelled is None)
             reserved -= sum(s.reserve for s in gone)
             self._forget(gone)
@@ -269,7 +275,15 @@ class StepScheduler:
             try:
                 if admitted:
                     self.observer.batch_started(len(admitted), [now - s.job.enqueued for s in admitted])
-                    batch.join([s.ids for s in admitted], [s.search for s in admitted], admitted)
+                    encode = fresh + ahead
+                    for s, enc in zip(encode, batch.encode([s.ids for s in encode]) if encode else [], strict=True):
+                        s.encoded = enc
+                    encoded = []
+                    for s in admitted:
+                        assert s.encoded is not None
+                        encoded.append(s.encoded)
+                        s.encoded = None  # the batch holds its copy now
+                    batch.join_encoded(encoded, [s.search for s in admitted], admitted)
                 rows, t0 = batch.rows, time.perf_counter()
                 finished = batch.step()
             except Exception as exc:  # a failing step fails the sentences it held, nothing else
@@ -327,6 +341,34 @@ class StepScheduler:
             else:
                 self._waiting.rotate(-1)
         return chosen
+
+    def _next_waiting(self, limit: int) -> list[Sentence]:
+        """Waiting sentences likely to be admitted next (round-robin order) that are not encoded
+        yet, while at most `limit` are encoded ahead (under the lock). When the batch is full, a
+        sentence or two joins at a step; encoding them one run each costs several times what one
+        run for a dozen costs per sentence (the encoder starts from caches the decoder filled)."""
+        out: list[Sentence] = []
+        held, depth = 0, 0
+        while held + len(out) < limit:
+            more = False
+            for job in self._waiting:
+                i = job.admitted + depth
+                if job.cancelled is not None or i >= len(job.sentences):
+                    continue
+                more = True
+                s = job.sentences[i]
+                if s.search.done:
+                    continue
+                if s.encoded is None:
+                    out.append(s)
+                else:
+                    held += 1
+                if held + len(out) >= limit:
+                    break
+            if not more:
+                break
+            depth += 1
+        return out
 
     def _expire(self, now: float) -> None:
         """Marks jobs whose deadline passed (under the lock); the batch drops their sentences."""
