@@ -55,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--path", default="/predict", choices=["/predict", "/translate"])
     p.add_argument("--pairs", type=int, default=6)
     p.add_argument("--connections", type=int, default=32)
+    p.add_argument("--texts", type=int, default=1, help="/predict: texts per request")
     p.add_argument("--seconds", type=float, default=8.0, help="per run")
     p.add_argument("--store", type=Path, default=ROOT / "model_store")
     p.add_argument("--server-cpus", default="0")
@@ -62,7 +63,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--setting", action="append", default=[], help="KEY=VALUE for B's server only")
     args = p.parse_args(argv)
     extra = dict(s.split("=", 1) for s in args.setting)
-    bodies = [{"texts": [t]} for t in REVIEWS] if args.path == "/predict" else translate_bodies("beam", SHORT)
+    if args.path == "/translate":
+        bodies = translate_bodies("beam", SHORT)
+    elif args.texts == 1:
+        bodies = [{"texts": [t]} for t in REVIEWS]
+    else:
+        bodies = [{"texts": (REVIEWS * args.texts)[i : i + args.texts]} for i in range(len(REVIEWS))]
     logs = Path(tempfile.mkdtemp(prefix="ab-http-logs-"))
     with worktree(args.base) as base:
         a = serverproc.start(args.store, logs / "a.log", args.server_cpus, settings=BASE_SETTINGS, root=base)
