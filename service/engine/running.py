@@ -41,7 +41,8 @@ SLOT_CHUNK = 8  # the fewest cache slots; they double when rows need more (each 
 @dataclass(frozen=True)
 class Encoded:
     """One sentence's encoder output, ready to join a batch: its cross-attention keys and values
-    (2L arrays (H, length, d_k), views into its encoder run's output) and its source length."""
+    (2L arrays (H, length, d_k), its own copies: a sentence held for a later step does not keep its
+    whole encoder run's output alive) and its source length."""
 
     cross: list[np.ndarray]
     length: int
@@ -53,7 +54,7 @@ def encode_sources(rt: TranslatorRuntime, sources: Sequence[Sequence[int]], pad_
     ids, mask = pad(sources, pad_id)
     cross = rt.encode(ids, mask)  # 2L arrays (n, H, S, d_k)
     lengths = mask.sum(axis=1).tolist()
-    return [Encoded([c[i, :, :n] for c in cross], int(n)) for i, n in enumerate(lengths)]
+    return [Encoded([c[i, :, :n].copy() for c in cross], int(n)) for i, n in enumerate(lengths)]
 
 
 @dataclass(eq=False)

@@ -275,9 +275,10 @@ class StepScheduler:
             try:
                 if admitted:
                     self.observer.batch_started(len(admitted), [now - s.job.enqueued for s in admitted])
-                    encode = fresh + ahead
-                    for s, enc in zip(encode, batch.encode([s.ids for s in encode]) if encode else [], strict=True):
-                        s.encoded = enc
+                    if fresh:
+                        encode = fresh + ahead
+                        for s, enc in zip(encode, batch.encode([s.ids for s in encode]), strict=True):
+                            s.encoded = enc
                     encoded = []
                     for s in admitted:
                         assert s.encoded is not None
