@@ -119,6 +119,30 @@ def test_row_capacity_follows_rows_not_source_widths() -> None:
     assert batch.buf.capacity <= 8
 
 
+def test_an_emptied_batch_reuses_its_buffers_and_sizes_its_source_at_the_next_join() -> None:
+    """An idle batch keeps its memory (a fresh array faults in every page on first write: a few
+    per cent of a one-sentence decode); a short sentence joining it after a long one attends over
+    its own source width, not the old one."""
+    rt = FakeRuntime(seed=6)
+    batch: RunningBatch[int] = RunningBatch(rt, PAD)  # type: ignore[arg-type]
+    params = DecodeParams(beam_size=2, max_new_tokens=5)
+    long, short = [100] + [7] * (SOURCE_SLACK + 4) + [EOS], [101, 7, EOS]
+
+    def decode(src: list[int]) -> list[list[Hypothesis]]:
+        batch.join([src], [Search(params, BOS, EOS)], [0])
+        out = []
+        while batch.blocks:
+            out += [hyps for _, hyps in batch.step()]
+        return out
+
+    assert decode(long) == [alone(rt, long, params)]
+    cache = batch.buf.cache
+    assert decode(long) == [alone(rt, long, params)]
+    assert batch.buf.cache is cache  # nothing reallocated
+    assert decode(short) == [alone(rt, short, params)]
+    assert batch.buf.columns == len(short)
+
+
 def test_a_failing_shard_hands_back_what_the_other_shards_finished() -> None:
     """Shards step at once; when one fails, the sentences another one finished in that step are
     not lost (the owner answers them and fails the rest)."""

@@ -15,14 +15,14 @@ Data kept between steps, all in preallocated per-row buffers whose capacity grow
 - cross-attention K/V and the source mask: a joining sentence writes its block once.
 When sentences leave, the blocks after them move up to close the gap; source columns that no row
 needs any more are released when they reach `SOURCE_SLACK`, cache slots when at most a quarter
-of them is still needed.
+of them is still needed. A batch that empties keeps its buffers for the sentences that join next.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -150,6 +150,8 @@ class RunningBatch(Generic[T]):
             return
         need = self.rows + sum(s.width for s in searches)
         columns = max(self._source_needed(), max(e.length for e in encoded))
+        if not self.rows and self.buf.columns - columns >= SOURCE_SLACK:  # an idle batch's wide source buffer
+            self._resize(self.buf.capacity, columns, self.buf.slots)
         if need > self.buf.capacity or columns > self.buf.columns:
             # rows double only when rows run out: wider sources alone keep the row capacity (the
             # source columns shrink again when long sentences leave, so they come and go often)
@@ -194,9 +196,7 @@ class RunningBatch(Generic[T]):
         finished: list[Block[T]] = []
         logp = out.logprobs
         ranked = self._rank(logp)
-        best = logp.argmax(axis=1)  # greedy rows: their token (the lowest id among equals)
-        best_lp = logp[every, best].tolist()
-        best_tok = best.tolist()
+        best_tok, best_lp = self._greedy_best(logp)
         for i, b in enumerate(self.blocks):
             w = b.search.width
             rows = slice(b.start, b.start + w)
@@ -219,6 +219,14 @@ class RunningBatch(Generic[T]):
         self._remove(finished)
         self._record("decode", time.perf_counter() - t0)
         return [(b.tag, b.search.hypotheses()) for b in finished]
+
+    def _greedy_best(self, logp: np.ndarray) -> tuple[list[int], list[float]]:
+        """Each row's best token (the lowest id among equals) and its log-probability, when some
+        plain greedy sentence needs them (a batch of beams skips the pass over the vocabulary)."""
+        if not any(b.search.plain and b.search.width == 1 for b in self.blocks):
+            return [], []
+        best = logp.argmax(axis=1)
+        return best.tolist(), logp[np.arange(len(best)), best].tolist()
 
     def _rank(self, logp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """The 2K best candidates of every sentence, in one sort for the whole batch (used by the
@@ -248,6 +256,8 @@ class RunningBatch(Generic[T]):
                 pos += b.search.width
         kept.sort(key=lambda b: b.start)
         self.blocks, self.rows = kept, rows
+        if not kept:  # an idle batch keeps its buffers: the next sentences reuse their memory (a fresh
+            return  # array's every page faults on first write) and the source width is set when they join
         columns, slots = self._source_needed(), max((b.search.t for b in kept), default=0) + 1
         if self.buf.columns - columns >= SOURCE_SLACK:
             self._resize(self.buf.capacity, columns, self.buf.slots)
@@ -340,10 +350,23 @@ class ShardedBatch(Generic[T]):
             self.join_encoded(self.encode(sources), searches, tags)
 
     def encode(self, sources: Sequence[Sequence[int]]) -> list[Encoded]:
-        """On the wide runtime's encoder: joins run on the owner thread alone."""
-        part = self.parts[0]
-        part.rt = self.wide
-        return part.encode(sources)
+        """Several sentences: split into one run per shard on the one-thread encoder, at once
+        (32 int8 sentences of 24 tokens: 10.9 ms, against 15.0 ms as one run on two intra-op
+        threads; measured); fewer: one run on the wide runtime."""
+        n = len(self.parts)
+        if len(sources) < n:
+            self.parts[0].rt = self.wide
+            return self.parts[0].encode(sources)
+        for p in self.parts:
+            p.rt = self.narrow
+        cut = [len(sources) * i // n for i in range(n + 1)]
+        chunks = [sources[a:b] for a, b in zip(cut, cut[1:], strict=False)]
+        others = [self._pool.submit(p.encode, c) for p, c in zip(self.parts[1:], chunks[1:], strict=True)]
+        try:
+            first = self.parts[0].encode(chunks[0])
+        finally:
+            wait(others)  # every run ends before anything else touches the batch
+        return first + [e for f in others for e in f.result()]
 
     def join_encoded(self, encoded: Sequence[Encoded], searches: Sequence[Search], tags: Sequence[T]) -> None:
         rows = [p.rows for p in self.parts]

@@ -212,5 +212,9 @@ def load_translator(entry: StoreEntry, options: runtime.LoadOptions | None = Non
     rt = runtime.TranslatorRuntime(enc, dec, n_layers)
     narrow = None
     if threads > 1 and not runtime.uses_cuda(dec):  # CPU: shard large batches over one-thread calls
-        narrow = runtime.TranslatorRuntime(enc, runtime.make_session(decoder, providers, 1), n_layers)
+        narrow = runtime.TranslatorRuntime(
+            runtime.make_session(read_pinned(entry, files["encoder"]), providers, 1, arena=False),
+            runtime.make_session(decoder, providers, 1, arena=False),
+            n_layers,
+        )
     return TranslatorEngine(m, rt, codec, variant, narrow, threads)
