@@ -1,6 +1,6 @@
 """Paired A/B of the served throughput: this tree against a git revision, runs alternating.
 
-    python -m bench.ab_http --base HEAD~1 [--path /predict] [--pairs 6] [--setting KEY=VALUE ...]
+    python -m bench.ab_http --base HEAD~1 [--path /predict] [--pairs 6] [--threads 1] [--setting KEY=VALUE ...]
 
 A tool for performance work, not a report. This VM's speed drifts by tens of percent within
 minutes, so two separate `bench.service_load` runs cannot tell a 10 % change from noise. Here the
@@ -60,9 +60,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--store", type=Path, default=ROOT / "model_store")
     p.add_argument("--server-cpus", default="0")
     p.add_argument("--client-cpus", default="1")
+    p.add_argument("--threads", type=int, default=1, help="both servers' model threads (2: sharded translation)")
     p.add_argument("--setting", action="append", default=[], help="KEY=VALUE for B's server only")
     args = p.parse_args(argv)
     extra = dict(s.split("=", 1) for s in args.setting)
+    settings = BASE_SETTINGS | {"threads": str(args.threads)}
     if args.path == "/translate":
         bodies = translate_bodies("beam", SHORT)
     elif args.texts == 1:
@@ -71,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         bodies = [{"texts": (REVIEWS * args.texts)[i : i + args.texts]} for i in range(len(REVIEWS))]
     logs = Path(tempfile.mkdtemp(prefix="ab-http-logs-"))
     with worktree(args.base) as base:
-        a = serverproc.start(args.store, logs / "a.log", args.server_cpus, settings=BASE_SETTINGS, root=base)
-        b = serverproc.start(args.store, logs / "b.log", args.server_cpus, settings=BASE_SETTINGS | extra)
+        a = serverproc.start(args.store, logs / "a.log", args.server_cpus, settings=settings, root=base)
+        b = serverproc.start(args.store, logs / "b.log", args.server_cpus, settings=settings | extra)
         try:
             wait_ready(a)
             wait_ready(b)
