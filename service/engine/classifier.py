@@ -45,12 +45,13 @@ class ClassifierEngine:
         ids, mask = pad(seqs, SPECIAL_IDS["pad_id"])
         return softmax(runtime.run_classifier(self.session, ids, mask).astype(np.float64))
 
-    def to_predictions(self, probs: np.ndarray) -> list[Prediction]:
+    def to_predictions(self, probs: np.ndarray | Sequence[Sequence[float]]) -> list[Prediction]:
+        """Per row: the best label (the first among equals), its probability and every class's."""
+        rows = probs.tolist() if isinstance(probs, np.ndarray) else probs
         out = []
-        for row in probs:
-            best = int(row.argmax())
-            scores = {lab: float(p) for lab, p in zip(self.labels, row, strict=True)}
-            out.append(Prediction(self.labels[best], float(row[best]), scores))
+        for row in rows:
+            best = max(range(len(row)), key=row.__getitem__)
+            out.append(Prediction(self.labels[best], row[best], dict(zip(self.labels, row, strict=True))))
         return out
 
     def attention(self, text: str) -> tuple[list[str], np.ndarray]:

@@ -77,7 +77,7 @@ class ClassificationTask(Task):
         s = context.settings
         limits = BatchLimits(s.max_batch_size, s.max_wait_ms / 1000, s.max_queue, s.max_batch_tokens)
         self.executor = ThreadPoolExecutor(1, f"classify-{entry.name}", lower_priority)
-        self.batcher: DynamicBatcher[list[int], np.ndarray] = DynamicBatcher(
+        self.batcher: DynamicBatcher[list[int], list[float]] = DynamicBatcher(
             entry.name,
             _runner(engine, context.metrics),
             limits,
@@ -109,9 +109,10 @@ class ClassificationTask(Task):
     def outputs(self) -> list[TensorSpec]:
         return [TensorSpec("label", "BYTES", [-1]), TensorSpec("probabilities", "FP32", [-1, len(self.engine.labels)])]
 
-    async def _classify(self, texts: Sequence[str], deadline: float) -> np.ndarray:
-        """(N, C) class probabilities in input order."""
-        return np.stack(await self.batcher.submit_many(self.engine.encode(texts), deadline))
+    async def _classify(self, texts: Sequence[str], deadline: float) -> list[list[float]]:
+        """Per text its class probabilities, in input order (Python floats: made once per batch
+        in the worker thread, not per request on the event loop)."""
+        return await self.batcher.submit_many(self.engine.encode(texts), deadline)
 
     async def answer(self, body: TextsRequest, deadline: float) -> PredictResponse:
         assert isinstance(body, PredictRequest)
@@ -121,16 +122,18 @@ class ClassificationTask(Task):
             loop = asyncio.get_running_loop()
             tokens, weights = await loop.run_in_executor(self.executor, self.engine.attention, body.texts[0])
             attention = SelfAttention(tokens=tokens, weights=weights.tolist())
-        return PredictResponse(
+        # built from the engine's own values, so not validated again (a few microseconds a text)
+        return PredictResponse.model_construct(
             model=self.entry.name,
             version=self.entry.version,
             predictions=[
-                Prediction(label=p.label, score=p.score, scores=p.scores, attention=attention) for p in predictions
+                Prediction.model_construct(label=p.label, score=p.score, scores=p.scores, attention=attention)
+                for p in predictions
             ],
         )
 
     async def infer(self, texts: list[str], parameters: Mapping[str, Any], deadline: float) -> list[OutputTensor]:
-        probs = await self._classify(texts, deadline)  # (N, C)
+        probs = np.asarray(await self._classify(texts, deadline))  # (N, C)
         n, c = probs.shape
         labels = [self.engine.labels[i] for i in probs.argmax(axis=1)]
         return [
@@ -139,11 +142,12 @@ class ClassificationTask(Task):
         ]
 
 
-def _runner(engine: ClassifierEngine, obs: BatchMetrics) -> Callable[[list[list[int]]], list[np.ndarray]]:
-    def run(seqs: list[list[int]]) -> list[np.ndarray]:
+def _runner(engine: ClassifierEngine, obs: BatchMetrics) -> Callable[[list[list[int]]], list[list[float]]]:
+    def run(seqs: list[list[int]]) -> list[list[float]]:
         t0 = time.perf_counter()
         probs = engine.classify_ids(seqs)  # (B, C)
         obs.compute_time("classify", time.perf_counter() - t0)
-        return list(probs)
+        rows: list[list[float]] = probs.tolist()
+        return rows
 
     return run
