@@ -47,7 +47,7 @@ def evaluate(store: Path, name: str, variant: str | None, rows: list[dict[str, s
     total = verbatim = lines_kept = 0
     failures = []
     for out, src in zip(outputs, texts, strict=True):
-        originals = [src[s.start : s.end] for s in spans.find_spans(src)]
+        originals = [src[s.start : s.end] for s in spans.find_spans(src, symbols=True)]  # as served
         total += len(originals)
         kept = [out.count(x) >= src.count(x) for x in originals]
         verbatim += sum(kept)

@@ -67,10 +67,18 @@ def test_onnx_runtime_workers_inherit_the_priority_of_the_thread_creating_the_se
     before = _threads()
     with ThreadPoolExecutor(1, "loader", lower_priority) as pool:
         pool.submit(load).result()
-    workers = _threads() - before
-    assert len(workers) >= 2  # the session's pool (the loader thread itself has ended)
-    assert {os.sched_getscheduler(t) for t in workers} == {os.SCHED_IDLE}
+    policies = [p for t in _threads() - before if (p := _policy_of(t)) is not None]
+    assert len(policies) >= 2  # the session's pool (the loader thread itself has ended)
+    assert set(policies) == {os.SCHED_IDLE}
 
 
 def _threads() -> set[int]:
     return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def _policy_of(thread: int) -> int | None:
+    """None for a thread that ended since it was listed (another test's pool winding down)."""
+    try:
+        return os.sched_getscheduler(thread)
+    except ProcessLookupError:
+        return None

@@ -84,3 +84,26 @@ def test_training_pairs_are_masked_alike() -> None:
     assert mask_pair("Copy {a} to {b}", "{b} aus {a} kopieren") == ("Copy ⟨1⟩ to ⟨2⟩", "⟨2⟩ aus ⟨1⟩ kopieren")
     assert mask_pair("Open %s", "%s öffnen", first=5) == ("Open ⟨5⟩", "⟨5⟩ öffnen")
     assert mask_pair("Deleted %s", "Gelöscht") is None
+
+
+SYMBOL_CASES = {
+    "Save 😀 the file 🎉 now.": ["😀", "🎉"],
+    "Family 👨\u200d👩\u200d👧, 👍🏽 and 🇩🇪!": ["👨\u200d👩\u200d👧", "👍🏽", "🇩🇪"],
+    "Step 1️⃣ then File ▸ Save": ["1️⃣", "▸"],  # the keycap joins the number before it
+    "Brand™ © 2024, 30 °C or 86 °F at 90°": ["™", "©", "2024", "30", "°C", "86", "°F", "90°"],
+    "Open \u200ethe file\u200f, zero\u200bwidth": ["\u200e", "\u200f", "\u200b"],
+    "See https://x.org/😀 now": ["https://x.org/😀"],  # inside a URL it stays the URL's
+    "naïve café Ørsted": [],
+}
+
+
+@pytest.mark.parametrize(("text", "want"), SYMBOL_CASES.items())
+def test_served_texts_protect_symbols_and_invisible_characters(text: str, want: list[str]) -> None:
+    assert [text[s.start : s.end] for s in find_spans(text, symbols=True)] == want
+    assert list(mask(text).spans) == want
+
+
+def test_training_pairs_keep_their_symbols_as_text() -> None:
+    """The bundled models were trained without the symbol rule: their training masks stay as they were."""
+    assert find_spans("Save 😀 the file ▸ now") == []
+    assert mask_pair("File ▸ Save %s", "Datei ▸ Speichern %s") == ("File ▸ Save ⟨1⟩", "Datei ▸ Speichern ⟨1⟩")

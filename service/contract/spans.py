@@ -26,6 +26,14 @@ Rules, in the order they are tried at each position (the first that matches wins
   number    ``42``, ``-3``, ``1,299.95``, ``10⁵``, ``3D``, dates ``2024-01-15`` ``15.01.2024``
             ``01/15/2024``, times ``12:30:45``, IP addresses ``192.168.0.1``, versions ``1.2.3``
   marker    ``▁`` (U+2581, the tokenizer's word marker)
+and, for served texts only (``symbols=True``: `mask` and the service; not the training pairs of
+`mask_pair`, so that the bundled models' training data stays as it was):
+  symbol    a run of symbols (Unicode category So: emoji, pictographs, ``™`` ``©`` ``°C`` ``▸``)
+            with the characters that join or modify them (zero-width joiner, variation
+            selectors, keycap, skin tones, tag characters), and invisible format characters
+            (bidi marks, zero-width spaces, word joiner, BOM). The model would drop or garble
+            them (their tokens are byte fallbacks it rarely saw); as placeholders it copies them
+            like any other.
 Spans that touch (no character between them) are merged into one. At most `PLACEHOLDER_COUNT`
 spans of a text are masked; any further ones stay in the text as they are.
 """
@@ -33,6 +41,7 @@ spans of a text are masked; any further ones stay in the text as they are.
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import Counter
 from dataclasses import dataclass
 
@@ -86,6 +95,21 @@ _PATTERN = re.compile("|".join(f"(?P<{kind}>{rx})" for kind, rx in _RULES))
 _OUTPUT_PLACEHOLDER = re.compile(r"( ?)⟨(\d+)⟩( ?)")
 
 
+def _symbol_class() -> str:
+    """A regex character class of every symbol (category So: none lie above U+1FFFF in this
+    Unicode version; scanning the first two planes takes about 10 ms), the characters that join
+    or modify them and the invisible format characters."""
+    chars = [chr(cp) for cp in range(0x80, 0x20000) if unicodedata.category(chr(cp)) == "So"]
+    chars += ["\u200d", "\u20e3"]  # zero-width joiner, combining enclosing keycap
+    chars += [chr(cp) for cp in (*range(0xFE00, 0xFE10), *range(0x1F3FB, 0x1F400), *range(0xE0020, 0xE0080))]
+    chars += list("\u200b\u200c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062\u2063\u2064")
+    chars += list("\u2066\u2067\u2068\u2069\ufeff")  # bidi isolates, byte order mark
+    return "[" + "".join(re.escape(c) for c in sorted(set(chars))) + "]"
+
+
+_SYMBOLS = re.compile(_symbol_class() + r"+(?:(?<=°)[CFK](?!\w))?")  # with its unit: °C, °F, K
+
+
 @dataclass(frozen=True)
 class Span:
     start: int
@@ -101,18 +125,39 @@ class Masked:
     spans: tuple[str, ...]
 
 
-def find_spans(text: str) -> list[Span]:
-    """The protected spans of `text`, left to right, non-overlapping, touching ones merged."""
-    out: list[Span] = []
+def find_spans(text: str, symbols: bool = False) -> list[Span]:
+    """The protected spans of `text`, left to right, non-overlapping, touching ones merged;
+    `symbols`: symbol runs and invisible format characters too (served texts)."""
+    found: list[Span] = []
     for m in _PATTERN.finditer(text):
         kind = m.lastgroup or "span"
         end = _url_end(text, m.start(), m.end()) if kind == "url" else m.end()
-        if end == m.start():
-            continue
-        if out and out[-1].end == m.start():
-            out[-1] = Span(out[-1].start, end, "merged")
+        if end > m.start():
+            found.append(Span(m.start(), end, kind))
+    if symbols and not text.isascii():
+        found = sorted(found + _outside(_symbol_runs(text), found), key=lambda s: s.start)
+    out: list[Span] = []
+    for span in found:
+        if out and out[-1].end == span.start:
+            out[-1] = Span(out[-1].start, span.end, "merged")
         else:
-            out.append(Span(m.start(), end, kind))
+            out.append(span)
+    return out
+
+
+def _symbol_runs(text: str) -> list[Span]:
+    return [Span(m.start(), m.end(), "symbol") for m in _SYMBOLS.finditer(text)]
+
+
+def _outside(runs: list[Span], spans: list[Span]) -> list[Span]:
+    """The runs that overlap none of `spans` (a symbol inside a URL stays the URL's); both lists
+    in text order, so one pass."""
+    out, k = [], 0
+    for r in runs:
+        while k < len(spans) and spans[k].end <= r.start:
+            k += 1
+        if k == len(spans) or spans[k].start >= r.end:
+            out.append(r)
     return out
 
 
@@ -139,8 +184,9 @@ def _replace(text: str, spans: list[Span], numbers: list[int]) -> str:
 
 
 def mask(text: str) -> Masked:
-    """Replaces the first `PLACEHOLDER_COUNT` protected spans by ``⟨1⟩``, ``⟨2⟩``, ..."""
-    spans = find_spans(text)[:PLACEHOLDER_COUNT]
+    """Replaces the first `PLACEHOLDER_COUNT` protected spans (symbols included, as served) by
+    ``⟨1⟩``, ``⟨2⟩``, ..."""
+    spans = find_spans(text, symbols=True)[:PLACEHOLDER_COUNT]
     return Masked(_replace(text, spans, list(range(1, len(spans) + 1))), tuple(text[s.start : s.end] for s in spans))
 
 

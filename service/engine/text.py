@@ -75,7 +75,7 @@ def _line(line: str, language: str, protect: bool, pieces: list[str | int], segm
     lead = line[: len(line) - len(line.lstrip())]
     trail = line[len(line.rstrip()) :]
     mark = next((c for c in _MARK_CHARS if c not in core), None)
-    found = spans.find_spans(core) if protect and mark else []
+    found = spans.find_spans(core, symbols=True) if protect and mark else []
     originals = [core[s.start : s.end] for s in found]
     marked, last = [], 0
     for k, s in enumerate(found):
