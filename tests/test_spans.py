@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.contract.spans import PLACEHOLDER_COUNT, find_spans, mask, mask_pair, placeholder, unmask
+from service.contract.spans import PLACEHOLDER_COUNT, alphabet, find_spans, mask, mask_pair, placeholder, unmask
 
 CASES = {
     "Could not open %s for writing.": ["%s"],
@@ -63,10 +63,13 @@ def test_unmask_never_loses_or_repeats_a_span() -> None:
     assert unmask("", spans) == "%s {0} 42"
 
 
+ASCII = alphabet(chr(c) for c in range(32, 127))
+
+
 @settings(max_examples=300, deadline=None)
-@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=80))
-def test_mask_then_unmask_is_the_identity(text: str) -> None:
-    m = mask(text)
+@given(st.text(alphabet=st.characters(codec="utf-8"), max_size=80), st.sampled_from([None, ASCII]))
+def test_mask_then_unmask_is_the_identity(text: str, known: frozenset[str] | None) -> None:
+    m = mask(text, known)
     assert unmask(m.text, m.spans) == text
 
 
@@ -107,3 +110,23 @@ def test_training_pairs_keep_their_symbols_as_text() -> None:
     """The bundled models were trained without the symbol rule: their training masks stay as they were."""
     assert find_spans("Save 😀 the file ▸ now") == []
     assert mask_pair("File ▸ Save %s", "Datei ▸ Speichern %s") == ("File ▸ Save ⟨1⟩", "Datei ▸ Speichern ⟨1⟩")
+
+
+FOREIGN_CASES = {
+    "The naïve café in Ørsted serves crème brûlée.": ["naïve", "Ørsted", "brûlée"],
+    "日本語のテキスト and English mixed.": ["日本語のテキスト"],
+    "Only 50‰ done": ["50‰"],  # a character alone outside words, merged with the number it touches
+    "See https://x.org/Ørsted now": ["https://x.org/Ørsted"],  # inside a URL it stays the URL's
+    "Plain ASCII text stays as it is.": [],
+}
+
+
+@pytest.mark.parametrize(("text", "want"), FOREIGN_CASES.items())
+def test_served_texts_protect_words_the_tokenizer_cannot_spell(text: str, want: list[str]) -> None:
+    known = ASCII | {"é", "è"}
+    assert [text[s.start : s.end] for s in find_spans(text, alphabet=known)] == want
+    assert list(mask(text, known).spans) == want
+
+
+def test_the_alphabet_leaves_out_byte_tokens() -> None:
+    assert alphabet(["▁the", "<0xC3>", "<s>", "é"]) == frozenset("▁the<s>é")

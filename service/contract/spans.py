@@ -34,6 +34,10 @@ and, for served texts only (``symbols=True``: `mask` and the service; not the tr
             (bidi marks, zero-width spaces, word joiner, BOM). The model would drop or garble
             them (their tokens are byte fallbacks it rarely saw); as placeholders it copies them
             like any other.
+  foreign   (given the tokenizer's `alphabet`) a word holding a character the vocabulary lacks,
+            or such a character alone outside words: ``Ørsted``, ``brûlée``, ``日本語``. The
+            tokenizer spells it in byte tokens the model can neither translate nor copy; as a
+            placeholder it comes back as written.
 Spans that touch (no character between them) are merged into one. At most `PLACEHOLDER_COUNT`
 spans of a text are masked; any further ones stay in the text as they are.
 """
@@ -43,7 +47,9 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import lru_cache
 
 PLACEHOLDER_COUNT = 16
 PLACEHOLDER_OPEN, PLACEHOLDER_CLOSE = "⟨", "⟩"
@@ -125,9 +131,10 @@ class Masked:
     spans: tuple[str, ...]
 
 
-def find_spans(text: str, symbols: bool = False) -> list[Span]:
+def find_spans(text: str, symbols: bool = False, alphabet: frozenset[str] | None = None) -> list[Span]:
     """The protected spans of `text`, left to right, non-overlapping, touching ones merged;
-    `symbols`: symbol runs and invisible format characters too (served texts)."""
+    `symbols`: symbol runs and invisible format characters too, `alphabet`: foreign words too
+    (served texts)."""
     found: list[Span] = []
     for m in _PATTERN.finditer(text):
         kind = m.lastgroup or "span"
@@ -136,6 +143,8 @@ def find_spans(text: str, symbols: bool = False) -> list[Span]:
             found.append(Span(m.start(), end, kind))
     if symbols and not text.isascii():
         found = sorted(found + _outside(_symbol_runs(text), found), key=lambda s: s.start)
+    if alphabet is not None and not text.isascii():
+        found = sorted(found + _outside(_foreign_words(text, alphabet), found), key=lambda s: s.start)
     out: list[Span] = []
     for span in found:
         if out and out[-1].end == span.start:
@@ -147,6 +156,36 @@ def find_spans(text: str, symbols: bool = False) -> list[Span]:
 
 def _symbol_runs(text: str) -> list[Span]:
     return [Span(m.start(), m.end(), "symbol") for m in _SYMBOLS.finditer(text)]
+
+
+def alphabet(pieces: Iterable[str]) -> frozenset[str]:
+    """The characters a vocabulary spells without byte tokens (``<0xC3>``): those of its pieces."""
+    return frozenset(c for p in pieces if not (p.startswith("<0x") and p.endswith(">")) for c in p)
+
+
+@lru_cache(maxsize=8)
+def _unknown(known: frozenset[str]) -> re.Pattern[str]:
+    return re.compile("[^" + "".join(re.escape(c) for c in sorted(known)) + r"\s]")
+
+
+def _foreign_words(text: str, known: frozenset[str]) -> list[Span]:
+    """Each word holding a character outside `known`, whole; such a character outside words, alone."""
+    out: list[Span] = []
+    for m in _unknown(known).finditer(text):
+        start, end = m.start(), m.end()
+        if out and start < out[-1].end:
+            continue  # in the word just taken
+        if _is_word(text[start]):
+            while start > 0 and _is_word(text[start - 1]):
+                start -= 1
+            while end < len(text) and _is_word(text[end]):
+                end += 1
+        out.append(Span(start, end, "foreign"))
+    return out
+
+
+def _is_word(ch: str) -> bool:
+    return ch.isalnum() or ch == "_"
 
 
 def _outside(runs: list[Span], spans: list[Span]) -> list[Span]:
@@ -183,10 +222,10 @@ def _replace(text: str, spans: list[Span], numbers: list[int]) -> str:
     return "".join(parts)
 
 
-def mask(text: str) -> Masked:
-    """Replaces the first `PLACEHOLDER_COUNT` protected spans (symbols included, as served) by
-    ``⟨1⟩``, ``⟨2⟩``, ..."""
-    spans = find_spans(text, symbols=True)[:PLACEHOLDER_COUNT]
+def mask(text: str, alphabet: frozenset[str] | None = None) -> Masked:
+    """Replaces the first `PLACEHOLDER_COUNT` protected spans (symbols and, given the tokenizer's
+    `alphabet`, foreign words included, as served) by ``⟨1⟩``, ``⟨2⟩``, ..."""
+    spans = find_spans(text, symbols=True, alphabet=alphabet)[:PLACEHOLDER_COUNT]
     return Masked(_replace(text, spans, list(range(1, len(spans) + 1))), tuple(text[s.start : s.end] for s in spans))
 
 

@@ -42,14 +42,15 @@ class Layout:
     segments: tuple[Segment, ...]
 
 
-def split(text: str, language: str = "en", protect: bool = True) -> Layout:
-    """Lines, then sentences; `protect=False` (a model without placeholder tokens) masks nothing."""
+def split(text: str, language: str = "en", protect: bool = True, alphabet: frozenset[str] | None = None) -> Layout:
+    """Lines, then sentences; `protect=False` (a model without placeholder tokens) masks nothing;
+    `alphabet`, the tokenizer's, protects the words it cannot spell (`spans`)."""
     pieces: list[str | int] = []
     segments: list[Segment] = []
     pos = 0
     for brk in [*LINE_BREAK.finditer(text), None]:
         end = brk.start() if brk else len(text)
-        _line(text[pos:end], language, protect, pieces, segments)
+        _line(text[pos:end], language, protect, alphabet, pieces, segments)
         if brk:
             pieces.append(brk.group())
             pos = brk.end()
@@ -67,7 +68,14 @@ def join(layout: Layout, translations: list[str]) -> str:
     return "".join(out)
 
 
-def _line(line: str, language: str, protect: bool, pieces: list[str | int], segments: list[Segment]) -> None:
+def _line(
+    line: str,
+    language: str,
+    protect: bool,
+    alphabet: frozenset[str] | None,
+    pieces: list[str | int],
+    segments: list[Segment],
+) -> None:
     core = line.strip()
     if not core:
         pieces.append(line)
@@ -75,7 +83,7 @@ def _line(line: str, language: str, protect: bool, pieces: list[str | int], segm
     lead = line[: len(line) - len(line.lstrip())]
     trail = line[len(line.rstrip()) :]
     mark = next((c for c in _MARK_CHARS if c not in core), None)
-    found = spans.find_spans(core, symbols=True) if protect and mark else []
+    found = spans.find_spans(core, symbols=True, alphabet=alphabet) if protect and mark else []
     originals = [core[s.start : s.end] for s in found]
     marked, last = [], 0
     for k, s in enumerate(found):

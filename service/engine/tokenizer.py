@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
+from service.contract import spans
 from service.contract.graphs import SPECIAL_IDS
 from service.errors import InputTooLong
 
@@ -20,6 +21,7 @@ class TextCodec:
         self.suffix: list[int] = [] if eos_id is None else [eos_id]  # appended to translator sources
         self.unk_id = SPECIAL_IDS["unk_id"]
         self._special = frozenset(SPECIAL_IDS.values())
+        self.alphabet = spans.alphabet(self.tok.get_vocab())  # what it spells without byte tokens
 
     def encode(self, texts: Sequence[str], names: Sequence[str] | None = None) -> list[list[int]]:
         """Token ids per text; an empty text becomes a single <unk> so every row has one real token.

@@ -79,7 +79,7 @@ class TranslatorEngine:
 
     def prepare(self, texts: Sequence[str]) -> Prepared:
         """Texts as sentences to translate: lines and sentences split, spans masked, ids encoded."""
-        layouts = [text.split(t, self.language, self.protects_spans) for t in texts]
+        layouts = [text.split(t, self.language, self.protects_spans, self.codec.alphabet) for t in texts]
         owner = [i for i, layout in enumerate(layouts) for _ in layout.segments]
         names = [
             f"texts[{i}] sentence {j + 1}" for i, layout in enumerate(layouts) for j in range(len(layout.segments))
