@@ -115,6 +115,7 @@ def test_training_pairs_keep_their_symbols_as_text() -> None:
 FOREIGN_CASES = {
     "The naïve café in Ørsted serves crème brûlée.": ["naïve", "Ørsted", "brûlée"],
     "日本語のテキスト and English mixed.": ["日本語のテキスト"],
+    "He said Привет мир как дела and left.": ["Привет мир как дела"],  # one phrase, one placeholder
     "Only 50‰ done": ["50‰"],  # a character alone outside words, merged with the number it touches
     "See https://x.org/Ørsted now": ["https://x.org/Ørsted"],  # inside a URL it stays the URL's
     "Plain ASCII text stays as it is.": [],

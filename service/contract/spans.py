@@ -169,7 +169,9 @@ def _unknown(known: frozenset[str]) -> re.Pattern[str]:
 
 
 def _foreign_words(text: str, known: frozenset[str]) -> list[Span]:
-    """Each word holding a character outside `known`, whole; such a character outside words, alone."""
+    """Each word holding a character outside `known`, whole; such a character outside words, alone;
+    such words separated by spaces only, as one span (a phrase in another script stays one
+    placeholder, however many words it has)."""
     out: list[Span] = []
     for m in _unknown(known).finditer(text):
         start, end = m.start(), m.end()
@@ -180,7 +182,10 @@ def _foreign_words(text: str, known: frozenset[str]) -> list[Span]:
                 start -= 1
             while end < len(text) and _is_word(text[end]):
                 end += 1
-        out.append(Span(start, end, "foreign"))
+        if out and not text[out[-1].end : start].strip():
+            out[-1] = Span(out[-1].start, end, "foreign")
+        else:
+            out.append(Span(start, end, "foreign"))
     return out
 
 
