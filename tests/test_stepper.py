@@ -122,7 +122,7 @@ def test_row_capacity_follows_rows_not_source_widths() -> None:
 def test_an_emptied_batch_reuses_its_buffers_and_sizes_its_source_at_the_next_join() -> None:
     """An idle batch keeps its memory (a fresh array faults in every page on first write: a few
     per cent of a one-sentence decode); a short sentence joining it after a long one attends over
-    its own source width, not the old one."""
+    its own source width and releases the cache slots a long translation left, not the old ones."""
     rt = FakeRuntime(seed=6)
     batch: RunningBatch[int] = RunningBatch(rt, PAD)  # type: ignore[arg-type]
     params = DecodeParams(beam_size=2, max_new_tokens=5)
@@ -139,8 +139,10 @@ def test_an_emptied_batch_reuses_its_buffers_and_sizes_its_source_at_the_next_jo
     cache = batch.buf.cache
     assert decode(long) == [alone(rt, long, params)]
     assert batch.buf.cache is cache  # nothing reallocated
+    batch.buf.resize_slots(0, 128)  # the slots a translation of about 100 tokens leaves behind
     assert decode(short) == [alone(rt, short, params)]
     assert batch.buf.columns == len(short)
+    assert batch.buf.slots <= 32
 
 
 def test_a_failing_shard_hands_back_what_the_other_shards_finished() -> None:

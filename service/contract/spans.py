@@ -142,9 +142,9 @@ def find_spans(text: str, symbols: bool = False, alphabet: frozenset[str] | None
         if end > m.start():
             found.append(Span(m.start(), end, kind))
     if symbols and not text.isascii():
-        found = sorted(found + _outside(_symbol_runs(text), found), key=lambda s: s.start)
+        found = _add(found, _symbol_runs(text))
     if alphabet is not None and not text.isascii():
-        found = sorted(found + _outside(_foreign_words(text, alphabet), found), key=lambda s: s.start)
+        found = _add(found, _foreign_words(text, alphabet))
     out: list[Span] = []
     for span in found:
         if out and out[-1].end == span.start:
@@ -193,16 +193,16 @@ def _is_word(ch: str) -> bool:
     return ch.isalnum() or ch == "_"
 
 
-def _outside(runs: list[Span], spans: list[Span]) -> list[Span]:
-    """The runs that overlap none of `spans` (a symbol inside a URL stays the URL's); both lists
-    in text order, so one pass."""
+def _add(spans: list[Span], runs: list[Span]) -> list[Span]:
+    """`spans` with the runs that overlap none of them (a symbol inside a URL stays the URL's), in
+    text order; both lists come in text order, so one pass finds them."""
     out, k = [], 0
     for r in runs:
         while k < len(spans) and spans[k].end <= r.start:
             k += 1
         if k == len(spans) or spans[k].start >= r.end:
             out.append(r)
-    return out
+    return sorted(spans + out, key=lambda s: s.start)
 
 
 def _url_end(text: str, start: int, end: int) -> int:

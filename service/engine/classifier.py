@@ -45,9 +45,8 @@ class ClassifierEngine:
         ids, mask = pad(seqs, SPECIAL_IDS["pad_id"])
         return softmax(runtime.run_classifier(self.session, ids, mask).astype(np.float64))
 
-    def to_predictions(self, probs: np.ndarray | Sequence[Sequence[float]]) -> list[Prediction]:
-        """Per row: the best label (the first among equals), its probability and every class's."""
-        rows = probs.tolist() if isinstance(probs, np.ndarray) else probs
+    def to_predictions(self, rows: Sequence[Sequence[float]]) -> list[Prediction]:
+        """Per row of probabilities: the best label (the first among equals), its probability and every class's."""
         out = []
         for row in rows:
             best = max(range(len(row)), key=row.__getitem__)
@@ -61,7 +60,7 @@ class ClassifierEngine:
         return self.codec.tokens(ids), runtime.classifier_attention(self.session, arr, mask)[0]
 
     def predict(self, texts: Sequence[str]) -> list[Prediction]:
-        return self.to_predictions(self.classify_ids(self.encode(texts)))
+        return self.to_predictions(self.classify_ids(self.encode(texts)).tolist())
 
     def warmup(self) -> None:
         top = self.manifest.max_source_tokens  # a model with short positions cannot take longer rows

@@ -15,7 +15,8 @@ Data kept between steps, all in preallocated per-row buffers whose capacity grow
 - cross-attention K/V and the source mask: a joining sentence writes its block once.
 When sentences leave, the blocks after them move up to close the gap; source columns that no row
 needs any more are released when they reach `SOURCE_SLACK`, cache slots when at most a quarter
-of them is still needed. A batch that empties keeps its buffers for the sentences that join next.
+of them is still needed. A batch that empties keeps its buffers for the sentences that join next,
+fitted to them as they join.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from service.priority import lower_priority
 T = TypeVar("T")
 SOURCE_SLACK = 8  # shrink the source buffer once this many columns are padding for every row
 SLOT_CHUNK = 8  # the fewest cache slots; they double when rows need more (each growth copies the cache)
+IDLE_SLOTS = 16  # an idle batch keeps the cache slots of sentences this long (up to 4x: 64), releases more
 
 
 @dataclass(frozen=True)
@@ -150,8 +152,8 @@ class RunningBatch(Generic[T]):
             return
         need = self.rows + sum(s.width for s in searches)
         columns = max(self._source_needed(), max(e.length for e in encoded))
-        if not self.rows and self.buf.columns - columns >= SOURCE_SLACK:  # an idle batch's wide source buffer
-            self._resize(self.buf.capacity, columns, self.buf.slots)
+        if not self.rows:  # an idle batch: the last sentences' source width and cache slots are not these
+            self._fit(columns, IDLE_SLOTS)
         if need > self.buf.capacity or columns > self.buf.columns:
             # rows double only when rows run out: wider sources alone keep the row capacity (the
             # source columns shrink again when long sentences leave, so they come and go often)
@@ -256,12 +258,16 @@ class RunningBatch(Generic[T]):
                 pos += b.search.width
         kept.sort(key=lambda b: b.start)
         self.blocks, self.rows = kept, rows
-        if not kept:  # an idle batch keeps its buffers: the next sentences reuse their memory (a fresh
-            return  # array's every page faults on first write) and the source width is set when they join
-        columns, slots = self._source_needed(), max((b.search.t for b in kept), default=0) + 1
+        # an idle batch keeps its buffers (a fresh array's every page faults on first write) until the next join
+        if kept:
+            self._fit(self._source_needed(), max(b.search.t for b in kept) + 1)
+
+    def _fit(self, columns: int, slots: int) -> None:
+        """Releases source columns beyond `columns` once `SOURCE_SLACK` of them are padding, and cache
+        slots once at most a quarter of them hold `slots` (a long sentence left: attend over fewer)."""
         if self.buf.columns - columns >= SOURCE_SLACK:
             self._resize(self.buf.capacity, columns, self.buf.slots)
-        if self.buf.slots >= 4 * max(slots, SLOT_CHUNK):  # a long sentence left: attend over fewer slots
+        if self.buf.slots >= 4 * max(slots, SLOT_CHUNK):
             self.buf.resize_slots(self.rows, 2 * max(slots, SLOT_CHUNK))
 
     def _fill_holes(self, kept: list[Block[T]], end: int) -> bool:

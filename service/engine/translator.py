@@ -204,7 +204,8 @@ def load_translator(entry: StoreEntry, options: runtime.LoadOptions | None = Non
             f"{entry.folder}: exported for IO contract {m.io_contract}, this service needs {IO_CONTRACT_VERSION} "
             f"(step-level batching); re-export the checkpoint: python -m export.publish CHECKPOINT --name {m.name}"
         )
-    enc = runtime.make_session(read_pinned(entry, files["encoder"]), providers, threads, spin=False)
+    encoder = read_pinned(entry, files["encoder"])
+    enc = runtime.make_session(encoder, providers, threads, spin=False)
     decoder = read_pinned(entry, files["decoder"])
     dec = runtime.make_session(decoder, providers, threads)
     n_layers = int(m.architecture["n_dec_layers"])
@@ -213,7 +214,7 @@ def load_translator(entry: StoreEntry, options: runtime.LoadOptions | None = Non
     narrow = None
     if threads > 1 and not runtime.uses_cuda(dec):  # CPU: shard large batches over one-thread calls
         narrow = runtime.TranslatorRuntime(
-            runtime.make_session(read_pinned(entry, files["encoder"]), providers, 1, arena=False),
+            runtime.make_session(encoder, providers, 1, arena=False),
             runtime.make_session(decoder, providers, 1, arena=False),
             n_layers,
         )
