@@ -117,6 +117,7 @@ FOREIGN_CASES = {
     "日本語のテキスト and English mixed.": ["日本語のテキスト"],
     "He said Привет мир как дела and left.": ["Привет мир как дела"],  # one phrase, one placeholder
     "Only 50‰ done": ["50‰"],  # a character alone outside words, merged with the number it touches
+    "The cafe\u0301 au lait": ["cafe\u0301"],  # an accent typed apart stays in its word
     "See https://x.org/Ørsted now": ["https://x.org/Ørsted"],  # inside a URL it stays the URL's
     "Plain ASCII text stays as it is.": [],
 }

@@ -190,7 +190,8 @@ def _foreign_words(text: str, known: frozenset[str]) -> list[Span]:
 
 
 def _is_word(ch: str) -> bool:
-    return ch.isalnum() or ch == "_"
+    """A letter, digit, underscore or combining mark (so an accent typed apart stays in its word)."""
+    return ch.isalnum() or ch == "_" or unicodedata.category(ch).startswith("M")
 
 
 def _add(spans: list[Span], runs: list[Span]) -> list[Span]:
