@@ -102,6 +102,19 @@ def _dynamic_axes(spec: GraphSpec) -> dict[str, dict[int, str]]:
     return {t.name: {i: d for i, d in enumerate(t.shape) if isinstance(d, str)} for t in spec.inputs + spec.outputs}
 
 
+def _declare_output_shapes(graph: onnx.GraphProto, spec: GraphSpec) -> None:
+    """Writes the contract's output shapes into the graph (the exporter's shape inference loses
+    the static sizes of a Split's outputs), so the file states the dimensions it is held to."""
+    shapes = {t.name: t.shape for t in spec.outputs}
+    for out in graph.output:
+        dims = out.type.tensor_type.shape.dim
+        for dim, want in zip(dims, shapes[out.name], strict=True):
+            if isinstance(want, int):
+                dim.dim_value = want
+            else:
+                dim.dim_param = want
+
+
 def _export(module: nn.Module, args: tuple[Tensor, ...], spec: GraphSpec, path: Path) -> None:
     # The exporter restores the wrapper's training flag recursively afterwards: a wrapper left in
     # training mode would switch dropout back on in the model that validation then compares against.
@@ -118,6 +131,8 @@ def _export(module: nn.Module, args: tuple[Tensor, ...], spec: GraphSpec, path: 
         do_constant_folding=True,
     )
     proto = onnx.load(str(path))
+    _declare_output_shapes(proto.graph, spec)
+    onnx.save(proto, str(path))
     onnx.checker.check_model(proto)
     if any(init.data_location == onnx.TensorProto.EXTERNAL for init in proto.graph.initializer):
         raise ExportError(f"{path.name}: external tensor data; the store accepts single-file models only")

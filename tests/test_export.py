@@ -120,6 +120,17 @@ def test_int8_classifier_agrees_with_fp32_and_is_batch_invariant(
         assert np.abs(alone - int8[i]).max() < 1e-5
 
 
+def test_int8_matmuls_take_their_bias_and_give_float(tiny_store: Path) -> None:
+    """Every weight matmul of the int8 graphs is one MatMulIntegerToFloat with its bias: no
+    requantized outputs, no DequantizeLinear or bias Add left around it."""
+    for path in (tiny_store / "tiny-clf" / "1" / "model.int8.onnx", tiny_store / "tiny-mt" / "1" / "decoder.int8.onnx"):
+        nodes = onnx.load(str(path)).graph.node
+        fused = [n for n in nodes if n.op_type == "MatMulIntegerToFloat"]
+        assert fused and all(n.domain == "com.microsoft" for n in fused)
+        assert not [n for n in nodes if n.op_type == "DequantizeLinear"]
+        assert sum(1 for n in fused if n.input[6]) >= len(fused) - 1  # the tied output projection has no bias
+
+
 def copy_version(tiny_store: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "store" / "tiny-mt" / "1"
     shutil.copytree(tiny_store / "tiny-mt" / "1", dst)
