@@ -86,11 +86,15 @@ def attention_with_new(q: Tensor, cache: KV, cache_bias: Tensor, k: Tensor, v: T
     """One query over a row's cached keys plus its own new key, without concatenating the cache
     (the serving step: the cache is written in place by the caller, never copied by the graph).
     q, k, v (R, H, 1, d_k); cache (R, H, C, d_k) each; cache_bias (R, 1, 1, C) masks unused slots.
-    Returns the attended values (R, H, 1, d_k) and the weights (R, H, 1, C + 1)."""
+    The new key's score comes first: the row's live scores then fill the same leading places
+    whatever the number of slots, so the softmax sums them in the same order (with it last, its
+    place moved with the slot count, and so did the last bit of the sum: a sentence decoded
+    alone and in a batch with longer rows could differ).
+    Returns the attended values (R, H, 1, d_k) and the weights (R, H, 1, 1 + C), the new key's first."""
     scale = math.sqrt(q.size(-1))
-    scores = torch.cat([q @ cache[0].transpose(-2, -1) / scale + cache_bias, q @ k.transpose(-2, -1) / scale], -1)
+    scores = torch.cat([q @ k.transpose(-2, -1) / scale, q @ cache[0].transpose(-2, -1) / scale + cache_bias], -1)
     weights = torch.softmax(scores, dim=-1)
-    return weights[..., :-1] @ cache[1] + weights[..., -1:] * v, weights
+    return weights[..., :1] * v + weights[..., 1:] @ cache[1], weights
 
 
 def padding_bias(mask: Tensor) -> Tensor:

@@ -131,6 +131,40 @@ def test_int8_matmuls_take_their_bias_and_give_float(tiny_store: Path) -> None:
         assert sum(1 for n in fused if n.input[6]) >= len(fused) - 1  # the tied output projection has no bias
 
 
+def test_decoder_step_is_bit_identical_whatever_the_slot_count(tiny_store: Path) -> None:
+    """A row's step does not depend on how many cache slots its batch holds beyond its own: the
+    unused slots are masked and the live scores keep their places in every sum (with the new
+    key's score after the slots, its place moved with the slot count, and the last bits of the
+    softmax with it)."""
+    sess = validate.session(tiny_store / "tiny-mt" / "1" / "decoder.onnx")
+    rng = np.random.default_rng(0)
+    inputs = {i.name: i.shape for i in sess.get_inputs()}
+    heads, d_k = inputs["cache.0.key"][1], inputs["cache.0.key"][3]
+    position, source = 3, 6
+    live = {
+        n: rng.standard_normal((1, heads, position, d_k)).astype(np.float32) for n in inputs if n.startswith("cache")
+    }
+    cross = {
+        n: rng.standard_normal((1, heads, source, d_k)).astype(np.float32) for n in inputs if n.startswith("cross")
+    }
+
+    def step(slots: int) -> np.ndarray:
+        feed: dict[str, np.ndarray] = {
+            "input_ids": np.array([[9]]),
+            "position_ids": np.array([position]),
+            "encoder_attention_mask": np.ones((1, source), np.int64),
+            **cross,
+        }
+        for name, keys in live.items():
+            feed[name] = np.zeros((1, heads, slots, d_k), np.float32)
+            feed[name][:, :, :position] = keys
+        return sess.run(["logprobs"], feed)[0]
+
+    first = step(8)
+    for slots in (11, 17, 24, 52):
+        assert np.array_equal(step(slots), first), slots
+
+
 def copy_version(tiny_store: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "store" / "tiny-mt" / "1"
     shutil.copytree(tiny_store / "tiny-mt" / "1", dst)
