@@ -782,7 +782,7 @@ def markdown(results: dict[str, object]) -> str:
         "hf": "HF transformers generate fp32",
         "torch": "PyTorch eager fp32 (cached)",
         "uncached": "this engine fp32, uncached graph",
-        "ours-int8": "this engine int8 (static QDQ, MatMul weights)",
+        "ours-int8": "this engine int8 (static, MatMulIntegerToFloat)",
         "ct2-int8": f"CTranslate2 int8, 1 worker × {threads} threads",
         "ct2-int8-workers": f"CTranslate2 int8, {threads} workers × 1 thread",
     }
