@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.engine.decoding import DecodeParams, Hypothesis, Search
-from service.engine.running import SOURCE_SLACK, RunningBatch, ShardedBatch
+from service.engine.running import SOURCE_ALIGN, SOURCE_SLACK, RunningBatch, ShardedBatch
 from service.errors import DeadlineExceeded, InputTooLong, QueueFull, ShuttingDown
 from service.scheduling.stepper import Job, Sentence, StepLimits, StepScheduler
 from tests.fakes import BOS, EOS, PAD, FakeRuntime
@@ -141,7 +141,7 @@ def test_an_emptied_batch_reuses_its_buffers_and_sizes_its_source_at_the_next_jo
     assert batch.buf.cache is cache  # nothing reallocated
     batch.buf.resize_slots(0, 128)  # the slots a translation of about 100 tokens leaves behind
     assert decode(short) == [alone(rt, short, params)]
-    assert batch.buf.columns == len(short)
+    assert batch.buf.columns == SOURCE_ALIGN  # its own width, aligned (3 tokens: 8 columns)
     assert batch.buf.slots <= 32
 
 
