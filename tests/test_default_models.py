@@ -13,6 +13,7 @@ from service import store
 from service.contract.graphs import pad
 from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.decoding import DecodeParams
+from service.engine.running import SOURCE_ALIGN
 from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine, load_translator
 
@@ -97,7 +98,7 @@ def test_a_sentence_beside_a_longer_one_scores_bit_for_bit_as_alone(entries: dic
     (longer,) = mt.prepare(
         ["The file could not be saved because the disk is full, so please free some space and try again later."]
     ).sources
-    assert len(sentence) % 8 and len(longer) > len(sentence)
+    assert len(sentence) % SOURCE_ALIGN and len(longer) > len(sentence)
     params = DecodeParams(beam_size=1, max_new_tokens=mt.max_new_tokens)
     alone = mt.translate_ids([sentence], params)[0]
     beside = mt.translate_ids([sentence, longer], params)[0]
