@@ -38,23 +38,38 @@ def repeats_beyond_reference(hyp: str, ref: str) -> bool:
     return any(n > ref_reps[gram] for gram, n in repetitions(hyp).items())
 
 
-def translator_quality(engine: TranslatorEngine, rows: list[dict[str, str]], batch: int = 64) -> dict[str, object]:
-    import sacrebleu
-
+def translate_rows(engine: TranslatorEngine, sources: list[str], batch: int = 64) -> list[str]:
+    """Beam-4 translations as served (lines and sentences split, spans masked), in input order;
+    batches of similar length, as a server's would be."""
     params = DecodeParams(beam_size=4, max_new_tokens=engine.max_new_tokens)
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]["en"]))
-    hyps = [""] * len(rows)
+    order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
+    hyps = [""] * len(sources)
     for s in range(0, len(order), batch):
         idx = order[s : s + batch]
-        for i, row in zip(idx, engine.translate([rows[i]["en"] for i in idx], params), strict=True):
+        for i, row in zip(idx, engine.translate([sources[i] for i in idx], params), strict=True):
             hyps[i] = row[0].text
+    return hyps
+
+
+def translation_scores(hyps: list[str], refs: list[str]) -> dict[str, float | int]:
+    """sacreBLEU corpus BLEU and chrF, and the share of outputs repeating beyond the reference."""
+    import sacrebleu
+
+    rep = sum(repeats_beyond_reference(h, r) for h, r in zip(hyps, refs, strict=True))
+    return {
+        "sentences": len(refs),
+        "bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
+        "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2),
+        "repeated_ngram_share": rep / len(refs) if refs else 0.0,
+    }
+
+
+def translator_quality(engine: TranslatorEngine, rows: list[dict[str, str]]) -> dict[str, object]:
+    hyps = translate_rows(engine, [r["en"] for r in rows])
     refs = [r["de"] for r in rows]
     rep = [repeats_beyond_reference(h, r) for h, r in zip(hyps, refs, strict=True)]
     return {
-        "sentences": len(rows),
-        "bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
-        "chrf": round(sacrebleu.corpus_chrf(hyps, [refs]).score, 2),
-        "repeated_ngram_share": sum(rep) / len(rows),
+        **translation_scores(hyps, refs),
         "repeated_examples": [{"hyp": h, "ref": r} for h, r, x in zip(hyps, refs, rep, strict=True) if x][:10],
         "examples": [{"en": r["en"], "ref": r["de"], "hyp": h} for r, h in list(zip(rows, hyps, strict=True))[:10]],
     }

@@ -110,6 +110,17 @@ HELD_OUT = frozenset(
     "at-spi2-core software-properties polkit adduser".split()
 )
 
+
+def is_held_out(name: str) -> bool:
+    """A package or catalog named after a held-out project (`libglib2.0-data`, `gnupg2`, `gtk20.mo`):
+    its name, lower case without dashes and plus signs, contains a held-out one."""
+
+    def squash(text: str) -> str:
+        return text.lower().replace("-", "").replace("+", "")
+
+    return any(squash(h) in squash(name) for h in HELD_OUT)
+
+
 VADER_FILES = {
     "movieReviewSnippets_GroundTruth.txt": "vader_movie",
     "tweets_GroundTruth.txt": "vader_tweets",
