@@ -402,20 +402,43 @@ def convert_ct2(model_dir: Path, out: Path, s: Shape) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def matmul_ceiling(threads: int, m: int, k: int, n: int, timing: Timing) -> float:
+def matmul_ceiling(threads: int, m: int, k: int, n: int, timing: Timing, int8: bool = False) -> float:
+    """GFLOP/s (2 per multiply-add) of one ORT weight matmul (m, k) x (k, n): fp32 MatMul, or with
+    `int8` the MatMulIntegerToFloat the int8 graphs run (uint8 activations, int8 weights, scales,
+    zero points, a bias), fed already-quantized inputs: the kernel alone, the most an int8 graph's
+    matmuls can do."""
     from onnx import TensorProto, helper, numpy_helper
 
-    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((k, n)).astype(np.float32), "W")
+    rng = np.random.default_rng(0)
+    if int8:
+        inits = [
+            numpy_helper.from_array(rng.integers(-127, 128, (k, n)).astype(np.int8), "W"),
+            numpy_helper.from_array(np.array(0.02, np.float32), "a_scale"),
+            numpy_helper.from_array(np.full(n, 0.01, np.float32), "w_scale"),
+            numpy_helper.from_array(np.array(128, np.uint8), "a_zero"),
+            numpy_helper.from_array(np.zeros(n, np.int8), "w_zero"),
+            numpy_helper.from_array(np.zeros(n, np.float32), "bias"),
+        ]
+        node = helper.make_node(
+            "MatMulIntegerToFloat",
+            ["A", "W", "a_scale", "w_scale", "a_zero", "w_zero", "bias"],
+            ["Y"],
+            domain="com.microsoft",
+        )
+        a_type, a = TensorProto.UINT8, rng.integers(0, 256, (m, k)).astype(np.uint8)
+    else:
+        inits = [numpy_helper.from_array(rng.standard_normal((k, n)).astype(np.float32), "W")]
+        node = helper.make_node("MatMul", ["A", "W"], ["Y"])
+        a_type, a = TensorProto.FLOAT, rng.standard_normal((m, k)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["A", "W"], ["Y"])],
+        [node],
         "matmul",
-        [helper.make_tensor_value_info("A", TensorProto.FLOAT, [m, k])],
+        [helper.make_tensor_value_info("A", a_type, [m, k])],
         [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [m, n])],
-        [w],
+        inits,
     )
-    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
-    sess = runtime.make_session(proto.SerializeToString(), ["CPUExecutionProvider"], threads)
-    a = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
+    sess = runtime.make_session(helper.make_model(graph, opset_imports=opsets).SerializeToString(), ["cpu"], threads)
     sec, _, _ = median_seconds(lambda: sess.run(["Y"], {"A": a}), timing)
     return 2.0 * m * k * n / sec / 1e9
 
@@ -655,6 +678,19 @@ def measure_tool(args: argparse.Namespace, tool: str) -> list[dict[str, object]]
                     "what": f"32x{s.d_model}x{s.ffn} (a decode step's FFN)",
                     "gflops": matmul_ceiling(args.threads, 32, s.d_model, s.ffn, bench.timing),
                 },
+                *(
+                    {
+                        "tool": "matmul",
+                        "what": f"{32 * s.clf_len}x{s.d_model}x{s.ffn} (the classifier's FFN at batch 32){suffix}",
+                        "gflops": matmul_ceiling(args.threads, 32 * s.clf_len, s.d_model, s.ffn, bench.timing, int8),
+                    }
+                    for int8, suffix in ((False, ""), (True, " int8"))
+                ),
+                {
+                    "tool": "matmul",
+                    "what": f"{big}x{big}x{big} int8",
+                    "gflops": matmul_ceiling(args.threads, big, big, big, bench.timing, int8=True),
+                },
             ]
         if tool in {"ours", "ours-int8", "uncached", "torch"}:
             bench.ours({tool})
@@ -795,32 +831,36 @@ def markdown(results: dict[str, object]) -> str:
         return max(found, key=lambda r: r["tokens_per_s"]) if found else None
 
     tools = [t for t in names if any(r["tool"] == t for r in rows)]
-    peak = max((results.get("matmul_gflops") or {0: 0.0}).values())  # type: ignore[union-attr]
-    head = [f"{'greedy' if beam == 1 else f'beam {beam}'}, batch {b}" for beam, b in cases]
-    out = [
-        "Tokens/s (output tokens of the best hypothesis; in brackets × the faster CTranslate2 configuration "
-        "of the same precision); "
-        f"{s.src_len} source and "
-        f"{s.new_tokens} new tokens per sentence, {results['threads']} threads, {results['machine']['cpu']}.",  # type: ignore[index]
-        "",
-        "| tool | " + " | ".join(head) + " |",
-        "|---|" + "---:|" * len(head),
-    ]
-    for t in tools:
-        cells = []
-        for beam, b in cases:
-            r, ref = by.get((t, b, beam)), best_ct2(t, b, beam)
-            if r is None:
-                cells.append("–")
-                continue
-            ratio = f" ({r['tokens_per_s'] / ref['tokens_per_s']:.2f}×)" if ref and not t.startswith("ct2") else ""
-            cells.append(f"{r['tokens_per_s']:,.0f}{ratio}{_mark(r, ref)}")
-        out.append(f"| {names[t]} | " + " | ".join(cells) + " |")
-    if peak:
-        cells = [f"{peak * 1e9 * s.new_tokens * b / translate_flops(s, b, beam):,.0f}" for beam, b in cases]
-        out.append(f"| ceiling at {peak:.0f} GFLOP/s (ORT MatMul) | " + " | ".join(cells) + " |")
-        cells = [f"{by[('ours', b, beam)]['gflops']:.0f}" if ("ours", b, beam) in by else "–" for beam, b in cases]
-        out.append("| this engine, achieved GFLOP/s | " + " | ".join(cells) + " |")
+    ceilings: dict[str, float] = results.get("matmul_gflops") or {}  # type: ignore[assignment]
+    peak = max((v for what, v in ceilings.items() if not what.endswith("int8")), default=0.0)
+    peak_int8 = max((v for what, v in ceilings.items() if what.endswith("int8")), default=0.0)
+    out: list[str] = []
+    if rows:
+        head = [f"{'greedy' if beam == 1 else f'beam {beam}'}, batch {b}" for beam, b in cases]
+        out += [
+            "Tokens/s (output tokens of the best hypothesis; in brackets × the faster CTranslate2 configuration "
+            "of the same precision); "
+            f"{s.src_len} source and "
+            f"{s.new_tokens} new tokens per sentence, {results['threads']} threads, {results['machine']['cpu']}.",  # type: ignore[index]
+            "",
+            "| tool | " + " | ".join(head) + " |",
+            "|---|" + "---:|" * len(head),
+        ]
+        for t in tools:
+            cells = []
+            for beam, b in cases:
+                r, ref = by.get((t, b, beam)), best_ct2(t, b, beam)
+                if r is None:
+                    cells.append("–")
+                    continue
+                ratio = f" ({r['tokens_per_s'] / ref['tokens_per_s']:.2f}×)" if ref and not t.startswith("ct2") else ""
+                cells.append(f"{r['tokens_per_s']:,.0f}{ratio}{_mark(r, ref)}")
+            out.append(f"| {names[t]} | " + " | ".join(cells) + " |")
+        if peak:
+            cells = [f"{peak * 1e9 * s.new_tokens * b / translate_flops(s, b, beam):,.0f}" for beam, b in cases]
+            out.append(f"| ceiling at {peak:.0f} GFLOP/s (ORT MatMul) | " + " | ".join(cells) + " |")
+            cells = [f"{by[('ours', b, beam)]['gflops']:.0f}" if ("ours", b, beam) in by else "–" for beam, b in cases]
+            out.append("| this engine, achieved GFLOP/s | " + " | ".join(cells) + " |")
     clf: list[dict] = results.get("classifier") or []  # type: ignore[assignment]
     if clf:
         batches = sorted({r["batch"] for r in clf})
@@ -834,6 +874,16 @@ def markdown(results: dict[str, object]) -> str:
                 ratio = f" ({r['sequences_per_s'] / ref['sequences_per_s']:.2f}×)" if r and ref and t != "torch" else ""
                 cells.append(f"{r['sequences_per_s']:,.0f}{ratio}{_mark(r, ref)}" if r else "–")
             out.append(f"| {t} | " + " | ".join(cells) + " |")
+        eager = cb.get(("torch", max(batches)))
+        if eager and peak:
+            need = eager["gflops"]  # the eager run's achieved GFLOP/s: what a multiple of its speed needs
+            out += [
+                "",
+                f"At batch {max(batches)}, PyTorch eager achieves {need:.0f} GFLOP/s: 2× its speed needs "
+                f"{2 * need:.0f} GFLOP/s against the fastest fp32 ORT MatMul measured here, {peak:.0f}"
+                + (f"; 3.5× needs {3.5 * need:.0f} against the fastest int8 one, {peak_int8:.0f}" if peak_int8 else "")
+                + ".",
+            ]
     if contended_cases(results):
         out += ["", f"† measured while other processes used over {CONTENDED:.0%} of the CPUs: not a clean number."]
     return "\n".join(out)
