@@ -861,6 +861,19 @@ def markdown(results: dict[str, object]) -> str:
             out.append(f"| ceiling at {peak:.0f} GFLOP/s (ORT MatMul) | " + " | ".join(cells) + " |")
             cells = [f"{by[('ours', b, beam)]['gflops']:.0f}" if ("ours", b, beam) in by else "–" for beam, b in cases]
             out.append("| this engine, achieved GFLOP/s | " + " | ".join(cells) + " |")
+        int8 = [by.get(("ours-int8", b, beam)) for beam, b in cases]
+        if peak_int8 and any(int8):
+            cells = [f"{r['gflops']:.0f}" if r else "–" for r in int8]
+            label = f"this engine int8, achieved GOP/s (int8 MatMul: {peak_int8:.0f})"
+            out.append(f"| {label} | " + " | ".join(cells) + " |")
+        fp32 = [by.get(("ours", b, beam)) for beam, b in cases]
+        if any(a and f for a, f in zip(int8, fp32, strict=True)):
+            ratios = [
+                f"{h} {a['tokens_per_s'] / f['tokens_per_s']:.2f}×"
+                for h, a, f in zip(head, int8, fp32, strict=True)
+                if a and f
+            ]
+            out += ["", "This engine, int8 ÷ fp32 tokens/s: " + "; ".join(ratios) + "."]
     clf: list[dict] = results.get("classifier") or []  # type: ignore[assignment]
     if clf:
         batches = sorted({r["batch"] for r in clf})
