@@ -1,6 +1,11 @@
 """`create_app(settings)`: wiring only. The lifespan loads, verifies and warms up the models in the
 background, so /healthz answers at once and /readyz turns 200 only when every model is warm; on
 shutdown the tasks finish admitted work (up to SERVE_DRAIN_TIMEOUT_S).
+
+Every route is declared once in the route table (`service.http.table`): REST, the Open Inference
+Protocol, the LibreTranslate API, the page and the API document's own routes. A request goes
+router -> request context -> API keys -> body limit -> the route's handler (`service.http.dispatch`);
+FastAPI stays the application (lifespan, state, the documentation pages), not the router.
 """
 
 from __future__ import annotations
@@ -13,17 +18,16 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI
-from fastapi.routing import APIRoute
-from starlette.middleware import Middleware
 from starlette.types import ASGIApp
 
 from service import priority
-from service.http import errors, libretranslate, oip, openapi, page, routes
+from service.http import libretranslate, oip, openapi, page, rest
 from service.http.auth import ApiKeys
-from service.http.direct import DirectTaskRoutes
+from service.http.dispatch import Endpoint, Router
 from service.http.middleware import BodyLimit, RequestContext
 from service.http.schemas import OipInferRequest
 from service.http.state import AppState
+from service.http.table import RouteTable
 from service.metrics import Metrics
 from service.priority import lower_priority
 from service.serving import ModelSet, freeze_heap
@@ -35,19 +39,19 @@ log = logging.getLogger(__name__)
 
 
 class ServiceApp(FastAPI):
-    """FastAPI with the service's own middleware (`outer_middleware`, outermost first) around its
-    whole stack: request context, API keys, body limit and the direct task path run before
-    FastAPI's error, telemetry and body-limit layers, so a task request the direct path answers
-    never enters them (they cost the event loop more than its routing; py-spy). An exception
-    nothing handled becomes `RequestContext`'s one 500 answer."""
+    """FastAPI as the application (lifespan, state), with the route table's one request path as
+    its whole stack: none of FastAPI's own routing or middleware runs for a request."""
 
-    outer_middleware: list[Middleware]
+    table: RouteTable
+    settings: Settings
 
     def build_middleware_stack(self) -> ASGIApp:
-        app = super().build_middleware_stack()
-        for cls, args, kwargs in reversed(self.outer_middleware):
-            app = cls(app, *args, **kwargs)
-        return app
+        s = self.settings
+        app: ASGIApp = Endpoint(lifespan=self.router)
+        app = BodyLimit(app, max_bytes=s.max_body_bytes, body_timeout=s.body_timeout_s)
+        app = ApiKeys(app, keys=s.api_key_list)
+        app = RequestContext(app, metrics=self.state.serve.metrics, max_in_flight=s.max_in_flight)
+        return Router(app, self.table)
 
 
 def create_app(settings: Settings) -> ServiceApp:
@@ -76,44 +80,20 @@ def create_app(settings: Settings) -> ServiceApp:
             executor.shutdown(wait=False, cancel_futures=True)
             gc.unfreeze()  # the models closed: their objects may be collected like any other
 
-    otel = settings.opentelemetry  # off by default: Prometheus has the figures, and FastAPI's
-    # per-request check for an OpenTelemetry provider cost about 8 % of a small request (py-spy)
     app = ServiceApp(
-        title="transformer-serve",
-        summary="Transformer text models (classification, translation) over ONNX Runtime",
+        title=openapi.TITLE,
         lifespan=lifespan,
-        telemetry={"tracing": otel, "metrics": otel, "logs": otel},
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,  # the table declares the document and its pages
     )
     app.state.serve = state
     rules = field_rules(*(cls.Request for cls in tasks), OipInferRequest)
-    errors.install(app, rules)
-    openapi.install(app, settings, state.models)
-    routers = [routes.router, routes.task_router(tasks), oip.router, libretranslate.router, page.router]
-    for router in routers:
-        app.include_router(router)
-    post_routes = [
-        r.path_regex
-        for router in routers
-        for r in router.routes
-        if isinstance(r, APIRoute) and "POST" in (r.methods or ())
-    ]
-    task_paths = frozenset(cls.rest_path for cls in tasks)
-    app.outer_middleware = [
-        Middleware(
-            RequestContext,
-            metrics=metrics,
-            endpoints=task_paths | {"/libretranslate/translate"},
-            max_in_flight=settings.max_in_flight,
-        ),
-        Middleware(ApiKeys, keys=settings.api_key_list, task_paths=task_paths),
-        Middleware(
-            BodyLimit,
-            max_bytes=settings.max_body_bytes,
-            accepts_body=lambda path: any(rx.match(path) for rx in post_routes),
-            body_timeout=settings.body_timeout_s,
-        ),
-        Middleware(DirectTaskRoutes, tasks=tasks, rules=rules),
-    ]
+    api = [*rest.routes(tasks, rules), *oip.routes(), *libretranslate.routes(), *page.routes()]
+    document = openapi.builder(tuple(api), settings, state.models)
+    app.table = RouteTable([*api, *openapi.routes(document)])
+    app.settings = settings
+    app.openapi = document  # type: ignore[method-assign]
     return app
 
 
@@ -126,13 +106,13 @@ async def start_models(state: AppState) -> None:
         freeze_heap()
     except Exception:
         log.exception("loading the models failed")
-        models.problems.append("loading the models failed (see the log)")
-        models.loaded = True
+        models.fail("loading the models failed (see the log)")
         return
-    if models.ready:
-        log.info("ready: serving %s", ", ".join(f"{m.name}/{m.version}" for m in models.models.values()))
+    snapshot = models.snapshot()
+    if snapshot.ready:
+        log.info("ready: serving %s", ", ".join(f"{v.name}/{v.version}" for v in snapshot.serving()))
     else:
-        log.error("not ready: %s", "; ".join(models.not_ready_reasons()))
+        log.error("not ready: %s", "; ".join(snapshot.reasons))
     interval = state.settings.watch_interval_s
     if interval > 0:
         state.watcher = asyncio.create_task(models.watch(interval), name="store-watcher")

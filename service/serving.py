@@ -413,3 +413,63 @@ def _task_name(entry: store.StoreEntry) -> str | None:
         return read_manifest(entry.folder).task
     except ManifestError:
         return None
+
+
+# --- TEMPORARY SHIM (replaced by the lifecycle branch) ---
+import enum  # noqa: E402
+
+
+class VersionState(enum.StrEnum):
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    UNLOADED = "unloaded"
+    REFUSED = "refused"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class VersionView:
+    name: str
+    version: int
+    task_name: str | None
+    state: VersionState
+    current: bool
+    error: str | None
+    task: Task | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    versions: tuple[VersionView, ...]
+    ready: bool
+    reasons: tuple[str, ...]
+
+    def serving(self) -> tuple[VersionView, ...]:
+        return tuple(v for v in self.versions if v.current and v.state is VersionState.READY)
+
+    def model(self, name: str) -> tuple[VersionView, ...]:
+        return tuple(v for v in self.versions if v.name == name)
+
+
+def _snapshot(self: ModelSet) -> Snapshot:
+    out = []
+    for m in self.models.values():
+        for v in sorted(m.versions.values(), key=lambda v: v.version):
+            st = VersionState.UNLOADED if m.unloaded else VersionState(v.status)
+            out.append(VersionView(m.name, v.version, v.task_name, st, v.version == m.current, v.error, v.task))
+        for version, reason in sorted({**m.refused, **m.failed}.items()):
+            if version not in m.versions:
+                out.append(VersionView(m.name, version, None, VersionState.REFUSED, False, reason, None))
+        if not m.versions and m.unloaded:
+            out.append(VersionView(m.name, m.version, m.task_name, VersionState.UNLOADED, False, None, None))
+    return Snapshot(tuple(out), self.ready, () if self.ready else tuple(self.not_ready_reasons()))
+
+
+def _fail(self: ModelSet, problem: str) -> None:
+    self.problems.append(problem)
+    self.loaded = True
+
+
+ModelSet.snapshot = _snapshot  # type: ignore[attr-defined]
+ModelSet.fail = _fail  # type: ignore[attr-defined]

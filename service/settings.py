@@ -92,9 +92,6 @@ class Settings(BaseSettings):
         default=16384, ge=1024, le=1_048_576, description="a request's headers above this get 431 (and a close)"
     )
     keepalive_timeout_s: float = Field(default=5.0, ge=1, le=600, description="an idle keep-alive connection is closed")
-    opentelemetry: bool = Field(
-        default=False, description="FastAPI's own OpenTelemetry spans and metrics (a configured provider needed)"
-    )
     # 128: at 4x overload on one core, 512 let requests wait seconds in the accept queue before the
     # first refusal (bench/reliability.py); the queues' own admission bounds the work in flight anyway
     max_in_flight: int = Field(

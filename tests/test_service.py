@@ -556,7 +556,9 @@ async def test_the_loaded_heap_is_frozen_and_a_retired_version_is_freed(tiny_sto
 async def test_beyond_max_in_flight_a_request_gets_503_at_once_and_probes_still_answer() -> None:
     """The cheapest refusal under overload: before the body is read, with Retry-After; the
     orchestrator's probes and /metrics are never refused."""
+    from service.http.dispatch import Router
     from service.http.middleware import RequestContext
+    from service.http.table import Route, RouteTable
     from service.metrics import Metrics
 
     release = asyncio.Event()
@@ -567,7 +569,16 @@ async def test_beyond_max_in_flight_a_request_gets_503_at_once_and_probes_still_
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": b"{}"})
 
-    app = RequestContext(slow_app, Metrics(), frozenset({"/translate"}), max_in_flight=2)
+    async def unused(call: Any) -> Any:
+        raise AssertionError("the stub app answers")
+
+    table = RouteTable(
+        [
+            Route("/translate", ("POST",), unused, "translate"),
+            *(Route(p, ("GET",), unused, p, probe=True) for p in ("/readyz", "/healthz", "/metrics")),
+        ]
+    )
+    app = Router(RequestContext(slow_app, Metrics(), max_in_flight=2), table)
     transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
     async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
         held = [asyncio.create_task(c.post("/translate", json={})) for _ in range(2)]
@@ -605,69 +616,6 @@ async def test_decode_options_are_checked_against_the_model_even_without_sentenc
     limit = next(m for m in (await client.get("/v1/models")).json()["models"] if m["name"] == "tiny-mt")
     r = await client.post("/translate", json={"texts": [""], "max_new_tokens": limit["max_new_tokens"] + 1})
     assert r.status_code == 422 and "max_new_tokens" in r.json()["error"]
-
-
-async def test_the_direct_task_path_answers_as_the_fastapi_routes_do(tiny_store: Path) -> None:
-    """POSTs to task routes and to OIP infer skip FastAPI (`service.http.direct`); without that
-    middleware the same bodies reach the FastAPI routes, and every answer (status, content type,
-    body) must be the same."""
-    from service.http.direct import DirectTaskRoutes
-
-    bodies: list[tuple[str, bytes, dict[str, str]]] = [
-        ("/predict", b'{"texts": ["good", "bad"]}', {"content-type": "application/json"}),
-        ("/translate", b'{"texts": ["open the file"], "beam_size": 2, "return_scores": true}', {}),
-        ("/predict", b'{"texts": ["a"', {"content-type": "application/json"}),
-        ("/predict", b'{"texts": ["\xff"]}', {"content-type": "application/json"}),
-        ("/predict", b"", {"content-type": "application/json"}),
-        ("/predict", b"[1, 2]", {"content-type": "application/json"}),
-        ("/predict", b'{"texts": [], "extra": 1}', {"content-type": "application/json"}),
-        ("/predict", b'{"texts": ["a"], "model": "nope"}', {"content-type": "application/json"}),
-        ("/translate", b'{"texts": ["a"], "length_penalty": NaN}', {"content-type": "application/json"}),
-        (
-            "/translate",
-            b'{"texts": ["a"], "beam_size": 4.0, "max_new_tokens": 3}',
-            {"content-type": "application/json"},
-        ),
-        ("/translate", b'{"texts": ["ok", "bad \\ud800 text"]}', {"content-type": "application/json"}),
-        ("/predict", b"[" * 100_000 + b"]" * 100_000, {"content-type": "application/json"}),
-    ]
-    infer = json.dumps({"id": "7", "inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": ["a", "b"]}]})
-    binary_head = json.dumps(
-        {
-            "inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": 6}}],
-            "parameters": {"binary_data_output": True},
-        }
-    ).encode()
-    oip_bodies: list[tuple[str, bytes, dict[str, str]]] = [
-        ("/v2/models/tiny-clf/infer", infer.encode(), {"content-type": "application/json"}),
-        ("/v2/models/tiny-mt/versions/1/infer", infer.encode(), {}),
-        (
-            "/v2/models/tiny-clf/infer",
-            binary_head + b"\x02\x00\x00\x00ok",
-            {"inference-header-content-length": str(len(binary_head))},
-        ),
-        ("/v2/models/tiny-clf/versions/9/infer", infer.encode(), {}),
-        ("/v2/models/tiny-clf/versions/x/infer", infer.encode(), {}),
-        ("/v2/models/tiny-clf/versions/" + "9" * 30 + "/infer", infer.encode(), {}),  # not an int64
-        ("/v2/models/tiny-clf/versions/" + "9" * 5000 + "/infer", infer.encode(), {}),  # nor a Python int
-        ("/v2/models/nope/infer", infer.encode(), {}),
-        ("/v2/models/tiny-clf/infer", b'{"inputs": [', {}),
-        ("/v2/models/tiny-clf/infer", infer.replace("BYTES", "FP32").encode(), {}),
-        ("/v2/models/tiny-clf/infer", b"", {}),
-    ]
-    answers = []
-    for direct in (True, False):
-        application = create_app(settings(tiny_store, max_wait_ms=0))
-        if not direct:
-            application.outer_middleware = [m for m in application.outer_middleware if m.cls is not DirectTaskRoutes]
-        async with serving(application) as c:
-            got = [await c.post(p, content=b, headers=h) for p, b, h in [*bodies, *oip_bodies]]
-            answers.append([(r.status_code, r.headers.get("content-type"), r.content) for r in got])
-    assert answers[0] == answers[1]
-    statuses = [status for status, _, _ in answers[0]]
-    rest = [200, 200, 400, 400, 422, 422, 422, 404, 422, 200, 422, 400]
-    assert statuses == [*rest, 200, 200, 200, 404, 422, 404, 422, 404, 400, 422, 422]
-    assert answers[0][len(bodies) + 2][1] == "application/octet-stream"  # the binary answer
 
 
 async def test_json_nested_deeper_than_the_parser_goes_is_a_400_everywhere(client: httpx.AsyncClient) -> None:

@@ -7,7 +7,6 @@ import shutil
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -21,10 +20,23 @@ from service.engine.tokenizer import TextCodec
 from service.settings import Settings
 from service.store import StoreEntry, read_pinned
 from service.tasks import registry
-from service.tasks.base import OutputTensor, ResponseModel, Task, TaskContext, TensorSpec, TextsRequest
+from service.tasks.base import (
+    OutputTensor,
+    ResponseModel,
+    StrictModel,
+    Task,
+    TaskContext,
+    TensorSpec,
+    TextsRequest,
+    Work,
+)
 
 
-class CountRequest(TextsRequest):
+class CountOptions(StrictModel):
+    pass
+
+
+class CountRequest(TextsRequest, CountOptions):
     pass
 
 
@@ -41,6 +53,7 @@ class TokenCountTask(Task):
     rest_path = "/count"
     summary = "Count tokens"
     default_setting = "default_token_counter"  # no such setting: the only model of the task is the default
+    Options = CountOptions
     Request = CountRequest
     Response = CountResponse
 
@@ -69,12 +82,14 @@ class TokenCountTask(Task):
     def outputs(self) -> list[TensorSpec]:
         return [TensorSpec("count", "INT64", [-1])]
 
-    async def answer(self, body: TextsRequest, deadline: float) -> CountResponse:
-        counts = [self.codec.count(t) for t in body.texts]
-        return CountResponse(model=self.entry.name, version=self.entry.version, counts=counts)
+    async def run(self, work: Work) -> list[int]:
+        return [self.codec.count(t) for t in work.texts]
 
-    async def infer(self, texts: list[str], parameters: Mapping[str, Any], deadline: float) -> list[OutputTensor]:
-        return [OutputTensor("count", "INT64", [len(texts)], [self.codec.count(t) for t in texts])]
+    def tensors(self, result: list[int]) -> list[OutputTensor]:
+        return [OutputTensor("count", "INT64", [len(result)], result)]
+
+    def rest_answer(self, body: TextsRequest, result: list[int]) -> CountResponse:
+        return CountResponse(model=self.entry.name, version=self.entry.version, counts=result)
 
 
 def counter_version(folder: Path, tokenizer: Tokenizer) -> None:

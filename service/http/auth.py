@@ -1,21 +1,18 @@
-"""API keys: `SERVE_API_KEYS` set means every inference and repository endpoint wants
-`Authorization: Bearer <key>` (401 otherwise); health, readiness, metrics and metadata stay open.
-Keys are compared in constant time and never logged. The LibreTranslate API checks its own
-`api_key` parameter (403, as its clients expect), see `service.http.libretranslate`.
+"""API keys: with `SERVE_API_KEYS` set, a route declared `Auth.BEARER` wants
+`Authorization: Bearer <key>` (401 otherwise), checked here before its body is read; routes
+declared `Auth.PARAM` (the LibreTranslate API) check their own `api_key` parameter with
+`key_allowed` (403, as its clients expect). Keys are compared in constant time and never logged.
 """
 
 from __future__ import annotations
 
 import hmac
-import re
 from collections.abc import Sequence
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.http.errors import error_response
-
-# Inference and repository routes; the REST task routes are added by the app (one per task).
-PROTECTED = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$|^/v2/repository(/|$)")
+from service.http.table import Auth, matched
 
 
 def key_allowed(given: str, keys: Sequence[str]) -> bool:
@@ -26,26 +23,32 @@ def key_allowed(given: str, keys: Sequence[str]) -> bool:
     return found and bool(given)
 
 
-class ApiKeys:
-    """ASGI middleware: 401 with the one error format for a protected path without a valid key."""
+def bearer(authorization: str | None) -> str:
+    """The key of an `Authorization: Bearer <key>` header; "" for none."""
+    if authorization and authorization[:7].lower() == "bearer ":
+        return authorization[7:].strip()
+    return ""
 
-    def __init__(self, app: ASGIApp, keys: Sequence[str], task_paths: frozenset[str]) -> None:
-        self.app, self.keys, self.task_paths = app, tuple(keys), task_paths
+
+class ApiKeys:
+    """ASGI middleware: 401 in the route's error shape for a `Auth.BEARER` route without a valid key."""
+
+    def __init__(self, app: ASGIApp, keys: Sequence[str]) -> None:
+        self.app, self.keys = app, tuple(keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = scope.get("path", "")
-        if scope["type"] != "http" or not self.keys or not (path in self.task_paths or PROTECTED.match(path)):
+        found = matched(scope) if self.keys and scope["type"] == "http" else None
+        route = found.route if found is not None else None
+        if route is None or route.auth is not Auth.BEARER:
             await self.app(scope, receive, send)
             return
         given = ""
         for name, value in scope.get("headers", ()):
             if name == b"authorization":
-                text = value.decode("latin-1")
-                if text[:7].lower() == "bearer ":
-                    given = text[7:].strip()
+                given = bearer(value.decode("latin-1"))
         if not key_allowed(given, self.keys):
             message = "a valid API key is required: Authorization: Bearer <key>"
-            response = error_response(path, message, "unauthorized")
+            response = error_response(route.protocol, message, "unauthorized")
             response.headers["WWW-Authenticate"] = 'Bearer realm="transformer-serve"'
             await response(scope, receive, send)
             return

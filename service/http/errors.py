@@ -1,20 +1,18 @@
-"""Every error answer of the service: one JSON shape, and the one mapping of error kinds to HTTP status.
+"""Every error answer of the service: the one mapping of error kinds to statuses, and each
+protocol's error body.
 
-REST endpoints answer ``{"error": "<message>", "type": "<kind>"}``; the Open Inference Protocol
-endpoints (``/v2...``) answer ``{"error": "<message>"}`` as that protocol says. FastAPI's
-``{"detail": ...}`` bodies are replaced. Messages never echo request values, and the JSON is
-ASCII-escaped, so odd input (lone surrogates) cannot break an error answer.
+REST routes answer ``{"error": "<message>", "type": "<kind>"}``; the Open Inference Protocol and
+the LibreTranslate API answer ``{"error": "<message>"}`` as they say, LibreTranslate with its own
+codes (every client error is a 400, a missing key a 403). Which applies is the route's declared
+protocol (`service.http.table.Route.protocol`). Messages never echo request values, and the JSON
+is ASCII-escaped, so odd input (lone surrogates) cannot break an error answer.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from service.errors import (
@@ -29,12 +27,13 @@ from service.errors import (
     ServiceError,
     ShuttingDown,
 )
-from service.validation import describe_validation
+from service.http.table import Protocol
 
 HTTP_STATUS: dict[str, int] = {
     InvalidJson.kind: 400,
     "bad_request": 400,
     "unauthorized": 401,
+    "forbidden": 403,
     "not_found": 404,
     "method_not_allowed": 405,
     "request_timeout": 408,
@@ -54,11 +53,23 @@ HTTP_STATUS: dict[str, int] = {
 RETRY_AFTER_S: dict[str, int] = {QueueFull.kind: 1, NotReady.kind: 5, ShuttingDown.kind: 5, "overloaded": 1}
 """`Retry-After` seconds sent with these kinds."""
 
-HTTP_KINDS = {400: "bad_request", 404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}
+LT_FOLDED = {401: 403, 404: 400, 413: 400, 415: 400, 422: 400}
+"""LibreTranslate's codes: a bad request of any sort is a 400, a key problem a 403."""
 
 
-def http_status(kind: str) -> int:
-    return HTTP_STATUS.get(kind, 500)
+class Forbidden(ServiceError):
+    kind = "forbidden"
+
+
+class NotFound(ServiceError):
+    """No such thing at this path (a file, a figure); unknown models are `ModelNotFound`."""
+
+    kind = "not_found"
+
+
+def status_of(protocol: Protocol, kind: str) -> int:
+    status = HTTP_STATUS.get(kind, 500)
+    return LT_FOLDED.get(status, status) if protocol is Protocol.LIBRETRANSLATE else status
 
 
 class AsciiJSONResponse(JSONResponse):
@@ -66,48 +77,14 @@ class AsciiJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
-def error_response(
-    path: str, message: str, kind: str, status: int | None = None, retry_after: int | None = None
-) -> Response:
-    status = status or http_status(kind)
+def error_response(protocol: Protocol, message: str, kind: str, retry_after: int | None = None) -> Response:
     body: dict[str, str] = {"error": message}
-    if not path.startswith("/v2"):
+    if protocol is Protocol.REST:
         body["type"] = kind
     retry_after = retry_after or RETRY_AFTER_S.get(kind)
     headers = {"Retry-After": str(retry_after)} if retry_after else None
-    return AsciiJSONResponse(body, status_code=status, headers=headers)
+    return AsciiJSONResponse(body, status_code=status_of(protocol, kind), headers=headers)
 
 
-def install(app: FastAPI, rules: Mapping[str, str]) -> None:
-    """Error handlers for domain errors, validation errors (messages with `rules`) and HTTP errors."""
-
-    async def service_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ServiceError)
-        return error_response(request.url.path, str(exc) or exc.kind, exc.kind, retry_after=exc.retry_after)
-
-    async def validation_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        errors = exc.errors()
-        if errors and errors[0].get("type") == "json_invalid":
-            detail = (errors[0].get("ctx") or {}).get("error", "malformed")
-            pos = errors[0].get("loc", ("body", "?"))[-1]
-            return error_response(request.url.path, f"invalid JSON at position {pos}: {detail}", "invalid_json")
-        return error_response(request.url.path, describe_validation(errors, rules), "invalid_input")
-
-    async def http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, HTTPException)
-        kind = HTTP_KINDS.get(exc.status_code, "error")
-        message = exc.detail if isinstance(exc.detail, str) else kind
-        response = error_response(request.url.path, message, kind, exc.status_code)
-        if exc.headers:
-            response.headers.update(exc.headers)
-        return response
-
-    async def internal_error(request: Request, exc: Exception) -> Response:
-        # FastAPI's outermost layer answers with this and re-raises: `RequestContext` logs it
-        return error_response(request.url.path, "internal server error", "internal_error")
-
-    app.add_exception_handler(Exception, internal_error)
-    app.add_exception_handler(ServiceError, service_error)
-    app.add_exception_handler(RequestValidationError, validation_error)
-    app.add_exception_handler(HTTPException, http_error)
+def answer_error(protocol: Protocol, exc: ServiceError) -> Response:
+    return error_response(protocol, str(exc) or exc.kind, exc.kind, exc.retry_after)

@@ -12,132 +12,107 @@ There is no language detector here, so `/detect` answers that detection is disab
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, Request
-from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp
 
-from service.errors import NotReady, QueueFull, ServiceError
+from service.errors import InvalidInput
 from service.http import html_text, schemas
-from service.http.auth import key_allowed
-from service.http.errors import RETRY_AFTER_S, http_status
-from service.http.state import admit, get_state, set_model
-from service.tasks.base import Task
-from service.tasks.translation import TranslateRequest, TranslateResponse, TranslationTask
-
-router = APIRouter(prefix="/libretranslate")
+from service.http.auth import bearer, key_allowed
+from service.http.dispatch import Call, json_answer
+from service.http.errors import Forbidden
+from service.http.table import Auth, Protocol, Route
+from service.tasks.base import Task, Work
+from service.tasks.translation import Translated
 
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "nl": "Dutch"}
 MAX_ALTERNATIVES = 3
 FORM = "application/x-www-form-urlencoded"
+TRANSLATE_BODY = {
+    "type": "object",
+    "required": ["q", "source", "target"],
+    "properties": {
+        "q": {
+            "anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]
+        },
+        "source": {"type": "string", "minLength": 1, "description": "a language code, or auto"},
+        "target": {"type": "string", "minLength": 1},
+        "format": {"type": "string", "enum": ["text", "html"], "default": "text"},
+        "alternatives": {"type": "integer", "minimum": 0, "maximum": MAX_ALTERNATIVES, "default": 0},
+        "api_key": {"type": "string"},
+    },
+}
+"""The translate body as JSON or form fields; parsed by hand (`_params`), as LibreTranslate takes it."""
 
 
-class LtError(Exception):
-    def __init__(self, status: int, message: str, retry_after: int | None = None) -> None:
-        super().__init__(message)
-        self.status, self.retry_after = status, retry_after
-
-
-def _answer(error: LtError) -> Response:
-    retry = error.retry_after or (RETRY_AFTER_S.get(QueueFull.kind) if error.status == 429 else None)
-    headers = {"Retry-After": str(retry)} if retry else None
-    return JSONResponse({"error": str(error)}, status_code=error.status, headers=headers)
-
-
-async def _params(request: Request) -> dict[str, Any]:
+def _params(call: Call) -> dict[str, Any]:
     """Query string, then the body (JSON object or form), later ones winning; repeated form keys are lists."""
-    out: dict[str, Any] = {k: v[0] if len(v) == 1 else v for k, v in parse_qs(request.url.query).items()}
-    body = await request.body()
-    if not body:
+    out = call.query()
+    if not call.body:
         return out
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    kind = (call.header(b"content-type") or "").split(";")[0].strip().lower()
     if kind == FORM:
-        form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+        form = parse_qs(call.body.decode("utf-8", "replace"), keep_blank_values=True)
         out |= {k: v[0] if len(v) == 1 else v for k, v in form.items()}
         return out
     try:
-        data = schemas.load_json(body)
+        data = schemas.load_json(call.body)
     except ValueError:
-        raise LtError(400, "Invalid request: the body is neither JSON nor form-encoded") from None
+        raise InvalidInput("Invalid request: the body is neither JSON nor form-encoded") from None
     if not isinstance(data, dict):
-        raise LtError(400, "Invalid request: the JSON body must be an object")
+        raise InvalidInput("Invalid request: the JSON body must be an object")
     return out | data
 
 
-def _check_key(request: Request, params: Mapping[str, Any]) -> None:
-    keys = get_state(request).settings.api_key_list
-    given = params.get("api_key")
-    if not keys:
+def _check_key(call: Call, params: Mapping[str, Any]) -> None:
+    keys = call.state.settings.api_key_list
+    if not keys or call.route.auth is not Auth.PARAM:
         return
+    given = params.get("api_key")
     if not (isinstance(given, str) and key_allowed(given, keys)) and not key_allowed(
-        _bearer(request.headers.get("authorization")), keys
+        bearer(call.header(b"authorization")), keys
     ):
-        raise LtError(403, "Invalid API key")
+        raise Forbidden("Invalid API key")
 
 
-def _bearer(header: str | None) -> str:
-    if header and header[:7].lower() == "bearer ":
-        return header[7:].strip()
-    return ""
-
-
-def _translators(request: Request) -> list[Task]:
-    """Every serving translator that declares its languages."""
+def _translators(call: Call) -> list[Task]:
+    """Every serving model that declares the languages it translates between."""
     out = []
-    for m in get_state(request).models.models.values():
-        task = m.task
-        if task is not None and m.task_name == TranslationTask.name and not m.unloaded and m.status == "ready":
-            d = task.describe()
+    for v in call.state.models.snapshot().serving():
+        if v.task is not None:
+            d = v.task.describe()
             if d.get("source_language") and d.get("target_language"):
-                out.append(task)
+                out.append(v.task)
     return out
 
 
-def _pairs(request: Request) -> dict[str, set[str]]:
+def _pairs(call: Call) -> dict[str, set[str]]:
     pairs: dict[str, set[str]] = {}
-    for task in _translators(request):
+    for task in _translators(call):
         d = task.describe()
         pairs.setdefault(str(d["source_language"]), set()).add(str(d["target_language"]))
         pairs.setdefault(str(d["target_language"]), set())
     return pairs
 
 
-def _guarded(handler: Callable[[Request], Any]) -> Callable[[Request], Any]:
-    async def run(request: Request) -> Response:
-        try:
-            return await handler(request)
-        except LtError as exc:
-            return _answer(exc)
-        except ServiceError as exc:
-            status = http_status(exc.kind)
-            status = 429 if isinstance(exc, QueueFull) else 503 if isinstance(exc, NotReady) else status
-            retry = exc.retry_after or RETRY_AFTER_S.get(exc.kind)  # the busy server's own estimate
-            return _answer(LtError(400 if status in (404, 413, 422) else status, str(exc), retry))
-
-    run.__name__ = handler.__name__
-    run.__doc__ = handler.__doc__
-    return run
-
-
-async def languages(request: Request) -> Response:
+async def languages(call: Call) -> ASGIApp:
     """The languages the served translators read, each with the languages it translates into."""
-    _check_key(request, await _params(request))
-    pairs = _pairs(request)
+    _check_key(call, _params(call))
     body = [
         {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": sorted(targets)}
-        for code, targets in sorted(pairs.items())
+        for code, targets in sorted(_pairs(call).items())
     ]
-    return JSONResponse(body)
+    return json_answer(body)
 
 
-async def frontend_settings(request: Request) -> Response:
-    settings = get_state(request).settings
-    pairs = _pairs(request)
+async def frontend_settings(call: Call) -> ASGIApp:
+    settings = call.state.settings
+    pairs = _pairs(call)
     source = next((c for c, t in sorted(pairs.items()) if t), "en")
     target = sorted(pairs.get(source, {"de"}))[0] if pairs.get(source) else "de"
-    return JSONResponse(
+    return json_answer(
         {
             "charLimit": settings.max_text_chars,
             "frontendTimeout": 500,
@@ -154,52 +129,49 @@ async def frontend_settings(request: Request) -> Response:
     )
 
 
-async def detect(request: Request) -> Response:
-    _check_key(request, await _params(request))
-    raise LtError(403, "Language detection is disabled on this server: no language detector is installed")
+async def detect(call: Call) -> ASGIApp:
+    _check_key(call, _params(call))
+    raise Forbidden("Language detection is disabled on this server: no language detector is installed")
 
 
-async def translate(request: Request) -> Response:
-    state, deadline = admit(request)
-    params = await _params(request)
-    _check_key(request, params)
+async def translate(call: Call) -> ASGIApp:
+    state, deadline = call.admit()
+    params = _params(call)
+    _check_key(call, params)
     q = params.get("q")
     if q is None or q == "" or q == []:
-        raise LtError(400, "Invalid request: missing q parameter")
+        raise InvalidInput("Invalid request: missing q parameter")
     texts = [q] if isinstance(q, str) else q
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-        raise LtError(400, "Invalid request: q must be a string or a list of strings")
+        raise InvalidInput("Invalid request: q must be a string or a list of strings")
     schemas.check_texts(texts, state.settings.max_texts, state.settings.max_text_chars, "q")
     source, target = params.get("source"), params.get("target")
     if not isinstance(source, str) or not source:
-        raise LtError(400, "Invalid request: missing source parameter")
+        raise InvalidInput("Invalid request: missing source parameter")
     if not isinstance(target, str) or not target:
-        raise LtError(400, "Invalid request: missing target parameter")
+        raise InvalidInput("Invalid request: missing target parameter")
     fmt = params.get("format", "text")
     if fmt not in ("text", "html"):
-        raise LtError(400, f"Invalid request: format must be text or html, got {fmt!r}")
+        raise InvalidInput(f"Invalid request: format must be text or html, got {fmt!r}")
     alternatives = _alternatives(params.get("alternatives", 0))
-    task = _translator(request, source, target)
-    set_model(request, task.entry.name)
+    task = _translator(call, source, target)
+    call.info.model = task.entry.name
     units = [html_text.split(t) if fmt == "html" else [t] for t in texts]
     pieces = [p for parts in units for p in (parts if fmt == "text" else parts[1::2])]
     translated: list[list[str]] = []
     if pieces:
-        body = TranslateRequest(
-            texts=pieces, decode="beam", beam_size=max(4, alternatives + 1), num_hypotheses=alternatives + 1
-        )
-        response = await task.answer(body, deadline)
-        assert isinstance(response, TranslateResponse)
-        for tr in response.translations:
-            translated.append([tr.text] + [h.text for h in (tr.hypotheses or [])[1:]])
+        wanted = {"decode": "beam", "beam_size": max(4, alternatives + 1), "num_hypotheses": alternatives + 1}
+        result = await task.run(Work(pieces, task.Options.model_validate(wanted), deadline))
+        assert isinstance(result, Translated)
+        translated = [[h.text for h in row] for row in result.rows]
     results, k = [], 0
     for parts in units:
         if fmt == "text":
-            options = translated[k]
+            options = translated[k][: alternatives + 1]
             k += 1
         else:
             texts_in = parts[1::2]
-            picked = translated[k : k + len(texts_in)]
+            picked = [row[: alternatives + 1] for row in translated[k : k + len(texts_in)]]
             k += len(texts_in)
             options = [html_text.join(parts, [p[min(i, len(p) - 1)] for p in picked]) for i in range(alternatives + 1)]
         results.append(options)
@@ -211,39 +183,76 @@ async def translate(request: Request) -> Response:
         out = {"translatedText": [r[0] for r in results]}
         if alternatives:
             out["alternatives"] = [r[1:] for r in results]
-    return JSONResponse(out)
+    return json_answer(out)
 
 
 def _alternatives(value: object) -> int:
     try:
         n = int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
-        raise LtError(400, "Invalid request: alternatives must be an integer") from None
+        raise InvalidInput("Invalid request: alternatives must be an integer") from None
     if not 0 <= n <= MAX_ALTERNATIVES:
-        raise LtError(400, f"Invalid request: alternatives must be between 0 and {MAX_ALTERNATIVES}")
+        raise InvalidInput(f"Invalid request: alternatives must be between 0 and {MAX_ALTERNATIVES}")
     return n
 
 
-def _translator(request: Request, source: str, target: str) -> Task:
-    pairs = [(t, t.describe()) for t in _translators(request)]
+def _translator(call: Call, source: str, target: str) -> Task:
+    pairs = [(t, t.describe()) for t in _translators(call)]
     if source == "auto":
         sources = {str(d["source_language"]) for _, d in pairs if d["target_language"] == target}
         if len(sources) != 1:
-            raise LtError(400, "Language detection is disabled on this server: name the source language")
+            raise InvalidInput("Language detection is disabled on this server: name the source language")
         source = sources.pop()
     if not any(d["source_language"] == source for _, d in pairs):
-        raise LtError(400, f"{source} is not supported")
+        raise InvalidInput(f"{source} is not supported")
     for task, d in pairs:
         if d["source_language"] == source and d["target_language"] == target:
             return task
-    raise LtError(400, f"{target} is not supported")
+    raise InvalidInput(f"{target} is not supported")
 
 
-for path, handler, methods in (
-    ("/translate", translate, ["POST"]),
-    ("/languages", languages, ["GET", "POST"]),
-    ("/frontend/settings", frontend_settings, ["GET"]),
-    ("/detect", detect, ["POST"]),
-):
-    # one route per path, so a 405 names every method the path takes (Allow)
-    router.add_api_route(path, _guarded(handler), methods=methods, operation_id=f"libretranslate_{handler.__name__}")
+def routes() -> list[Route]:
+    lt, param = Protocol.LIBRETRANSLATE, Auth.PARAM
+    return [
+        Route(
+            "/libretranslate/translate",
+            ("POST",),
+            translate,
+            "libretranslate_translate",
+            lt,
+            summary="Translate",
+            auth=param,
+            errors=(400, 429, 503, 504),
+            metric="/libretranslate/translate",
+            forms=True,
+            doc_extra={
+                "requestBody": {
+                    "required": True,
+                    "content": {"application/json": {"schema": TRANSLATE_BODY}, FORM: {"schema": TRANSLATE_BODY}},
+                }
+            },
+        ),
+        Route(
+            "/libretranslate/languages",
+            ("GET", "POST"),
+            languages,
+            "libretranslate_languages",
+            lt,
+            summary="Languages",
+            description=languages.__doc__ or "",
+            auth=param,
+            forms=True,
+        ),
+        Route("/libretranslate/frontend/settings", ("GET",), frontend_settings, "libretranslate_frontend_settings", lt),
+        Route(
+            "/libretranslate/detect",
+            ("POST",),
+            detect,
+            "libretranslate_detect",
+            lt,
+            summary="Detect",
+            auth=param,
+            errors=(403,),
+            forms=True,
+        ),
+    ]

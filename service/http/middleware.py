@@ -12,13 +12,13 @@ import logging
 import re
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.http.binary import HEADER_LENGTH
 from service.http.errors import error_response
+from service.http.table import matched, protocol_of
 from service.logs import ACCESS
 from service.metrics import Metrics
 
@@ -29,10 +29,8 @@ DISCONNECTED = "serve.disconnected"  # set in the scope when the client left bef
 CLIENT_CLOSED = 499  # status logged for such a request (nginx's convention)
 REQUEST_ID_HEADER = b"x-request-id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
-OIP_INFER = "/v2/models/{name}/infer"
-_INFER_PATH = re.compile(r"^/v2/models/[^/]+(/versions/[^/]+)?/infer$")  # both count as OIP_INFER
 _OCTETS = "application/octet-stream"
-_FORM = "application/x-www-form-urlencoded"  # the LibreTranslate API takes form posts
+_FORM = "application/x-www-form-urlencoded"
 _JSON_TYPE = re.compile(r"^application/([a-z0-9.+-]*\+)?json\s*(;.*)?$", re.IGNORECASE)
 
 
@@ -64,32 +62,17 @@ def header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
-def _endpoint(scope: Scope, endpoints: frozenset[str]) -> str | None:
-    """The inference endpoint's route template, for metric labels; None for other paths."""
-    template = getattr(scope.get("route"), "path", None)
-    if template in endpoints:
-        return str(template)
-    path = str(template or scope.get("path", ""))
-    if path in endpoints:
-        return str(path)
-    return OIP_INFER if _INFER_PATH.match(path) else None
-
-
-PROBES = frozenset({"/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"})
-"""Paths answered whatever the load: an orchestrator must see a busy server as alive and ready."""
-
-
 class RequestContext:
-    """Outermost: request id (X-Request-ID honoured or generated, always echoed), access log,
-    request metrics, and the one 500 answer for exceptions nothing else handled (logged).
-    `endpoints`: the inference routes whose requests are counted in the request metrics.
+    """Outermost after the router: request id (X-Request-ID honoured or generated, always echoed),
+    access log, request metrics (routes declaring a `metric` label), and the one 500 answer for
+    exceptions nothing else handled (logged).
 
-    It also bounds the requests in flight: beyond `max_in_flight`, a request other than the
-    probes gets a 503 with Retry-After at once, before its body is read (the cheapest refusal
+    It also bounds the requests in flight: beyond `max_in_flight`, a request to a route that is no
+    probe gets a 503 with Retry-After at once, before its body is read (the cheapest refusal
     there is, when even the queues' 429 would cost too much)."""
 
-    def __init__(self, app: ASGIApp, metrics: Metrics, endpoints: frozenset[str], max_in_flight: int) -> None:
-        self.app, self.metrics, self.endpoints = app, metrics, endpoints | {OIP_INFER}
+    def __init__(self, app: ASGIApp, metrics: Metrics, max_in_flight: int) -> None:
+        self.app, self.metrics = app, metrics
         self.max_in_flight, self.in_flight = max_in_flight, 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -110,9 +93,11 @@ class RequestContext:
 
         self.in_flight += 1
         try:
-            if self.in_flight > self.max_in_flight and scope.get("path") not in PROBES:
+            found = matched(scope)
+            probe = found is not None and found.route is not None and found.route.probe
+            if self.in_flight > self.max_in_flight and not probe:
                 busy = f"server busy: {self.in_flight - 1} requests in flight; retry later"
-                await error_response(scope.get("path", ""), busy, "overloaded")(scope, receive, send_with_id)
+                await error_response(protocol_of(scope), busy, "overloaded")(scope, receive, send_with_id)
                 return
             await self.app(scope, receive, send_with_id)
             if scope.get(DISCONNECTED) and status == 0:
@@ -125,7 +110,7 @@ class RequestContext:
                 extra={"fields": {"request_id": info.request_id}},
             )
             if status == 0:
-                response = error_response(scope.get("path", ""), "internal server error", "internal_error")
+                response = error_response(protocol_of(scope), "internal server error", "internal_error")
                 await response(scope, receive, send_with_id)
             status = status or 500
         finally:
@@ -134,9 +119,9 @@ class RequestContext:
 
     def _record(self, scope: Scope, info: RequestInfo, status: int) -> None:
         duration = time.monotonic() - info.start
-        endpoint = _endpoint(scope, self.endpoints)
-        if endpoint is not None:
-            self.metrics.answered(endpoint, info.model, status, duration)
+        found = matched(scope)
+        if found is not None and found.route is not None and found.route.metric is not None:
+            self.metrics.answered(found.route.metric, info.model, status, duration)
         if ACCESS.isEnabledFor(logging.INFO):
             client = scope.get("client")
             ACCESS.info(
@@ -159,35 +144,36 @@ class RequestContext:
 
 
 class BodyLimit:
-    """POST bodies of the service's routes: JSON (a missing Content-Type is read as JSON, a wrong
-    one is a 415), at most `max_bytes` (counted on the stream), read here and replayed to the
-    route. While the route works, the connection is watched: a client that disconnects before
-    its answer has started cancels the route (its sentences leave the running batch); the
-    request is logged with status 499. Paths that are no POST route go straight to routing (404/405).
+    """Bodies of the routes that read one: JSON (a missing Content-Type is read as JSON, a wrong
+    one is a 415; form-encoded or binary tensors where the route declares them), at most
+    `max_bytes` (counted on the stream), read here and replayed to the route. While the route
+    works, the connection is watched: a client that disconnects before its answer has started
+    cancels the route (its sentences leave the running batch); the request is logged with status
+    499. Requests to no route, or with a method their path does not take, go on (404/405).
     """
 
-    def __init__(
-        self, app: ASGIApp, max_bytes: int, accepts_body: Callable[[str], bool], body_timeout: float = 10.0
-    ) -> None:
-        self.app, self.max_bytes, self.accepts_body, self.body_timeout = app, max_bytes, accepts_body, body_timeout
+    def __init__(self, app: ASGIApp, max_bytes: int, body_timeout: float = 10.0) -> None:
+        self.app, self.max_bytes, self.body_timeout = app, max_bytes, body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("method") != "POST" or not self.accepts_body(scope.get("path", "")):
+        found = matched(scope) if scope["type"] == "http" else None
+        route = found.route if found is not None else None
+        if route is None or not route.reads_body:
             await self.app(scope, receive, send)
             return
-        path = scope.get("path", "")
+        protocol = route.protocol
         too_large = f"the request body exceeds {self.max_bytes} bytes"
         declared = header(scope, b"content-length")
         if declared is not None:
             if not declared.strip().isdigit():
-                await error_response(path, "invalid Content-Length header", "bad_request")(scope, receive, send)
+                await error_response(protocol, "invalid Content-Length header", "bad_request")(scope, receive, send)
                 return
             if int(declared) > self.max_bytes:
-                await error_response(path, too_large, "payload_too_large")(scope, receive, send)
+                await error_response(protocol, too_large, "payload_too_large")(scope, receive, send)
                 return
         content_type = (header(scope, b"content-type") or "").strip()
-        binary = header(scope, HEADER_LENGTH) is not None  # OIP binary tensor data
-        form = path.startswith("/libretranslate/") and content_type.split(";")[0].strip().lower() == _FORM
+        binary = route.binary and header(scope, HEADER_LENGTH) is not None
+        form = route.forms and content_type.split(";")[0].strip().lower() == _FORM
         if (
             content_type
             and not _JSON_TYPE.match(content_type)
@@ -195,7 +181,7 @@ class BodyLimit:
             and not form
         ):
             wrong_type = "Content-Type must be application/json"
-            await error_response(path, wrong_type, "unsupported_media_type")(scope, receive, send)
+            await error_response(protocol, wrong_type, "unsupported_media_type")(scope, receive, send)
             return
         chunks, size = [], 0
         try:
@@ -213,10 +199,10 @@ class BodyLimit:
                         break
         except TimeoutError:
             late = f"the request body did not arrive within {self.body_timeout:g} s"
-            await error_response(path, late, "request_timeout")(scope, receive, send)
+            await error_response(protocol, late, "request_timeout")(scope, receive, send)
             return
         if size > self.max_bytes:
-            await error_response(path, too_large, "payload_too_large")(scope, receive, send)
+            await error_response(protocol, too_large, "payload_too_large")(scope, receive, send)
             return
         await _run_watched(self.app, scope, b"".join(chunks), receive, send)
 

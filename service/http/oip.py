@@ -10,38 +10,33 @@ repository extension lists, loads and unloads models. Errors: ``{"error": ...}``
 from __future__ import annotations
 
 import json
-import re
+import time
+from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
-from fastapi import APIRouter, Request
 from pydantic import ValidationError
 from starlette.responses import Response
-from starlette.types import Scope
+from starlette.types import ASGIApp
 
 from service.errors import InvalidInput, InvalidJson, ModelNotFound, NotReady
 from service.http import binary, schemas
+from service.http.dispatch import Call, json_answer
 from service.http.errors import AsciiJSONResponse
-from service.http.middleware import header, request_info
-from service.http.state import admit_scope, get_state
-from service.serving import ServedModel
-from service.tasks.base import OutputTensor
+from service.http.table import Auth, Protocol, Route
+from service.serving import VersionState, VersionView
+from service.tasks.base import OutputTensor, Task, Work
 from service.validation import describe_validation, field_rules
-
-router = APIRouter(prefix="/v2")
 
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 INPUT = schemas.OipTensorMeta(name="text", datatype="BYTES", shape=[-1])
 RULES = field_rules(schemas.OipInferRequest, schemas.OipTensor)
-INFER_DOC: dict[str, Any] = {
-    "description": "JSON, or the binary tensor data extension: the JSON header (its length in the "
-    "Inference-Header-Content-Length header), then the tensors' bytes.",
-    "requestBody": {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/OipInferRequest"}}},
-    },
-}
+INFER_METRIC = "/v2/models/{name}/infer"  # the versioned route counts under the same label
+INFER_DOC = (
+    "JSON, or the binary tensor data extension: the JSON header (its length in the "
+    "Inference-Header-Content-Length header), then the tensors' bytes."
+)
 
 
 def _version() -> str:
@@ -51,100 +46,87 @@ def _version() -> str:
         return "0"
 
 
-@router.get("")
-async def server_metadata() -> dict[str, object]:
-    return {"name": "transformer-serve", "version": _version(), "extensions": EXTENSIONS}
+async def server_metadata(call: Call) -> ASGIApp:
+    return json_answer({"name": "transformer-serve", "version": _version(), "extensions": EXTENSIONS})
 
 
-@router.get("/health/live")
-async def live() -> dict[str, bool]:
-    return {"live": True}
+async def live(call: Call) -> ASGIApp:
+    return json_answer({"live": True})
 
 
-@router.get("/health/ready")
-async def ready(request: Request) -> dict[str, bool]:
-    state = get_state(request)
+async def ready(call: Call) -> ASGIApp:
+    state = call.state
     if not state.ready:
         raise NotReady(state.not_ready_reason())
-    return {"ready": True}
+    return json_answer({"ready": True})
 
 
 # -- model metadata and readiness, with and without a version ------------------------------------
 
 
-def _metadata(model: ServedModel, version: int | None) -> schemas.OipModelMetadata:
-    if version is not None and version not in model.versions:
-        raise ModelNotFound(f"model {model.name} has no loaded version {version}")
-    v = model.versions.get(version) if version is not None else model.serving
-    task = v.task if v is not None else None
+def _loaded(call: Call) -> list[VersionView]:
+    """The model's versions that were loaded (or tried), oldest first; 404 for an unknown model."""
+    name = call.params["name"]
+    call.state.models.get(name)  # ModelNotFound with the served names
+    return [v for v in call.state.models.snapshot().model(name) if v.state not in LISTED_ONLY]
+
+
+LISTED_ONLY = (VersionState.REFUSED, VersionState.UNLOADED)  # rows of the index, no loaded version
+
+
+def _metadata(call: Call, version: int | None) -> ASGIApp:
+    loaded = _loaded(call)
+    name = call.params["name"]
+    if version is not None and version not in {v.version for v in loaded}:
+        raise ModelNotFound(f"model {name} has no loaded version {version}")
+    chosen = next((v for v in loaded if (v.version == version if version is not None else v.current)), None)
+    task = chosen.task if chosen is not None else None
     outputs = (
         [schemas.OipTensorMeta(name=t.name, datatype=t.datatype, shape=t.shape) for t in task.outputs()] if task else []
     )
-    versions = [str(version)] if version is not None else [str(n) for n in sorted(model.versions)]
-    return schemas.OipModelMetadata(
-        name=model.name, versions=versions, platform=PLATFORM, inputs=[INPUT], outputs=outputs
+    versions = [str(version)] if version is not None else [str(v.version) for v in loaded]
+    return json_answer(
+        schemas.OipModelMetadata(name=name, versions=versions, platform=PLATFORM, inputs=[INPUT], outputs=outputs)
     )
 
 
-@router.get("/models/{name}", response_model=schemas.OipModelMetadata)
-async def model_metadata(name: str, request: Request) -> schemas.OipModelMetadata:
-    return _metadata(get_state(request).models.get(name), None)
+async def model_metadata(call: Call) -> ASGIApp:
+    return _metadata(call, None)
 
 
-@router.get("/models/{name}/versions/{version}", response_model=schemas.OipModelMetadata)
-async def version_metadata(name: str, version: int, request: Request) -> schemas.OipModelMetadata:
-    return _metadata(get_state(request).models.get(name), version)
+async def version_metadata(call: Call) -> ASGIApp:
+    return _metadata(call, call.version())
 
 
-async def _ready(request: Request, name: str, version: int | None) -> dict[str, object]:
-    state = get_state(request)
-    model = state.models.get(name)
-    if state.draining:
+async def _ready(call: Call, version: int | None) -> ASGIApp:
+    name = call.params["name"]
+    model = call.state.models.get(name)
+    if call.state.draining:
         raise NotReady(f"model {name} is shutting down")
     model.ready_task(version)
-    return {"name": model.name, "ready": True}
+    return json_answer({"name": model.name, "ready": True})
 
 
-@router.get("/models/{name}/ready")
-async def model_ready(name: str, request: Request) -> dict[str, object]:
-    return await _ready(request, name, None)
+async def model_ready(call: Call) -> ASGIApp:
+    return await _ready(call, None)
 
 
-@router.get("/models/{name}/versions/{version}/ready")
-async def version_ready(name: str, version: int, request: Request) -> dict[str, object]:
-    return await _ready(request, name, version)
+async def version_ready(call: Call) -> ASGIApp:
+    return await _ready(call, call.version())
 
 
-# -- inference -----------------------------------------------------------------------------------
+# -- inference: the codec around a task's `run` --------------------------------------------------
 
 
-# Under a server, `service.http.direct` answers these POSTs before FastAPI's routing, through the
-# same `answer_infer`; the routes give the API document its operations. A version of more digits
-# than an int64 holds goes on to FastAPI, which answers it as it always did (404, or 422 beyond
-# what Python converts).
-INFER_PATH = re.compile(r"/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[0-9]{1,18}))?/infer")
-
-
-@router.post("/models/{name}/infer", response_model=schemas.OipInferResponse, openapi_extra=INFER_DOC)
-async def infer(name: str, request: Request) -> Response:
-    return await answer_infer(request.scope, await request.body(), name, None)
-
-
-@router.post(
-    "/models/{name}/versions/{version}/infer", response_model=schemas.OipInferResponse, openapi_extra=INFER_DOC
-)
-async def version_infer(name: str, version: int, request: Request) -> Response:
-    return await answer_infer(request.scope, await request.body(), name, version)
-
-
-async def answer_infer(scope: Scope, raw: bytes, name: str, version: int | None) -> Response:
+async def infer(call: Call) -> ASGIApp:
     """An inference request's answer (JSON or binary), from its body as received."""
-    state, deadline = admit_scope(scope)
-    head, blob = binary.split(raw, header(scope, binary.HEADER_LENGTH))
+    version = call.version() if "version" in call.params else None
+    state, deadline = call.admit()
+    head, blob = binary.split(call.body, call.header(binary.HEADER_LENGTH))
     body = _parse(head)
-    model = state.models.get(name)
+    model = state.models.get(call.params["name"])
     task = model.ready_task(version)
-    request_info(scope).model = model.name
+    call.info.model = model.name
     texts = _texts(body.inputs[0], blob)
     schemas.check_texts(texts, state.settings.max_texts, state.settings.max_text_chars, "inputs[0].data")
     available = [t.name for t in task.outputs()]
@@ -153,9 +135,27 @@ async def answer_infer(scope: Scope, raw: bytes, name: str, version: int | None)
     if unknown:
         raise InvalidInput(f"unknown output(s) {sorted(unknown)}; this model has {available}")
     parameters = body.parameters or {}
-    results = [t for t in await task.infer(texts, parameters, deadline) if t.name in wanted]
+    result = await task.run(decode_work(task, texts, parameters, deadline))
+    results = [t for t in task.tensors(result) if t.name in wanted]
     as_binary = [_flag(wanted[t.name].get("binary_data", parameters.get("binary_data_output", False))) for t in results]
     return _respond(task.entry.name, str(task.entry.version), body.id, results, as_binary)
+
+
+def decode_work(task: Task, texts: list[str], parameters: Mapping[str, Any], deadline: float) -> Work:
+    """The request's `parameters` as the task's options (others, such as `binary_data_output`, are
+    the protocol's own or ignored), and `timeout` (microseconds, as Triton) shortening the deadline."""
+    options_type = task.Options
+    chosen = {k: v for k, v in parameters.items() if k in options_type.model_fields}
+    try:
+        options = options_type.model_validate(chosen)
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation(exc.errors(), field_rules(options_type), prefix="parameters.")) from None
+    timeout = parameters.get("timeout")
+    if timeout is not None:
+        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+            raise InvalidInput("parameters.timeout must be a positive integer (microseconds)")
+        deadline = min(deadline, time.monotonic() + timeout / 1e6)
+    return Work(texts, options, deadline)
 
 
 def _parse(head: bytes) -> schemas.OipInferRequest:
@@ -234,41 +234,133 @@ def _respond(
 # -- model repository extension ------------------------------------------------------------------
 
 
-@router.post("/repository/index")
-async def repository_index(request: Request) -> list[dict[str, str]]:
+INDEX_STATES = {VersionState.READY: "READY", VersionState.LOADING: "LOADING"}  # the rest: UNAVAILABLE
+
+
+async def repository_index(call: Call) -> ASGIApp:
     """Every version of every model: READY, LOADING, UNAVAILABLE (with the reason)."""
     out = []
-    for m in get_state(request).models.models.values():
-        for v in sorted(m.versions.values(), key=lambda v: v.version):
-            state = (
-                "READY"
-                if v.status == "ready" and not m.unloaded
-                else "LOADING"
-                if v.status == "loading"
-                else "UNAVAILABLE"
-            )
-            reason = "unloaded" if m.unloaded else v.error or ("" if state == "READY" else v.status)
-            out.append({"name": m.name, "version": str(v.version), "state": state, "reason": reason})
-        for version, reason in sorted({**m.refused, **m.failed}.items()):
-            if version not in m.versions:
-                out.append({"name": m.name, "version": str(version), "state": "UNAVAILABLE", "reason": reason})
-    return out
+    for v in call.state.models.snapshot().versions:
+        state = INDEX_STATES.get(v.state, "UNAVAILABLE")
+        reason = v.error or ("" if state == "READY" else v.state.value)
+        out.append({"name": v.name, "version": str(v.version), "state": state, "reason": reason})
+    return json_answer(out)
 
 
-@router.post("/repository/models/{name}/load")
-async def repository_load(name: str, request: Request) -> dict[str, object]:
+async def repository_load(call: Call) -> ASGIApp:
     """Loads the version the model's policy picks (the newest intact one, or the pinned one)."""
-    models = get_state(request).models
+    name = call.params["name"]
+    models = call.state.models
     await models.refresh(only=name)
-    model = models.get(name)
-    if model.current is None or model.unloaded:
-        reasons = {**model.refused, **model.failed}
-        raise InvalidInput(f"model {name} could not be loaded: {'; '.join(reasons.values()) or 'no intact version'}")
-    return {}
+    views = models.snapshot().model(name)
+    if not any(v.current and v.state is VersionState.READY for v in views):
+        reasons = [v.error for v in views if v.state in (VersionState.REFUSED, VersionState.FAILED) and v.error]
+        raise InvalidInput(f"model {name} could not be loaded: {'; '.join(reasons) or 'no intact version'}")
+    return json_answer({})
 
 
-@router.post("/repository/models/{name}/unload")
-async def repository_unload(name: str, request: Request) -> dict[str, object]:
+async def repository_unload(call: Call) -> ASGIApp:
     """Stops serving the model; its versions finish their admitted work first."""
-    await get_state(request).models.unload(name)
-    return {}
+    await call.state.models.unload(call.params["name"])
+    return json_answer({})
+
+
+def routes() -> list[Route]:
+    meta, infer_errors = schemas.OipModelMetadata, (404, 413, 422, 429, 503, 504)
+    oip = Protocol.OIP
+    return [
+        Route("/v2", ("GET",), server_metadata, "server_metadata", oip, summary="Server Metadata"),
+        Route("/v2/health/live", ("GET",), live, "live", oip, summary="Live", probe=True),
+        Route("/v2/health/ready", ("GET",), ready, "ready", oip, summary="Ready", probe=True, errors=(503,)),
+        Route(
+            "/v2/models/{name}",
+            ("GET",),
+            model_metadata,
+            "model_metadata",
+            oip,
+            response=meta,
+            errors=(404,),
+            names_served_model=True,
+        ),
+        Route(
+            "/v2/models/{name}/versions/{version}",
+            ("GET",),
+            version_metadata,
+            "version_metadata",
+            oip,
+            response=meta,
+            errors=(404, 422),
+            names_served_model=True,
+        ),
+        Route(
+            "/v2/models/{name}/ready",
+            ("GET",),
+            model_ready,
+            "model_ready",
+            oip,
+            errors=(404, 503),
+            names_served_model=True,
+        ),
+        Route(
+            "/v2/models/{name}/versions/{version}/ready",
+            ("GET",),
+            version_ready,
+            "version_ready",
+            oip,
+            errors=(404, 422, 503),
+            names_served_model=True,
+        ),
+        *(
+            Route(
+                path,
+                ("POST",),
+                infer,
+                name,
+                oip,
+                summary="Infer",
+                description=INFER_DOC,
+                body=schemas.OipInferRequest,
+                response=schemas.OipInferResponse,
+                auth=Auth.BEARER,
+                errors=infer_errors,
+                metric=INFER_METRIC,
+                binary=True,
+                names_served_model=True,
+            )
+            for path, name in (
+                ("/v2/models/{name}/infer", "infer"),
+                ("/v2/models/{name}/versions/{version}/infer", "version_infer"),
+            )
+        ),
+        Route(
+            "/v2/repository/index",
+            ("POST",),
+            repository_index,
+            "repository_index",
+            oip,
+            summary=(repository_index.__doc__ or "").split(":")[0],
+            auth=Auth.BEARER,
+        ),
+        Route(
+            "/v2/repository/models/{name}/load",
+            ("POST",),
+            repository_load,
+            "repository_load",
+            oip,
+            summary="Load a model",
+            description=repository_load.__doc__ or "",
+            auth=Auth.BEARER,
+            errors=(404, 422),
+        ),
+        Route(
+            "/v2/repository/models/{name}/unload",
+            ("POST",),
+            repository_unload,
+            "repository_unload",
+            oip,
+            summary="Unload a model",
+            description=repository_unload.__doc__ or "",
+            auth=Auth.BEARER,
+            errors=(404,),
+        ),
+    ]

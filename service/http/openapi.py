@@ -1,23 +1,25 @@
-"""The API document tells clients the truth: every status a route can answer, in the format it
-answers it, and the request limits the settings set.
+"""The API document, generated from the route table: the document and the dispatcher read the
+same declarations, so the document cannot list a route that is not served, miss one that is, or
+forget a status a route really sends.
 
-FastAPI documents the success response and its own 422; the rest is added here from the rules
-of the middleware and the error mapping (one place, `service.http.errors`), so the document
-cannot forget a status a route really sends.
+Each declared route gives its operations: path parameters from its template, the request body's
+and the answer's models (JSON Schema by pydantic), and every error status `Route.statuses` says
+it can answer, in its protocol's error shape. The request limits the settings set and the models
+being served are written in at serving time, and the document is rebuilt when those change.
 """
 
 from __future__ import annotations
 
-import warnings
+from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
+from starlette.types import ASGIApp
 
-from service.http.auth import PROTECTED
-from service.http.middleware import PROBES
-from service.http.schemas import OipInferRequest
+from service.http.dispatch import Call, json_answer
+from service.http.table import Protocol, Route, path_params
 from service.serving import ModelSet
 from service.settings import Settings
 from service.tasks import registry
@@ -35,115 +37,95 @@ WHY = {
     503: "not ready, loading, unloaded, shutting down, or too many requests in flight (see Retry-After)",
     504: "the request's deadline passed",
 }
-ERROR = {"$ref": "#/components/schemas/ErrorResponse"}
-OIP_ERROR = {"$ref": "#/components/schemas/OipError"}
-LT_ERROR = {"$ref": "#/components/schemas/LibreTranslateError"}
-SCHEMAS = {
-    "OipError": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
-    "LibreTranslateError": {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
-}
-BODY_ERRORS = (400, 408, 413, 415, 422)
-LT_TRANSLATE = {
-    "type": "object",
-    "required": ["q", "source", "target"],
-    "properties": {
-        "q": {
-            "anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]
+ERROR_SCHEMAS: dict[Protocol, tuple[str, dict[str, Any]]] = {
+    Protocol.REST: (
+        "ErrorResponse",
+        {
+            "type": "object",
+            "required": ["error", "type"],
+            "properties": {"error": {"type": "string"}, "type": {"type": "string"}},
         },
-        "source": {"type": "string", "minLength": 1, "description": "a language code, or auto"},
-        "target": {"type": "string", "minLength": 1},
-        "format": {"type": "string", "enum": ["text", "html"], "default": "text"},
-        "alternatives": {"type": "integer", "minimum": 0, "maximum": 3, "default": 0},
-        "api_key": {"type": "string"},
-    },
+    ),
+    Protocol.OIP: ("OipError", {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}}),
+    Protocol.LIBRETRANSLATE: (
+        "LibreTranslateError",
+        {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
+    ),
 }
+TITLE = "transformer-serve"
+_REF = "#/components/schemas/{model}"
 
 
-def needs_key(path: str) -> bool:
-    """A route template that needs an API key when the server has keys."""
-    return path in ("/predict", "/translate") or bool(
-        PROTECTED.match(path.replace("{name}", "x").replace("{version}", "1"))
-    )
-
-
-def statuses(method: str, path: str, keys: bool) -> tuple[int, ...]:
-    """The error statuses one operation can answer."""
-    out: tuple[int, ...] = () if path in PROBES else (503,)  # beyond SERVE_MAX_IN_FLIGHT
-    if path.startswith("/libretranslate/"):
-        return out + (
-            (400, 403, 429, 504) if path.endswith("/translate") else (400, 403) if method == "post" else (403,)
-        )
-    if method == "post":
-        out += BODY_ERRORS
-    infer = path in ("/predict", "/translate") or path.endswith("/infer")
-    if keys and needs_key(path):
-        out += (401,)
-    if "{name}" in path or infer:
-        out += (404,)
-    if infer:
-        out += (429, 503, 504)
-    elif path in ("/readyz", "/v2/health/ready") or path.endswith("/ready") or "/figures/" in path:
-        out += (503,)
-    return tuple(sorted(set(out)))
-
-
-def served(models: ModelSet) -> tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...]:
-    """What the document says of the models: each serving model's name, task and integer limits."""
-    out = []
-    for m in models.models.values():
-        task = m.task if m.status == "ready" else None
-        if task is not None:
-            limits = tuple(sorted((k, v) for k, v in task.describe().items() if type(v) is int))
-            out.append((m.name, task.name, limits))
-    return tuple(sorted(out))
-
-
-def install(app: FastAPI, settings: Settings, models: ModelSet) -> None:
-    """Replaces `app.openapi` with the complete document, rebuilt when the served models change."""
+def document(
+    routes: tuple[Route, ...], settings: Settings, served: tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...]
+) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of the documented routes, for these settings and served models."""
     keys = bool(settings.api_key_list)
-    built: dict[str, Any] = {}
+    shown = [r for r in routes if r.documented]
+    models: list[tuple[type[BaseModel], Any]] = []
+    for r in shown:
+        if r.body is not None:
+            models.append((r.body, "validation"))
+        if r.response is not None:
+            models.append((r.response, "serialization"))
+    names, defs = models_json_schema(list(dict.fromkeys(models)), ref_template=_REF)
+    schemas: dict[str, Any] = dict(defs.get("$defs", {}))
+    schemas |= {name: schema for name, schema in ERROR_SCHEMAS.values()}
+    paths: dict[str, dict[str, Any]] = {}
+    for r in shown:
+        for method in r.methods:
+            op = _operation(r, method, keys, names, [name for name, _, _ in served])
+            paths.setdefault(r.path, {})[method.lower()] = op
+    doc: dict[str, Any] = {
+        "openapi": "3.1.0",
+        "info": {
+            "title": TITLE,
+            "summary": "Transformer text models (classification, translation) over ONNX Runtime",
+            "version": "0.1.0",
+        },
+        "paths": paths,
+        "components": {"schemas": schemas},
+    }
+    _limits(doc, settings)
+    _models(doc, served)
+    return doc
 
-    def openapi() -> dict[str, Any]:
-        now = served(models)
-        if app.openapi_schema and built.get("models") == now:
-            return app.openapi_schema
-        built["models"] = now
-        with warnings.catch_warnings():  # one route, two methods (LibreTranslate's languages): ids fixed below
-            warnings.filterwarnings("ignore", "Duplicate Operation ID")
-            doc = get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
-        doc.setdefault("components", {}).setdefault("schemas", {}).update(SCHEMAS)
-        # the OIP infer body is parsed by hand (JSON or binary tensors); its model is documented here
-        _, defs = models_json_schema([(OipInferRequest, "validation")], ref_template="#/components/schemas/{model}")
-        doc["components"]["schemas"].update(defs["$defs"])
-        tensor = doc["components"]["schemas"]["OipTensor"]  # a JSON body carries its data (binary: docs/serving.md)
-        tensor["required"] = [*tensor["required"], "data"]
-        tensor["properties"]["data"] = {"type": "array", "items": {"type": "string"}, "description": "one text per row"}
-        for path, operations in doc["paths"].items():
-            for method, op in operations.items():
-                op["operationId"] = f"{op.get('operationId', path)}_{method}".replace("_post_post", "_post")
-                shape = (
-                    LT_ERROR if path.startswith("/libretranslate/") else OIP_ERROR if path.startswith("/v2") else ERROR
-                )
-                for code in statuses(method, path, keys):
-                    op["responses"].setdefault(
-                        str(code), {"description": WHY[code], "content": {"application/json": {"schema": shape}}}
-                    )
-                if op["responses"].get("422") and shape is not ERROR:  # FastAPI's own 422 shape is replaced
-                    op["responses"]["422"]["content"]["application/json"]["schema"] = shape
-                if path == "/libretranslate/translate":
-                    op["requestBody"] = {
-                        "required": True,
-                        "content": {
-                            "application/json": {"schema": LT_TRANSLATE},
-                            "application/x-www-form-urlencoded": {"schema": LT_TRANSLATE},
-                        },
-                    }
-        _limits(doc, settings)
-        _models(doc, now)
-        app.openapi_schema = doc
-        return doc
 
-    app.openapi = openapi  # type: ignore[method-assign]
+def _param_schema(r: Route, param: str, served: list[str]) -> dict[str, Any]:
+    """A path parameter's schema: a version is an integer; a `{name}` the route declares as a
+    served model's is one of those (the repository API also names models that are not)."""
+    if param == "version":
+        return {"type": "integer", "title": "Version"}
+    if param == "name" and r.names_served_model and served:
+        return {"type": "string", "enum": served}
+    return {"type": "string", "title": param.title()}
+
+
+def _operation(
+    r: Route, method: str, keys: bool, names: dict[Any, dict[str, str]], served: list[str]
+) -> dict[str, Any]:
+    op: dict[str, Any] = {"operationId": r.name if len(r.methods) == 1 else f"{r.name}_{method.lower()}"}
+    if r.summary:
+        op["summary"] = r.summary
+    if r.description:
+        op["description"] = " ".join(r.description.split())
+    params = path_params(r.path)
+    if params:
+        op["parameters"] = [
+            {"name": p, "in": "path", "required": True, "schema": _param_schema(r, p, served)} for p in params
+        ]
+    if r.body is not None:
+        op["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": names[(r.body, "validation")]}},
+        }
+    ok = names[(r.response, "serialization")] if r.response is not None else {}
+    op["responses"] = {"200": {"description": "Successful Response", "content": {r.media_type: {"schema": ok}}}}
+    shape = {"$ref": _REF.format(model=ERROR_SCHEMAS[r.protocol][0])}
+    for code in r.statuses(keys):
+        op["responses"][str(code)] = {"description": WHY[code], "content": {"application/json": {"schema": shape}}}
+    op |= r.doc_extra
+    return op
 
 
 def _limits(doc: dict[str, Any], settings: Settings) -> None:
@@ -156,14 +138,8 @@ def _limits(doc: dict[str, Any], settings: Settings) -> None:
 
 
 def _models(doc: dict[str, Any], now: tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...]) -> None:
-    """Each task request names the models serving that task, a field that is also one of the
-    models' limits (`max_new_tokens`) is bounded by the largest of them, and a model's `{name}`
-    in a path names a served model (the repository API also names models that are not)."""
-    for path, operations in doc["paths"].items():
-        for op in operations.values():
-            for param in op.get("parameters", []):
-                if path.startswith("/v2/models/") and param["in"] == "path" and param["name"] == "name" and now:
-                    param["schema"] = {"type": "string", "enum": [name for name, _, _ in now]}
+    """Each task request names the models serving that task, and a field that is also one of the
+    models' limits (`max_new_tokens`) is bounded by the largest of them."""
     schemas = doc["components"]["schemas"]
     for cls in registry.tasks():
         props = schemas.get(cls.Request.__name__, {}).get("properties", {})
@@ -179,3 +155,52 @@ def _models(doc: dict[str, Any], now: tuple[tuple[str, str, tuple[tuple[str, int
             for branch in prop.get("anyOf", [prop]):
                 if bounds and branch.get("type") == "integer":
                     branch["maximum"] = min(branch.get("maximum", max(bounds)), max(bounds))
+
+
+def served(models: ModelSet) -> tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...]:
+    """What the document says of the models: each serving model's name, task and integer limits."""
+    out = []
+    for v in models.snapshot().serving():
+        if v.task is not None:
+            limits = tuple(sorted((k, x) for k, x in v.task.describe().items() if type(x) is int))
+            out.append((v.name, v.task.name, limits))
+    return tuple(sorted(out))
+
+
+def builder(routes: tuple[Route, ...], settings: Settings, models: ModelSet) -> Callable[[], dict[str, Any]]:
+    """The document for what is served now, built again only when that changed."""
+    built: dict[str, Any] = {}
+
+    def openapi() -> dict[str, Any]:
+        now = served(models)
+        if built.get("models") != now or "doc" not in built:
+            built["models"], built["doc"] = now, document(routes, settings, now)
+        doc: dict[str, Any] = built["doc"]
+        return doc
+
+    return openapi
+
+
+def routes(openapi: Callable[[], dict[str, Any]]) -> list[Route]:
+    """The document itself and the pages that show it (Swagger UI, ReDoc)."""
+
+    async def openapi_json(call: Call) -> ASGIApp:
+        return json_answer(openapi())
+
+    async def swagger(call: Call) -> ASGIApp:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json", title=f"{TITLE} - Swagger UI", oauth2_redirect_url="/docs/oauth2-redirect"
+        )
+
+    async def swagger_redirect(call: Call) -> ASGIApp:
+        return get_swagger_ui_oauth2_redirect_html()
+
+    async def redoc(call: Call) -> ASGIApp:
+        return get_redoc_html(openapi_url="/openapi.json", title=f"{TITLE} - ReDoc")
+
+    return [
+        Route("/openapi.json", ("GET",), openapi_json, "openapi", documented=False),
+        Route("/docs", ("GET",), swagger, "swagger_ui", documented=False),
+        Route("/docs/oauth2-redirect", ("GET",), swagger_redirect, "swagger_ui_redirect", documented=False),
+        Route("/redoc", ("GET",), redoc, "redoc", documented=False),
+    ]

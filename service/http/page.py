@@ -11,13 +11,14 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from fastapi import APIRouter, Request
-from starlette.exceptions import HTTPException
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
 from service import store
-from service.http import schemas
-from service.http.state import get_state
+from service.http.dispatch import Call
+from service.http.errors import NotFound
+from service.http.table import Route
 
 STATIC = Path(__file__).with_name("static")
 ASSETS: dict[str, str] = {
@@ -36,9 +37,6 @@ HEADERS = {
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-cache",  # revalidate: a new deployment's page is used at once
 }
-NOT_FOUND: dict[int | str, dict[str, object]] = {404: {"model": schemas.ErrorResponse}}
-
-router = APIRouter()
 
 
 @cache
@@ -48,34 +46,45 @@ def _asset(name: str) -> bytes:
 
 def _static(name: str) -> Response:
     if name not in ASSETS:
-        raise HTTPException(404, "no such file")
+        raise NotFound("no such file")
     return Response(_asset(name), media_type=ASSETS[name], headers=HEADERS)
 
 
-@router.get("/", response_class=Response, include_in_schema=False)
-def index() -> Response:
+async def index(call: Call) -> ASGIApp:
     """The page: try the models and see what they attend to."""
     return _static("index.html")
 
 
-@router.get("/static/{name}", response_class=Response, include_in_schema=False)
-def asset(name: str) -> Response:
-    return _static(name)
+async def asset(call: Call) -> ASGIApp:
+    return _static(call.params["name"])
 
 
-@router.get(
-    "/v1/models/{name}/figures/{figure}",
-    response_class=Response,
-    responses={200: {"content": {"image/png": {}}}, **NOT_FOUND},
-)
-def figure(name: str, figure: str, request: Request) -> Response:
+async def figure(call: Call) -> ASGIApp:
     """A PNG kept with the serving version (`figures` in /v1/models): training curves, positions.
-    A plain `def`: reading and hashing the file runs in the thread pool, off the event loop."""
-    task = get_state(request).models.get(name).ready_task()
-    file_name = task.manifest.figures.get(figure)
+    Reading and hashing the file runs in the thread pool, off the event loop."""
+    name, wanted = call.params["name"], call.params["figure"]
+    task = call.state.models.get(name).ready_task()
+    file_name = task.manifest.figures.get(wanted)
     if file_name is None:
         kept = ", ".join(sorted(task.manifest.figures)) or "none"
-        raise HTTPException(404, f"model {name} version {task.entry.version} has no such figure (it has: {kept})")
-    data = store.read_pinned(task.entry, file_name)
+        raise NotFound(f"model {name} version {task.entry.version} has no such figure (it has: {kept})")
+    data = await run_in_threadpool(store.read_pinned, task.entry, file_name)
     etag = f'"{task.manifest.files[file_name].sha256}"'
     return Response(data, media_type="image/png", headers={**HEADERS, "ETag": etag})
+
+
+def routes() -> list[Route]:
+    return [
+        Route("/", ("GET",), index, "index", documented=False),
+        Route("/static/{name}", ("GET",), asset, "asset", documented=False),
+        Route(
+            "/v1/models/{name}/figures/{figure}",
+            ("GET",),
+            figure,
+            "figure",
+            summary="Figure",
+            description=figure.__doc__ or "",
+            media_type="image/png",
+            errors=(404, 503),
+        ),
+    ]

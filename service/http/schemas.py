@@ -58,15 +58,18 @@ class ModelsResponse(ResponseModel):
     models: list[ModelInfo]
 
 
-class ErrorResponse(ResponseModel):
-    error: str
-    type: str
-
-
 # -- Open Inference Protocol v2 (KServe) ---------------------------------------------------------
 
 
+def _json_tensor(schema: dict[str, Any]) -> None:
+    """The document describes JSON bodies, where a tensor carries its data (binary: docs/serving.md)."""
+    schema["required"] = [*schema.get("required", []), "data"]
+    schema["properties"]["data"] = {"type": "array", "items": {"type": "string"}, "description": "one text per row"}
+
+
 class OipTensor(StrictModel):
+    model_config = StrictModel.model_config | {"json_schema_extra": _json_tensor}
+
     name: Literal["text"] = Field(description="the one input every model here takes")
     datatype: Literal["BYTES"]
     shape: list[Annotated[int, Field(ge=0), INTEGRAL]] = Field(min_length=1, max_length=2, description="[N] or [N, 1]")

@@ -1,21 +1,24 @@
 """The protocol every served task implements, so that nothing outside `service/tasks/` asks
 "classifier or translator?".
 
-A task object is one loaded model version of one task. It owns its request options and their
-validation against the model, how its work is queued and run, how results become answers, and
-its metadata for `/v1/models` and the Open Inference Protocol. The HTTP layer only parses,
-calls `answer` (REST) or `infer` (OIP), and shapes what comes back; `tasks.registry` maps a
-manifest's `task` to the class.
+A task object is one loaded model version of one task. It owns its typed request options
+(`Options`), how its work is queued and run (`run`: a protocol-neutral `Work` in, the task's own
+result out), and its metadata for `/v1/models` and the Open Inference Protocol. The protocols
+are codecs around `run`, in the spirit of LitServe's `decode_request`/`encode_response`: the
+task's native REST body and answer are its `Request`/`Response` with `rest_work`/`rest_answer`;
+the Open Inference Protocol (`service.http.oip`) decodes its `parameters` into `Options` and
+encodes `tensors(result)`; the LibreTranslate API builds `Options` from its own parameters.
+`tasks.registry` maps a manifest's `task` to the class.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from service.engine.runtime import LoadOptions
 from service.metrics import BatchMetrics
@@ -67,6 +70,30 @@ class TextsRequest(StrictModel):
     )
 
 
+class AttentionRequest(TextsRequest):
+    """A REST body that may ask for the model's attention, which is drawn for one text only."""
+
+    model_config = TextsRequest.model_config | {"json_schema_extra": {"allOf": [ONE_TEXT_FOR_ATTENTION]}}
+
+    return_attention: bool = Field(default=False, description="the attention maps (one text per request)")
+
+    @model_validator(mode="after")
+    def _one_text_for_attention(self) -> AttentionRequest:
+        if self.return_attention and len(self.texts) != 1:
+            raise ValueError("return_attention takes one text per request")
+        return self
+
+
+@dataclass(frozen=True)
+class Work:
+    """A protocol-neutral request: what every protocol's codec decodes into."""
+
+    texts: Sequence[str]
+    options: BaseModel  # an instance of the task's `Options`
+    deadline: float  # time.monotonic() by which the answer is due
+    attention: bool = False  # also the attention maps (one text)
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """An Open Inference Protocol output as model metadata describes it (-1: any size)."""
@@ -100,8 +127,9 @@ class Task(ABC):
     default_setting: ClassVar[str]  # the Settings field that names this task's default model
     threads_setting: ClassVar[str] = ""  # the Settings field with its thread count (0 or none: automatic)
     cpu_share: ClassVar[float | None] = None  # automatic thread count: this share of all; None: what is left
-    Request: ClassVar[type[TextsRequest]]
-    Response: ClassVar[type[BaseModel]]
+    Options: ClassVar[type[StrictModel]]  # per-request options, whatever the protocol
+    Request: ClassVar[type[TextsRequest]]  # the REST body: texts, model, version and the options
+    Response: ClassVar[type[BaseModel]]  # the REST answer
 
     def __init__(self, entry: StoreEntry, variant: str) -> None:
         self.entry, self.variant = entry, variant
@@ -134,9 +162,18 @@ class Task(ABC):
         """The Open Inference Protocol outputs of `infer`, in order."""
 
     @abstractmethod
-    async def answer(self, body: TextsRequest, deadline: float) -> BaseModel:
-        """The REST answer to a validated `Request` body."""
+    async def run(self, work: Work) -> Any:
+        """The work's result, in the task's own terms (no protocol's shape)."""
 
     @abstractmethod
-    async def infer(self, texts: list[str], parameters: Mapping[str, Any], deadline: float) -> list[OutputTensor]:
-        """Every output of `outputs()` for the texts; `parameters` are the request's, unvalidated."""
+    def tensors(self, result: Any) -> list[OutputTensor]:
+        """A result as every output of `outputs()`, in order."""
+
+    @classmethod
+    def rest_work(cls, body: TextsRequest, deadline: float) -> Work:
+        """The REST codec's decoding: the body's texts and options (`Request` extends `Options`)."""
+        return Work(body.texts, body, deadline, attention=isinstance(body, AttentionRequest) and body.return_attention)
+
+    @abstractmethod
+    def rest_answer(self, body: TextsRequest, result: Any) -> BaseModel:
+        """The REST codec's encoding: a result as the `Response` to `body`."""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.runtime import LoadOptions
@@ -18,29 +18,27 @@ from service.priority import lower_priority
 from service.scheduling.batcher import BatchLimits, DynamicBatcher
 from service.store import StoreEntry
 from service.tasks.base import (
-    ONE_TEXT_FOR_ATTENTION,
+    AttentionRequest,
     ModelName,
     OutputTensor,
     ResponseModel,
+    StrictModel,
     Task,
     TaskContext,
     TensorSpec,
     TextsRequest,
+    Work,
 )
 
 
-class PredictRequest(TextsRequest):
-    model_config = TextsRequest.model_config | {"json_schema_extra": {"allOf": [ONE_TEXT_FOR_ATTENTION]}}
+class ClassifyOptions(StrictModel):
+    """Classification has no per-request options: every protocol decodes into this empty set."""
 
+
+class PredictRequest(AttentionRequest, ClassifyOptions):
     texts: list[str] = Field(min_length=1, description="texts to classify")
     model: ModelName | None = Field(default=None, description="model name; default: the only (or default) classifier")
     return_attention: bool = Field(default=False, description="the last layer's self-attention (one text per request)")
-
-    @model_validator(mode="after")
-    def _one_text_for_attention(self) -> PredictRequest:
-        if self.return_attention and len(self.texts) != 1:
-            raise ValueError("return_attention takes one text per request")
-        return self
 
 
 class SelfAttention(ResponseModel):
@@ -61,6 +59,14 @@ class PredictResponse(ResponseModel):
     predictions: list[Prediction]
 
 
+@dataclass(frozen=True)
+class Classified:
+    """A classification's result: per text its class probabilities (the labels' order)."""
+
+    probs: list[list[float]]
+    attention: SelfAttention | None = None
+
+
 class ClassificationTask(Task):
     name = "classification"
     rest_path = "/predict"
@@ -68,6 +74,7 @@ class ClassificationTask(Task):
     default_setting = "default_classifier"
     threads_setting = "classification_threads"
     cpu_share = 0.25
+    Options = ClassifyOptions
     Request = PredictRequest
     Response = PredictResponse
 
@@ -109,37 +116,36 @@ class ClassificationTask(Task):
     def outputs(self) -> list[TensorSpec]:
         return [TensorSpec("label", "BYTES", [-1]), TensorSpec("probabilities", "FP32", [-1, len(self.engine.labels)])]
 
-    async def _classify(self, texts: Sequence[str], deadline: float) -> list[list[float]]:
-        """Per text its class probabilities, in input order (Python floats: made once per batch
-        in the worker thread, not per request on the event loop)."""
-        return await self.batcher.submit_many(self.engine.encode(texts), deadline)
-
-    async def answer(self, body: TextsRequest, deadline: float) -> PredictResponse:
-        assert isinstance(body, PredictRequest)
-        predictions = self.engine.to_predictions(await self._classify(body.texts, deadline))
+    async def run(self, work: Work) -> Classified:
+        # the probabilities come as Python floats: made once per batch in the worker thread, not
+        # per request on the event loop
+        probs = await self.batcher.submit_many(self.engine.encode(work.texts), work.deadline)
         attention = None
-        if body.return_attention:
+        if work.attention:
             loop = asyncio.get_running_loop()
-            tokens, weights = await loop.run_in_executor(self.executor, self.engine.attention, body.texts[0])
+            tokens, weights = await loop.run_in_executor(self.executor, self.engine.attention, work.texts[0])
             attention = SelfAttention(tokens=tokens, weights=weights.tolist())
-        # built from the engine's own values, so not validated again (a few microseconds a text)
-        return PredictResponse.model_construct(
-            model=self.entry.name,
-            version=self.entry.version,
-            predictions=[
-                Prediction.model_construct(label=p.label, score=p.score, scores=p.scores, attention=attention)
-                for p in predictions
-            ],
-        )
+        return Classified(probs, attention)
 
-    async def infer(self, texts: list[str], parameters: Mapping[str, Any], deadline: float) -> list[OutputTensor]:
-        probs = np.asarray(await self._classify(texts, deadline))  # (N, C)
+    def tensors(self, result: Classified) -> list[OutputTensor]:
+        probs = np.asarray(result.probs)  # (N, C)
         n, c = probs.shape
         labels = [self.engine.labels[i] for i in probs.argmax(axis=1)]
         return [
             OutputTensor("label", "BYTES", [n], labels),
             OutputTensor("probabilities", "FP32", [n, c], probs.astype(np.float32).reshape(-1).tolist()),
         ]
+
+    def rest_answer(self, body: TextsRequest, result: Classified) -> PredictResponse:
+        # built from the engine's own values, so not validated again (a few microseconds a text)
+        return PredictResponse.model_construct(
+            model=self.entry.name,
+            version=self.entry.version,
+            predictions=[
+                Prediction.model_construct(label=p.label, score=p.score, scores=p.scores, attention=result.attention)
+                for p in self.engine.to_predictions(result.probs)
+            ],
+        )
 
 
 def _runner(engine: ClassifierEngine, obs: BatchMetrics) -> Callable[[list[list[int]]], list[list[float]]]:

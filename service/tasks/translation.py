@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from service.engine.decoding import MAX_BEAM_SIZE, DecodeParams, Hypothesis, Search
 from service.engine.running import RunningBatch, ShardedBatch
@@ -32,6 +32,7 @@ from service.store import StoreEntry
 from service.tasks.base import (
     INTEGRAL,
     ONE_TEXT_FOR_ATTENTION,
+    AttentionRequest,
     Int,
     ModelName,
     OutputTensor,
@@ -41,8 +42,8 @@ from service.tasks.base import (
     TaskContext,
     TensorSpec,
     TextsRequest,
+    Work,
 )
-from service.validation import describe_validation, field_rules
 
 MAX_NEW_TOKENS = 256  # the request bound; each model's own limit (manifest) may be lower
 
@@ -139,10 +140,7 @@ def _sentence_seed(seed: int | None, sentence: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{base}:{sentence}".encode()).digest()[:8], "big") >> 1
 
 
-DECODE_RULES = field_rules(DecodeOptions)
-
-
-class TranslateRequest(TextsRequest, DecodeOptions):
+class TranslateRequest(AttentionRequest, DecodeOptions):
     model_config = DecodeOptions.model_config | {
         "json_schema_extra": {"allOf": [*_cross_field_rules()["allOf"], ONE_TEXT_FOR_ATTENTION]}
     }
@@ -156,12 +154,6 @@ class TranslateRequest(TextsRequest, DecodeOptions):
     return_attention: bool = Field(
         default=False, description="cross-attention of the best hypothesis, per sentence (one text per request)"
     )
-
-    @model_validator(mode="after")
-    def _one_text_for_attention(self) -> TranslateRequest:
-        if self.return_attention and len(self.texts) != 1:
-            raise ValueError("return_attention takes one text per request")
-        return self
 
 
 class ScoredText(ResponseModel):
@@ -192,6 +184,15 @@ class TranslateResponse(ResponseModel):
     translations: list[Translation]
 
 
+@dataclass(frozen=True)
+class Translated:
+    """A translation's result: per text its hypotheses, best first, and on request the best
+    hypothesis's cross-attention per sentence (one text)."""
+
+    rows: list[list[EngineTranslation]]
+    attention: list[CrossAttention] | None = None
+
+
 class SentenceQueue(Protocol):
     """How a translator runs sentences: the step scheduler, or request-level batches."""
 
@@ -215,6 +216,7 @@ class TranslationTask(Task):
     summary = "Translate texts with greedy, beam-search or sampled decoding"
     default_setting = "default_translator"
     threads_setting = "translation_threads"
+    Options = DecodeOptions
     Request = TranslateRequest
     Response = TranslateResponse
 
@@ -275,12 +277,6 @@ class TranslationTask(Task):
         items = [(seq, self.engine.search(options.params(limit, k))) for k, seq in enumerate(prepared.sources)]
         return prepared, (await self.queue.submit(items, deadline) if items else [])
 
-    async def _translate(
-        self, texts: Sequence[str], options: DecodeOptions, deadline: float
-    ) -> list[list[EngineTranslation]]:
-        prepared, hyps = await self._decode(texts, options, deadline)
-        return self.engine.assemble(prepared, hyps, options.length_penalty)
-
     async def _attention(self, prepared: Prepared, hyps: list[list[Hypothesis]]) -> list[CrossAttention]:
         """Replays each sentence's best hypothesis for its attention, off the scheduler's thread."""
 
@@ -296,14 +292,27 @@ class TranslationTask(Task):
 
         return await asyncio.get_running_loop().run_in_executor(self.attention_worker, maps)
 
-    async def answer(self, body: TextsRequest, deadline: float) -> TranslateResponse:
+    async def run(self, work: Work) -> Translated:
+        options = work.options
+        assert isinstance(options, DecodeOptions)
+        prepared, hyps = await self._decode(work.texts, options, work.deadline)
+        attention = await self._attention(prepared, hyps) if work.attention else None
+        return Translated(self.engine.assemble(prepared, hyps, options.length_penalty), attention)
+
+    def tensors(self, result: Translated) -> list[OutputTensor]:
+        return [OutputTensor("translation", "BYTES", [len(result.rows)], [row[0].text for row in result.rows])]
+
+    @classmethod
+    def rest_work(cls, body: TextsRequest, deadline: float) -> Work:
         assert isinstance(body, TranslateRequest)
         if body.timeout_ms is not None:
             deadline = min(deadline, time.monotonic() + body.timeout_ms / 1000)
-        prepared, hyps = await self._decode(body.texts, body, deadline)
-        attention = await self._attention(prepared, hyps) if body.return_attention else None
+        return Work(body.texts, body, deadline, attention=body.return_attention)
+
+    def rest_answer(self, body: TextsRequest, result: Translated) -> TranslateResponse:
+        assert isinstance(body, TranslateRequest)
         out = []
-        for row in self.engine.assemble(prepared, hyps, body.length_penalty):
+        for row in result.rows:
             best = row[0]
             out.append(
                 Translation(
@@ -315,24 +324,10 @@ class TranslationTask(Task):
                     ]
                     if body.num_hypotheses > 1
                     else None,
-                    attention=attention,
+                    attention=result.attention,
                 )
             )
         return TranslateResponse(model=self.entry.name, version=self.entry.version, translations=out)
-
-    async def infer(self, texts: list[str], parameters: Mapping[str, Any], deadline: float) -> list[OutputTensor]:
-        chosen = {k: v for k, v in parameters.items() if k in DecodeOptions.model_fields}  # others are ignored
-        try:
-            options = DecodeOptions.model_validate(chosen)
-        except ValidationError as exc:
-            raise InvalidInput(describe_validation(exc.errors(), DECODE_RULES, prefix="parameters.")) from None
-        timeout = parameters.get("timeout")  # the protocol's request timeout, in microseconds (as Triton)
-        if timeout is not None:
-            if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
-                raise InvalidInput("parameters.timeout must be a positive integer (microseconds)")
-            deadline = min(deadline, time.monotonic() + timeout / 1e6)
-        best = [row[0].text for row in await self._translate(texts, options, deadline)]
-        return [OutputTensor("translation", "BYTES", [len(texts)], best)]
 
 
 def finite(x: float) -> float:

@@ -1,0 +1,171 @@
+"""The route table: every HTTP route of the service declared once, as data.
+
+A declaration (`Route`) holds what the rest of the HTTP layer needs to know of a route: its path
+and methods, its handler, the protocol whose error shape and statuses it speaks, the request and
+response bodies, whether it needs a key, what body types it takes, whether it is a probe, and its
+metric label. The dispatcher (`service.http.dispatch`), the middleware (`service.http.middleware`,
+`service.http.auth`) and the API document (`service.http.openapi`) read these fields and nothing
+else: no module matches paths of its own.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+from starlette.types import ASGIApp
+
+if TYPE_CHECKING:
+    from service.http.dispatch import Call
+
+Handler = Callable[["Call"], Awaitable[ASGIApp]]
+
+
+class Protocol(enum.Enum):
+    """Whose conventions an answer follows: its error body and how error kinds map to statuses."""
+
+    REST = "rest"  # {"error": ..., "type": ...}
+    OIP = "oip"  # {"error": ...}, as the Open Inference Protocol says
+    LIBRETRANSLATE = "libretranslate"  # {"error": ...}, with LibreTranslate's codes (400 for bad input)
+
+
+class Auth(enum.Enum):
+    """How a route checks the API keys, when the server has keys (`SERVE_API_KEYS`)."""
+
+    OPEN = "open"  # never: health, readiness, metrics, metadata, the page
+    BEARER = "bearer"  # `Authorization: Bearer <key>`, checked before the body is read (401)
+    PARAM = "param"  # LibreTranslate's `api_key` parameter or the header, checked by the handler (403)
+
+
+BODY_ERRORS = (400, 408, 413, 415, 422)
+"""What a route that reads a body can answer before its handler runs (`BodyLimit`)."""
+
+
+@dataclass(frozen=True)
+class Route:
+    path: str  # a template: "/v2/models/{name}/versions/{version}/infer"
+    methods: tuple[str, ...]
+    handler: Handler
+    name: str  # unique; the API document's operation id
+    protocol: Protocol = Protocol.REST
+    summary: str = ""
+    description: str = ""
+    body: type[BaseModel] | None = None  # the JSON body, parsed by the handler and documented
+    response: type[BaseModel] | None = None  # the 200 body (JSON)
+    media_type: str = "application/json"  # of the 200 answer
+    auth: Auth = Auth.OPEN
+    errors: tuple[int, ...] = ()  # statuses the handler itself can answer, beyond the rules below
+    metric: str | None = None  # label of the request metrics; None: not counted
+    probe: bool = False  # answered whatever the load, never refused as busy
+    forms: bool = False  # also takes form-encoded bodies (LibreTranslate's clients send them)
+    binary: bool = False  # also takes the OIP binary tensor extension's octet-stream bodies
+    names_served_model: bool = False  # its `{name}` is a model being served (the document lists them)
+    documented: bool = True
+    doc_extra: Mapping[str, Any] = field(default_factory=dict)  # merged into the document's operation
+
+    @property
+    def reads_body(self) -> bool:
+        return "POST" in self.methods
+
+    def statuses(self, keys: bool) -> tuple[int, ...]:
+        """Every error status the route can answer, with the rules that add them: the in-flight
+        limit (not for probes), the body checks, the key check, and the handler's own."""
+        out = set(self.errors)
+        if not self.probe:
+            out.add(503)
+        if self.reads_body:
+            out.update(BODY_ERRORS)
+        if keys and self.auth is not Auth.OPEN:
+            out.add(401 if self.auth is Auth.BEARER else 403)
+        if self.protocol is Protocol.LIBRETRANSLATE:  # every client error is a 400 there
+            out = {400 if s in (404, 413, 415, 422) else s for s in out}
+        return tuple(sorted(out))
+
+
+@dataclass(frozen=True)
+class Match:
+    """What the path names: the route for the request's method (None: 405, see `allowed`), and the
+    path's parameters."""
+
+    route: Route | None
+    params: dict[str, str]
+    allowed: tuple[str, ...]
+    protocols: tuple[Protocol, ...]  # of the path's routes (a 405 answers in theirs)
+
+
+_PARAM = re.compile(r"{([a-z_]+)}")
+
+
+def path_params(template: str) -> list[str]:
+    """The parameters of a path template, in order: "/v2/models/{name}/infer" -> ["name"]."""
+    return _PARAM.findall(template)
+
+
+def _compile(template: str) -> re.Pattern[str]:
+    parts, last = [], 0
+    for m in _PARAM.finditer(template):
+        parts += [re.escape(template[last : m.start()]), f"(?P<{m[1]}>[^/]+)"]
+        last = m.end()
+    parts.append(re.escape(template[last:]))
+    return re.compile("".join(parts))
+
+
+class RouteTable:
+    """Matches a request to its declaration: fixed paths by lookup, templates by one regex each."""
+
+    def __init__(self, routes: Iterable[Route]) -> None:
+        self.routes = tuple(routes)
+        by_path: dict[str, list[Route]] = {}
+        for r in self.routes:
+            by_path.setdefault(r.path, []).append(r)
+        names = [r.name for r in self.routes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"route names must be unique: {sorted(names)}")
+        for path, rs in by_path.items():
+            methods = [m for r in rs for m in r.methods]
+            if len(set(methods)) != len(methods):
+                raise ValueError(f"{path} declares a method twice")
+        self._fixed = {p: tuple(rs) for p, rs in by_path.items() if "{" not in p}
+        self._templates = [(_compile(p), tuple(rs)) for p, rs in by_path.items() if "{" in p]
+
+    def match(self, method: str, path: str) -> Match | None:
+        """None: no route has this path (404)."""
+        found = self._fixed.get(path)
+        params: dict[str, str] = {}
+        if found is None:
+            for pattern, routes in self._templates:
+                m = pattern.fullmatch(path)
+                if m is not None:
+                    found, params = routes, m.groupdict()
+                    break
+            else:
+                return None
+        allowed = tuple(m for r in found for m in r.methods)
+        want = "GET" if method == "HEAD" else method
+        route = next((r for r in found if want in r.methods), None)
+        return Match(route, params, allowed, tuple(r.protocol for r in found))
+
+
+MATCH_KEY = "serve.match"
+"""Where the router leaves a request's `Match` in the ASGI scope (absent: no route has the path)."""
+
+
+def matched(scope: Mapping[str, Any]) -> Match | None:
+    found = scope.get(MATCH_KEY)
+    return found if isinstance(found, Match) else None
+
+
+def protocol_of(scope: Mapping[str, Any]) -> Protocol:
+    """The protocol an answer to this request speaks; REST for a path no route has."""
+    found = matched(scope)
+    if found is None:
+        return Protocol.REST
+    return found.route.protocol if found.route is not None else _first_protocol(found)
+
+
+def _first_protocol(found: Match) -> Protocol:
+    return found.protocols[0] if found.protocols else Protocol.REST
