@@ -49,8 +49,10 @@ MAX_NEW_TOKENS = 256  # the request bound; each model's own limit (manifest) may
 
 
 def _cross_field_rules() -> dict[str, Any]:
-    """The rules between fields, in the API document too (JSON Schema `if`/`then`), so a client
-    generating requests from it never meets a 422 the document did not announce."""
+    """`DecodeOptions._consistent` as JSON Schema `if`/`then`, for the API document, so a client
+    generating requests from it never meets a 422 the document did not announce. JSON Schema
+    cannot compare two fields, so "num_hypotheses <= beam_size" is one rule per beam size;
+    tests/test_api_document.py checks that schema and validator accept the same requests."""
     one_beam = {"if": {"properties": {"decode": {"enum": ["greedy", "sample"]}}, "required": ["decode"]}}
     rules: list[dict[str, Any]] = [
         one_beam | {"then": {"properties": {"beam_size": {"const": 1}}}},
