@@ -126,13 +126,13 @@ async def start_models(state: AppState) -> None:
         freeze_heap()
     except Exception:
         log.exception("loading the models failed")
-        models.problems.append("loading the models failed (see the log)")
-        models.loaded = True
+        models.fail("loading the models failed (see the log)")
         return
-    if models.ready:
-        log.info("ready: serving %s", ", ".join(f"{m.name}/{m.version}" for m in models.models.values()))
+    snapshot = models.snapshot()
+    if snapshot.ready:
+        log.info("ready: serving %s", ", ".join(f"{v.name}/{v.version}" for v in snapshot.serving()))
     else:
-        log.error("not ready: %s", "; ".join(models.not_ready_reasons()))
+        log.error("not ready: %s", "; ".join(snapshot.reasons))
     interval = state.settings.watch_interval_s
     if interval > 0:
         state.watcher = asyncio.create_task(models.watch(interval), name="store-watcher")

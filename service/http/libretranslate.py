@@ -86,9 +86,9 @@ def _bearer(header: str | None) -> str:
 def _translators(request: Request) -> list[Task]:
     """Every serving translator that declares its languages."""
     out = []
-    for m in get_state(request).models.models.values():
-        task = m.task
-        if task is not None and m.task_name == TranslationTask.name and not m.unloaded and m.status == "ready":
+    for v in get_state(request).models.snapshot().serving():
+        task = v.task
+        if task is not None and v.task_name == TranslationTask.name:
             d = task.describe()
             if d.get("source_language") and d.get("target_language"):
                 out.append(task)

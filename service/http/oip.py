@@ -24,7 +24,7 @@ from service.http import binary, schemas
 from service.http.errors import AsciiJSONResponse
 from service.http.middleware import header, request_info
 from service.http.state import admit_scope, get_state
-from service.serving import ServedModel
+from service.serving import ModelSet, VersionState
 from service.tasks.base import OutputTensor
 from service.validation import describe_validation, field_rules
 
@@ -32,6 +32,7 @@ router = APIRouter(prefix="/v2")
 
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
+OIP_STATES = {VersionState.READY: "READY", VersionState.LOADING: "LOADING"}  # the rest: UNAVAILABLE
 INPUT = schemas.OipTensorMeta(name="text", datatype="BYTES", shape=[-1])
 RULES = field_rules(schemas.OipInferRequest, schemas.OipTensor)
 INFER_DOC: dict[str, Any] = {
@@ -72,28 +73,28 @@ async def ready(request: Request) -> dict[str, bool]:
 # -- model metadata and readiness, with and without a version ------------------------------------
 
 
-def _metadata(model: ServedModel, version: int | None) -> schemas.OipModelMetadata:
-    if version is not None and version not in model.versions:
-        raise ModelNotFound(f"model {model.name} has no loaded version {version}")
-    v = model.versions.get(version) if version is not None else model.serving
+def _metadata(models: ModelSet, name: str, version: int | None) -> schemas.OipModelMetadata:
+    models.get(name)  # 404 for a model the store does not have
+    held = [v for v in models.snapshot().model(name) if v.held]
+    if version is not None and version not in [v.version for v in held]:
+        raise ModelNotFound(f"model {name} has no loaded version {version}")
+    v = next((v for v in held if (v.version == version if version is not None else v.current)), None)
     task = v.task if v is not None else None
     outputs = (
         [schemas.OipTensorMeta(name=t.name, datatype=t.datatype, shape=t.shape) for t in task.outputs()] if task else []
     )
-    versions = [str(version)] if version is not None else [str(n) for n in sorted(model.versions)]
-    return schemas.OipModelMetadata(
-        name=model.name, versions=versions, platform=PLATFORM, inputs=[INPUT], outputs=outputs
-    )
+    versions = [str(version)] if version is not None else [str(v.version) for v in held]
+    return schemas.OipModelMetadata(name=name, versions=versions, platform=PLATFORM, inputs=[INPUT], outputs=outputs)
 
 
 @router.get("/models/{name}", response_model=schemas.OipModelMetadata)
 async def model_metadata(name: str, request: Request) -> schemas.OipModelMetadata:
-    return _metadata(get_state(request).models.get(name), None)
+    return _metadata(get_state(request).models, name, None)
 
 
 @router.get("/models/{name}/versions/{version}", response_model=schemas.OipModelMetadata)
 async def version_metadata(name: str, version: int, request: Request) -> schemas.OipModelMetadata:
-    return _metadata(get_state(request).models.get(name), version)
+    return _metadata(get_state(request).models, name, version)
 
 
 async def _ready(request: Request, name: str, version: int | None) -> dict[str, object]:
@@ -238,20 +239,14 @@ def _respond(
 async def repository_index(request: Request) -> list[dict[str, str]]:
     """Every version of every model: READY, LOADING, UNAVAILABLE (with the reason)."""
     out = []
-    for m in get_state(request).models.models.values():
-        for v in sorted(m.versions.values(), key=lambda v: v.version):
-            state = (
-                "READY"
-                if v.status == "ready" and not m.unloaded
-                else "LOADING"
-                if v.status == "loading"
-                else "UNAVAILABLE"
-            )
-            reason = "unloaded" if m.unloaded else v.error or ("" if state == "READY" else v.status)
-            out.append({"name": m.name, "version": str(v.version), "state": state, "reason": reason})
-        for version, reason in sorted({**m.refused, **m.failed}.items()):
-            if version not in m.versions:
-                out.append({"name": m.name, "version": str(version), "state": "UNAVAILABLE", "reason": reason})
+    for v in get_state(request).models.snapshot().versions:
+        if v.state is VersionState.UNLOADED and not v.held:
+            continue  # an unloaded model with no version left lists none
+        state = OIP_STATES.get(v.state, "UNAVAILABLE")
+        reason = (
+            "unloaded" if v.state is VersionState.UNLOADED else v.error or ("" if state == "READY" else v.state.value)
+        )
+        out.append({"name": v.name, "version": str(v.version), "state": state, "reason": reason})
     return out
 
 
@@ -260,10 +255,11 @@ async def repository_load(name: str, request: Request) -> dict[str, object]:
     """Loads the version the model's policy picks (the newest intact one, or the pinned one)."""
     models = get_state(request).models
     await models.refresh(only=name)
-    model = models.get(name)
-    if model.current is None or model.unloaded:
-        reasons = {**model.refused, **model.failed}
-        raise InvalidInput(f"model {name} could not be loaded: {'; '.join(reasons.values()) or 'no intact version'}")
+    models.get(name)
+    versions = models.snapshot().model(name)
+    if not any(v.current for v in versions):
+        reasons = [v.error for v in versions if v.state in (VersionState.REFUSED, VersionState.FAILED) and v.error]
+        raise InvalidInput(f"model {name} could not be loaded: {'; '.join(reasons) or 'no intact version'}")
     return {}
 
 

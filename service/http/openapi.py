@@ -90,8 +90,8 @@ def statuses(method: str, path: str, keys: bool) -> tuple[int, ...]:
 def served(models: ModelSet) -> tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...]:
     """What the document says of the models: each serving model's name, task and integer limits."""
     out = []
-    for m in models.models.values():
-        task = m.task if m.status == "ready" else None
+    for m in models.snapshot().serving():
+        task = m.task
         if task is not None:
             limits = tuple(sorted((k, v) for k, v in task.describe().items() if type(v) is int))
             out.append((m.name, task.name, limits))

@@ -51,7 +51,7 @@ async def readyz(request: Request) -> dict[str, object]:
         raise ShuttingDown(state.not_ready_reason())
     if not state.ready:
         raise NotReady(state.not_ready_reason())
-    return {"status": "ready", "models": sorted(state.models.models)}
+    return {"status": "ready", "models": sorted({v.name for v in state.models.snapshot().versions})}
 
 
 @router.get("/metrics", response_class=Response)
@@ -64,25 +64,19 @@ async def list_models(request: Request) -> schemas.ModelsResponse:
     """Every loaded version of every model (`current`: the one requests without a version get), and
     the versions refused (files that do not match their manifest, or a failed load)."""
     out = []
-    for m in get_state(request).models.models.values():
-        for v in sorted(m.versions.values(), key=lambda v: v.version):
-            info: dict[str, object] = {
-                "name": m.name,
-                "version": v.version,
-                "task": v.task_name,
-                "status": "unloaded" if m.unloaded else v.status,
-                "current": v.version == m.current,
-                "error": v.error,
-            }
-            if v.task is not None:
-                info |= {"variant": v.task.variant, **v.task.describe()}
-                info["figures"] = sorted(v.task.manifest.figures) or None
-            out.append(schemas.ModelInfo.model_validate(info))
-        for version, reason in sorted({**m.refused, **m.failed}.items()):
-            if version not in m.versions:
-                out.append(schemas.ModelInfo(name=m.name, version=version, task=None, status="refused", error=reason))
-        if not m.versions and m.unloaded:
-            out.append(schemas.ModelInfo(name=m.name, version=m.version, task=m.task_name, status="unloaded"))
+    for v in get_state(request).models.snapshot().versions:
+        info: dict[str, object] = {
+            "name": v.name,
+            "version": v.version,
+            "task": v.task_name if v.held else None,
+            "status": v.state.value,
+            "current": v.current if v.held else None,
+            "error": v.error,
+        }
+        if v.task is not None:
+            info |= {"variant": v.task.variant, **v.task.describe()}
+            info["figures"] = sorted(v.task.manifest.figures) or None
+        out.append(schemas.ModelInfo.model_validate(info))
     return schemas.ModelsResponse(models=out)
 
 

@@ -25,12 +25,12 @@ class AppState:
 
     @property
     def ready(self) -> bool:
-        return not self.draining and self.models.ready
+        return not self.draining and self.models.snapshot().ready
 
     def not_ready_reason(self) -> str:
         if self.draining:
             return "the service is shutting down"
-        return "not ready: " + "; ".join(self.models.not_ready_reasons() or ["starting"])
+        return "not ready: " + "; ".join(self.models.snapshot().reasons or ["starting"])
 
 
 def get_state(request: Request) -> AppState:
