@@ -24,9 +24,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from bench.engines import newest
 from service.contract import graphs
 from service.engine.runtime import make_session
-from service.store import newest, read_pinned, scan
+from service.store import read_pinned, scan
 
 ROOT = Path(__file__).resolve().parents[1]
 

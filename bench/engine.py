@@ -49,7 +49,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from bench.engines import load_engine
+from bench.engines import load_engine, newest
 from export.graphs import OPSET
 from export.model import (
     Classifier,
@@ -217,7 +217,7 @@ def publish(model: Classifier | Translator, store_dir: Path, name: str) -> Store
     labels = ["negative", "neutral", "positive"] if isinstance(model, Classifier) else []
     options = ExportOptions(name, 1, variants=("fp32", "int8"), labels=tuple(labels), min_parity_sentences=len(texts))
     export_model(model, tok, store_dir, options, validation_texts=texts, log=lambda _: None)
-    return store.newest(store.scan(store_dir))[name]
+    return newest(store.scan(store_dir))[name]
 
 
 class FullDecoderGraph(nn.Module):

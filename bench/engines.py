@@ -17,3 +17,13 @@ def load_engine(entry: StoreEntry, options: LoadOptions | None = None) -> Engine
     if task not in LOADERS:
         raise ValueError(f"{entry.folder}: no engine for task {task!r}")
     return LOADERS[task](entry, options)
+
+
+def newest(entries: list[StoreEntry]) -> dict[str, StoreEntry]:
+    """The newest version of each model, broken or not (the service picks by its version policy,
+    `service.serving`); a benchmark or test given a broken one fails on it rather than skip it."""
+    out: dict[str, StoreEntry] = {}
+    for e in entries:
+        if e.name not in out or e.version > out[e.name].version:
+            out[e.name] = e
+    return out

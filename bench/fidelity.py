@@ -19,12 +19,13 @@ import re
 import sys
 from pathlib import Path
 
+from bench.engines import newest
 from service.contract import spans
 from service.engine import text
 from service.engine.decoding import DecodeParams
 from service.engine.runtime import LoadOptions
 from service.engine.translator import load_translator
-from service.store import newest, scan
+from service.store import scan
 
 ROOT = Path(__file__).resolve().parents[1]
 PLACEHOLDER = re.compile(r"⟨(\d+)⟩")

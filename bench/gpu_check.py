@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.engines import newest
 from service.contract.graphs import pad
 from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.translator import TranslatorEngine, load_translator
@@ -124,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from service import store
 
     accel = ("cuda", "cpu") if args.device == "cuda" else ("cpu",)
-    entries = store.newest(store.scan(args.store))
+    entries = newest(store.scan(args.store))
     if not entries:
         print(f"gpu_check: FAILED: no model in {args.store}")
         return 1

@@ -23,12 +23,12 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench.engines import load_engine
+from bench.engines import load_engine, newest
 from service.engine.decoding import DecodeParams, Hypothesis
 from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine
 from service.errors import InputTooLong
-from service.store import newest, scan
+from service.store import scan
 
 ROOT = Path(__file__).resolve().parents[1]
 SCORE_TOL = 1e-4

@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from bench.engines import load_engine
+from bench.engines import load_engine, newest
 from bench.service_load import REVIEWS, SHORT
 from service.engine.classifier import ClassifierEngine
 from service.engine.decoding import DecodeParams
 from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine
-from service.store import newest, scan
+from service.store import scan
 
 
 def rate(fn: Callable[[], int], seconds: float) -> float:

@@ -20,11 +20,12 @@ import json
 import sys
 from pathlib import Path
 
+from bench.engines import newest
 from bench.quality import translate_rows, translation_scores
 from export import data
 from service.engine.runtime import LoadOptions
 from service.engine.translator import load_translator
-from service.store import newest, scan
+from service.store import scan
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = (

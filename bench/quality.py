@@ -14,12 +14,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from bench.engines import load_engine
+from bench.engines import load_engine, newest
 from service.engine.classifier import ClassifierEngine
 from service.engine.decoding import DecodeParams
 from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine
-from service.store import newest, scan
+from service.store import scan
 
 ROOT = Path(__file__).resolve().parents[1]
 

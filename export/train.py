@@ -3,8 +3,9 @@
 Both use AdamW, linear warm-up then linear decay, gradient clipping and label smoothing, a fixed
 seed and explicit thread settings. The schedule is fixed in steps, and the batch stream is a pure
 function of (seed, step), so a run is reproducible and an interrupted one resumes where it stopped:
-every evaluation writes a resumable state (`state-<phase>.pt`) beside the run's tokenizer; running
-the same command again continues from it. Checkpoints are safetensors + JSON.
+every evaluation writes a resumable state (`state-<phase>.safetensors`) beside the run's tokenizer;
+running the same command again continues from it. Checkpoints and states are safetensors + JSON:
+nothing is unpickled, so reading a run folder never runs code.
 
 Translator pairs are masked with `service.contract.spans` (placeholders ``⟨1⟩``... for the spans
 the service will protect), so the model learns to copy placeholders; evaluation translates through
@@ -20,13 +21,15 @@ import math
 import os
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tokenizers import Tokenizer
 from torch import Tensor, nn
@@ -109,10 +112,55 @@ def _copy(state: dict[str, Tensor]) -> dict[str, Tensor]:
     return {k: v.detach().clone() for k, v in state.items()}
 
 
-def _save_atomic(obj: object, path: Path) -> None:
+def state_path(out: Path, phase: str) -> Path:
+    return out / f"state-{phase}.safetensors"
+
+
+def save_state(state: Mapping[str, Any], path: Path) -> None:
+    """A resumable state in one safetensors file, written atomically: its tensors as tensors, the
+    rest (numbers, strings, lists, dicts, tuples) as JSON in the file's metadata, naming each tensor
+    where it stood."""
+    tensors: dict[str, Tensor] = {}
+    meta = json.dumps(_to_json(state, "", tensors))
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
+    save_file(tensors, str(tmp), metadata={"state": meta})
     os.replace(tmp, path)
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    """What `save_state` wrote, rebuilt exactly (integer keys and tuples included)."""
+    with safe_open(str(path), framework="pt") as f:
+        meta = f.metadata()["state"]
+    state = _from_json(json.loads(meta), load_file(str(path)))
+    assert isinstance(state, dict)
+    return state
+
+
+def _to_json(obj: object, at: str, tensors: dict[str, Tensor]) -> object:
+    if isinstance(obj, Tensor):
+        tensors[at] = obj.detach().contiguous().clone()  # own storage: tied weights are saved twice
+        return {"tensor": at}
+    if isinstance(obj, tuple):
+        return {"tuple": [_to_json(v, f"{at}/{i}", tensors) for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_to_json(v, f"{at}/{i}", tensors) for i, v in enumerate(obj)]
+    if isinstance(obj, dict):  # as pairs: a key keeps its type (the optimizer's state is keyed by int)
+        return {"dict": [[k, _to_json(v, f"{at}/{k}", tensors)] for k, v in obj.items()]}
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    raise TypeError(f"a training state holds {type(obj).__name__} at {at!r}: not saved")
+
+
+def _from_json(obj: object, tensors: Mapping[str, Tensor]) -> object:
+    if isinstance(obj, list):
+        return [_from_json(v, tensors) for v in obj]
+    if isinstance(obj, dict):
+        if "tensor" in obj:
+            return tensors[obj["tensor"]]
+        if "tuple" in obj:
+            return tuple(_from_json(v, tensors) for v in obj["tuple"])
+        return {k: _from_json(v, tensors) for k, v in obj["dict"]}
+    return obj
 
 
 def run_loop(
@@ -136,8 +184,10 @@ def run_loop(
     opt = make_optimizer(model, cfg)
     best, best_state, bad_evals, step = -math.inf, None, 0, 0
     snapshots: list[dict[str, Tensor]] = []
+    if state_file.with_suffix(".pt").is_file():
+        raise ValueError(f"{state_file.with_suffix('.pt')} is an older trainer's pickled state: delete it to restart")
     if state_file.is_file():
-        saved = torch.load(state_file, weights_only=False)
+        saved = load_state(state_file)
         # The run's length may change on resume (the schedule follows the new length from there on);
         # any other setting would make the resumed run a different run.
         if {**saved["config"], "steps": cfg.steps} != asdict(cfg):
@@ -194,7 +244,7 @@ def run_loop(
             if bad_evals >= cfg.patience:
                 bar.write(f"{desc}: early stop at step {step} (best {history.eval_name}={best:.4f})")
         finished = step >= cfg.steps or bad_evals >= cfg.patience
-        _save_atomic(
+        save_state(
             {
                 "config": asdict(cfg),
                 "step": step,
@@ -519,14 +569,18 @@ def run_classifier(args: argparse.Namespace) -> dict:
         histories["mlm"] = History()
         pcfg = phase_config(args, "pretrain_")
         pretrain_mlm(
-            model, tokenizer_lib.encode_texts(tok, unlabelled, mc.max_len), pcfg, histories["mlm"], out / "state-mlm.pt"
+            model,
+            tokenizer_lib.encode_texts(tok, unlabelled, mc.max_len),
+            pcfg,
+            histories["mlm"],
+            state_path(out, "mlm"),
         )
         if args.pretrain_only:
             print("mlm: pre-training done (--pretrain-only); rerun without it to fine-tune", flush=True)
             raise SystemExit(0)
     t_pre = time.perf_counter() - t0
     histories["classifier"] = History()
-    finetune_classifier(model, train, valid, phase_config(args), histories["classifier"], out / "state-classifier.pt")
+    finetune_classifier(model, train, valid, phase_config(args), histories["classifier"], state_path(out, "classifier"))
     train_s = time.perf_counter() - t0
     model.cpu()
     preds = predict_classes(model, [x for x, _ in test], torch.device("cpu")).tolist()
@@ -582,7 +636,7 @@ def run_translator(args: argparse.Namespace) -> dict:
     train, valid = encoded(masked["train"]), encoded(masked["valid"])
     histories = {"translator": History()}
     t0 = time.perf_counter()
-    state = out / "state-translator.pt"
+    state = state_path(out, "translator")
     train_translator_loop(model, train, valid, phase_config(args), histories["translator"], state, args.stop_at)
     train_s = time.perf_counter() - t0
     model.cpu()

@@ -8,12 +8,16 @@ event loop), and the old version finishes its admitted work before it is dropped
 whose files do not match its manifest is refused (logged, counted) and never replaces a
 working one. `refresh()` does this on demand (the repository API) and every
 `SERVE_WATCH_INTERVAL_S` seconds when the watcher is on.
+
+Each version's life is one `VersionState`, changed only through its record's transition methods
+(`ModelVersion`); `ModelSet.snapshot()` is what every listing and readiness probe renders.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import gc
 import logging
 import time
@@ -21,7 +25,6 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from service import store
 from service.contract.manifest import MANIFEST, ManifestError, read_manifest
@@ -34,37 +37,157 @@ from service.tasks.base import Task, TaskContext
 
 log = logging.getLogger(__name__)
 
-Status = Literal["loading", "ready", "failed", "draining", "unloaded"]
+
+class VersionState(enum.StrEnum):
+    """Where one version of a model is in its life.
+
+    LOADING -> READY -> DRAINING (a newer version took over) -> dropped once its work is done;
+    LOADING, READY or DRAINING -> UNLOADED (the repository API); LOADING -> FAILED (it could not be
+    loaded and nothing else serves) or REFUSED (its files do not match its manifest, or it could not
+    be loaded while another version kept serving). FAILED -> UNLOADED. REFUSED is final: trying a
+    version again makes a new record of it."""
+
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    UNLOADED = "unloaded"
+    REFUSED = "refused"
+    FAILED = "failed"
+
+
+class IllegalTransition(RuntimeError):
+    """A version was asked to go where its life does not lead (a bug, never a client's error)."""
 
 
 @dataclass
-class ServedVersion:
-    version: int
+class ModelVersion:
+    """One version of one model: the store entry it was judged on, its state, its task once loaded.
+
+    The state changes only through the transition methods, each of which checks that it is legal."""
+
+    entry: store.StoreEntry
     task_name: str | None  # also known for a broken version whose manifest.json still parses
-    status: Status = "loading"
-    error: str | None = None
-    task: Task | None = None
+    state: VersionState = VersionState.LOADING
+    error: str | None = None  # why it is refused or failed
+    task: Task | None = None  # the warmed-up task, from `loaded` until `release`
+
+    @property
+    def version(self) -> int:
+        return self.entry.version
+
+    def loaded(self, task: Task) -> None:
+        """Built and warmed up; it does not answer until `begin_serving`."""
+        self._only_from("loaded", VersionState.LOADING)
+        self.task = task
+
+    def begin_serving(self) -> None:
+        """Its task's queue runs: it answers requests."""
+        self._only_from("begin_serving", VersionState.LOADING)
+        if self.task is None:
+            raise IllegalTransition(f"version {self.version} cannot serve: it holds no loaded task")
+        self.state = VersionState.READY
+
+    def fail(self, reason: str) -> None:
+        """It could not be loaded, and the model has no other version serving."""
+        self._only_from("fail", VersionState.LOADING)
+        if self.task is not None:
+            raise IllegalTransition(f"version {self.version} holds a loaded task: it did not fail to load")
+        self.state, self.error = VersionState.FAILED, reason
+
+    def refuse(self, reason: str) -> None:
+        """Its files do not match its manifest, or it could not be loaded while another version serves."""
+        self._only_from("refuse", VersionState.LOADING)
+        if self.task is not None:
+            raise IllegalTransition(f"version {self.version} holds a loaded task: it cannot be refused")
+        self.state, self.error = VersionState.REFUSED, reason
+
+    def drain(self) -> None:
+        """A newer version took over: this one finishes its admitted work, then is dropped."""
+        self._only_from("drain", VersionState.READY)
+        self.state = VersionState.DRAINING
+
+    def unload(self) -> None:
+        """The repository API unloaded the model: finishes its admitted work, answers no new request."""
+        self._only_from("unload", VersionState.LOADING, VersionState.READY, VersionState.DRAINING, VersionState.FAILED)
+        self.state, self.error = VersionState.UNLOADED, None
+
+    def release(self) -> None:
+        """Its admitted work is done: the task is let go (its state stays, for the listings)."""
+        self._only_from("release", VersionState.DRAINING, VersionState.UNLOADED)
+        self.task = None
+
+    def _only_from(self, transition: str, *allowed: VersionState) -> None:
+        if self.state not in allowed:
+            raise IllegalTransition(f"version {self.version} is {self.state}: {transition} is not allowed")
+
+    @property
+    def held(self) -> bool:
+        return _held(self.state, self.task)
+
+
+@dataclass(frozen=True)
+class VersionView:
+    """One row of every listing: a version of a model as it is at the snapshot."""
+
+    name: str
+    version: int
+    task_name: str | None
+    state: VersionState
+    current: bool  # the version requests without a version get
+    error: str | None  # why refused or failed, else None
+    task: Task | None  # the loaded task when it has one
+
+    @property
+    def held(self) -> bool:
+        """A version the model has (listed with its task and `current`): not a refused one, nor the
+        row of an unloaded model that has no version left."""
+        return _held(self.state, self.task)
+
+
+def _held(state: VersionState, task: Task | None) -> bool:
+    """Loading, serving, draining or failed in the model's place: neither refused nor unloaded and done."""
+    return state is not VersionState.REFUSED and not (state is VersionState.UNLOADED and task is None)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The served models at one moment, for every listing and the readiness probes to render."""
+
+    versions: tuple[VersionView, ...]  # sorted by (name, version)
+    ready: bool  # every model is ready (or unloaded) and the store had no problem
+    reasons: tuple[str, ...]  # why not ready; empty when ready
+
+    def serving(self) -> tuple[VersionView, ...]:
+        """The version of each model that answers requests naming none."""
+        return tuple(v for v in self.versions if v.current and v.state is VersionState.READY)
+
+    def model(self, name: str) -> tuple[VersionView, ...]:
+        return tuple(v for v in self.versions if v.name == name)
 
 
 @dataclass
 class ServedModel:
-    """One model name: its loaded versions and the one that answers requests naming none."""
+    """One model name: every version it knows and the one that answers requests naming none.
+
+    A model is unloaded when it serves no version and has an unloaded one: that record stays after
+    its work is done, so the watcher leaves the model alone until the repository API loads it."""
 
     name: str
-    versions: dict[int, ServedVersion] = field(default_factory=dict)
+    versions: dict[int, ModelVersion] = field(default_factory=dict)
     current: int | None = None
-    unloaded: bool = False  # through the repository API: the watcher leaves it alone
-    refused: dict[int, str] = field(default_factory=dict)  # versions whose files do not match their manifest
-    failed: dict[int, str] = field(default_factory=dict)  # intact versions that failed to load (retried on request)
 
     @property
-    def serving(self) -> ServedVersion | None:
+    def unloaded(self) -> bool:
+        return self.current is None and any(v.state is VersionState.UNLOADED for v in self.versions.values())
+
+    @property
+    def serving(self) -> ModelVersion | None:
         return self.versions.get(self.current) if self.current is not None else None
 
-    # The serving version's fields, for callers that do not care about versions.
+    # The serving version's fields (else the newest held one's), for callers that do not care about versions.
     @property
     def version(self) -> int:
-        return self.current if self.current is not None else max(self.versions, default=0)
+        return self.current if self.current is not None else max(self._held(), default=0)
 
     @property
     def task(self) -> Task | None:
@@ -72,33 +195,53 @@ class ServedModel:
 
     @property
     def task_name(self) -> str | None:
-        v = self.serving or self.versions.get(self.version)
+        v = self.serving or self._held().get(self.version)
         return v.task_name if v else None
 
     @property
-    def status(self) -> Status:
+    def state(self) -> VersionState:
         if self.unloaded:
-            return "unloaded"
-        v = self.serving or self.versions.get(self.version)
-        return v.status if v else "loading"
+            return VersionState.UNLOADED
+        v = self.serving or self._held().get(self.version)
+        return v.state if v else VersionState.LOADING
 
     @property
     def error(self) -> str | None:
-        v = self.serving or self.versions.get(self.version)
+        v = self.serving or self._held().get(self.version)
         return v.error if v else None
+
+    def _held(self) -> dict[int, ModelVersion]:
+        return {n: v for n, v in self.versions.items() if v.held}
 
     def ready_task(self, version: int | None = None) -> Task:
         """The task of `version` (default: the serving one) when it serves; NotReady otherwise."""
         if self.unloaded:
             raise NotReady(f"model {self.name} is unloaded")
-        if version is not None and version not in self.versions:
+        held = self._held()
+        if version is not None and version not in held:
             raise ModelNotFound(f"model {self.name} has no loaded version {version}")
-        v = self.versions.get(version) if version is not None else self.serving
-        if v is None or v.status == "failed":
+        v = held.get(version) if version is not None else self.serving
+        if v is None or v.state is VersionState.FAILED:
             raise NotReady(f"model {self.name} is not available: it failed to load")
-        if v.status != "ready" or v.task is None:
-            raise NotReady(f"model {self.name} version {v.version} is {v.status}")
+        if v.state is not VersionState.READY or v.task is None:
+            raise NotReady(f"model {self.name} version {v.version} is {v.state}")
         return v.task
+
+    def views(self) -> list[VersionView]:
+        """Its rows: every version but those unloaded and done; an unloaded model with none left
+        is one row (version 0)."""
+        out = [
+            VersionView(self.name, v.version, v.task_name, v.state, v.version == self.current, v.error, v.task)
+            for v in self.versions.values()
+            if v.state is not VersionState.UNLOADED or v.task is not None
+        ]
+        if self.unloaded and not any(v.state is not VersionState.REFUSED for v in out):
+            out.append(VersionView(self.name, 0, None, VersionState.UNLOADED, False, None, None))
+        return out
+
+
+class LoadFailed(Exception):
+    """A version could not be built: the reason, one line."""
 
 
 class ModelSet:
@@ -106,11 +249,11 @@ class ModelSet:
         self.settings, self.metrics, self.executor = settings, metrics, executor
         self.models: dict[str, ServedModel] = {}
         self.problems: list[str] = []  # store-level reasons not to be ready
-        self.loaded = False  # the first load has finished (successfully or not)
+        self.loaded = False  # the first load has finished (successfully or not): the service's phase
         self.pinned = parse_versions(settings.model_versions)
         self._threads: dict[str, int] = {}
         self._draining: set[asyncio.Task[None]] = set()
-        self._lock = asyncio.Lock()  # one refresh at a time
+        self._lock = asyncio.Lock()  # one refresh or unload at a time
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -122,16 +265,16 @@ class ModelSet:
         except Exception as exc:
             self.problems.append(f"model store {s.model_store}: {exc}")
             log.error("model store not usable: %s", exc)
-            self.loaded = True
             return
         if not found:
             self.problems.append(f"model store {s.model_store} holds no model")
             log.error("model store %s holds no model", s.model_store)
-        chosen = {}
+        chosen: dict[str, ModelVersion] = {}
         for name, entries in sorted(found.items()):
-            self.models[name] = ServedModel(name)
-            chosen[name] = entry = self._choose(name, entries)
-            self.models[name].versions[entry.version] = ServedVersion(entry.version, _task_name(entry))
+            model = self.models[name] = ServedModel(name)
+            entry = self._choose(model, entries)
+            # a broken version the policy still picks (nothing intact) was refused above; it fails below
+            chosen[name] = model.versions[entry.version] = ModelVersion(entry, _task_name(entry))
         present = [c for c in registry.tasks() if any(m.task_name == c.name for m in self.models.values())]
         self._threads = split_threads(s, s.threads or cpu_quota(), present)
         log.info("CPU threads per task: %s", ", ".join(f"{k} {v}" for k, v in self._threads.items()) or "none")
@@ -141,68 +284,82 @@ class ModelSet:
             if wanted and (m is None or (m.task_name is not None and m.task_name != cls.name)):
                 self.problems.append(f"default {cls.name} model {wanted!r} is not a {cls.name} model in the store")
                 log.error("settings name %r as the default %s model; the store has no such model", wanted, cls.name)
-        for name, entry in chosen.items():
-            self._load_version(self.models[name], entry)
-        self.loaded = True
+        for name, v in chosen.items():
+            try:
+                v.loaded(self._build(name, v.entry))
+            except LoadFailed as exc:
+                v.fail(str(exc))
 
     def start(self) -> None:
         """Starts every loaded version's queue (on the event loop); those versions serve from then on."""
         for model in self.models.values():
             for v in model.versions.values():
-                if v.task is not None and v.status == "loading":
+                if v.task is not None and v.state is VersionState.LOADING:
                     v.task.start()
-                    v.status = "ready"
+                    v.begin_serving()
                     model.current = v.version
+        self.loaded = True
 
-    def _choose(self, name: str, entries: Sequence[store.StoreEntry]) -> store.StoreEntry:
+    def fail(self, problem: str) -> None:
+        """Loading the models failed as a whole: the service is not ready, for this reason."""
+        self.problems.append(problem)
+        self.loaded = True
+
+    def _choose(self, model: ServedModel, entries: Sequence[store.StoreEntry]) -> store.StoreEntry:
         """The version policy: the pinned version, else the newest intact one (else the newest, broken)."""
-        pinned = self.pinned.get(name)
+        pinned = self.pinned.get(model.name)
         if pinned is not None:
             match = [e for e in entries if e.version == pinned]
             if match:
                 return match[0]
-            log.error("model %s: pinned version %d is not in the store; serving the newest", name, pinned)
+            log.error("model %s: pinned version %d is not in the store; serving the newest", model.name, pinned)
         intact = [e for e in entries if e.manifest is not None]
-        model = self.models[name]
         for e in entries:
+            v = model.versions.get(e.version)
             if e.manifest is None and (not intact or e.version > intact[-1].version):
-                self._refuse(model, e.version, e.error or "broken", model.refused)
-            elif e.manifest is not None:
-                model.refused.pop(e.version, None)  # intact now (a copy that had not finished)
+                if v is None or v.state is VersionState.REFUSED:
+                    self._reject(model, e, e.error or "broken", VersionState.REFUSED)
+                elif v.state is VersionState.FAILED:  # the version the model tried to serve: it stays failed
+                    self._reject(model, e, e.error or "broken", VersionState.FAILED)
+                # a version loaded before its files broke keeps its place
+            elif (
+                e.manifest is not None
+                and v is not None
+                and v.state is VersionState.REFUSED
+                and v.entry.manifest is None
+            ):
+                del model.versions[e.version]  # intact now (a copy that had not finished)
         return intact[-1] if intact else entries[-1]
 
-    def _load_version(self, model: ServedModel, entry: store.StoreEntry) -> ServedVersion:
-        """Builds and warms up one version (blocking); a failure is kept on the version."""
-        v = model.versions.setdefault(entry.version, ServedVersion(entry.version, _task_name(entry)))
+    def _build(self, name: str, entry: store.StoreEntry) -> Task:
+        """Builds and warms up one version (blocking); LoadFailed says why it could not."""
         if entry.manifest is None:
-            v.status, v.error = "failed", entry.error
-            log.error("model %s version %d is not served: %s", model.name, entry.version, entry.error)
-            return v
+            log.error("model %s version %d is not served: %s", name, entry.version, entry.error)
+            raise LoadFailed(entry.error or "broken")
         cls = registry.get(entry.manifest.task)
         if cls is None:
             known = ", ".join(sorted(c.name for c in registry.tasks()))
-            v.status, v.error = "failed", f"unknown task {entry.manifest.task!r} (this service serves {known})"
-            log.error("model %s version %d is not served: %s", model.name, entry.version, v.error)
-            return v
+            reason = f"unknown task {entry.manifest.task!r} (this service serves {known})"
+            log.error("model %s version %d is not served: %s", name, entry.version, reason)
+            raise LoadFailed(reason)
         s = self.settings
         options = LoadOptions(s.provider_list, self._threads.get(cls.name, 1), s.variant)
         try:
             t0 = time.perf_counter()
-            v.task = cls.load(entry, options, TaskContext(s, self.metrics.observer(model.name)))
+            task = cls.load(entry, options, TaskContext(s, self.metrics.observer(name)))
         except Exception as exc:
+            log.exception("model %s version %d failed to load", name, entry.version)
             first_line = (str(exc).strip().splitlines() or [""])[0][:300]
-            v.status, v.error = "failed", f"{type(exc).__name__}: {first_line}"
-            log.exception("model %s version %d failed to load", model.name, entry.version)
-            return v
+            raise LoadFailed(f"{type(exc).__name__}: {first_line}") from exc
         log.info(
             "model %s version %d (%s, %s) loaded and warmed up in %.2f s",
-            model.name,
+            name,
             entry.version,
             cls.name,
-            v.task.variant,
+            task.variant,
             time.perf_counter() - t0,
         )
-        return v
+        return task
 
     # -- hot reload --------------------------------------------------------------------------
 
@@ -216,7 +373,11 @@ class ModelSet:
                 log.exception("model store refresh failed")
 
     async def refresh(self, only: str | None = None) -> None:
-        """Switches every model (or `only` one) to the version its policy picks, when that changed."""
+        """Switches every model (or `only` one) to the version its policy picks, when that changed.
+
+        A version refused or failed is tried again when its files changed, or when `only` names it."""
+        if not self.loaded:
+            raise NotReady("models are still loading")
         async with self._lock:
             loop = asyncio.get_running_loop()
             found = await loop.run_in_executor(self.executor, versions_in, self.settings.model_store)
@@ -228,39 +389,47 @@ class ModelSet:
                 model = self.models.setdefault(name, ServedModel(name))
                 if model.unloaded and only is None:
                     continue
-                wanted = self._choose(name, entries)
-                if only is not None:
-                    model.failed.pop(wanted.version, None)  # an explicit load tries again
-                stale = wanted.version != model.current or model.unloaded
-                if stale and wanted.manifest is not None and wanted.version not in model.failed:
+                wanted = self._choose(model, entries)
+                v = model.versions.get(wanted.version)
+                rejected = v is not None and v.state in (VersionState.REFUSED, VersionState.FAILED)
+                tried = rejected and v is not None and v.entry == wanted and only is None
+                if wanted.version != model.current and wanted.manifest is not None and not tried:
                     await self._switch(model, wanted)
 
     async def _switch(self, model: ServedModel, entry: store.StoreEntry) -> None:
-        loop = asyncio.get_running_loop()
-        v = await loop.run_in_executor(self.executor, self._load_version, model, entry)
-        if v.task is None:
-            if model.current is not None:  # the serving version stays; the broken one is forgotten
-                model.versions.pop(entry.version, None)
-            self._refuse(model, entry.version, v.error or "failed to load", model.failed)
+        v = model.versions[entry.version] = ModelVersion(entry, _task_name(entry))  # a new try, a new record
+        try:
+            task = await asyncio.get_running_loop().run_in_executor(self.executor, self._build, model.name, entry)
+        except LoadFailed as exc:
+            del model.versions[entry.version]  # `_reject` records it: refused beside a serving version
+            self._reject(model, entry, str(exc), VersionState.FAILED if model.current is None else VersionState.REFUSED)
             return
-        v.task.start()
-        v.status = "ready"
+        v.loaded(task)
+        task.start()
+        v.begin_serving()
         old = model.serving
-        model.unloaded = False
         model.current = entry.version  # from now on new requests go to the new version
+        for n, done in list(model.versions.items()):
+            if done.state is VersionState.UNLOADED and done.task is None:
+                del model.versions[n]  # the model is loaded again: its unloaded versions are forgotten
         self.metrics.model_loads.labels(model=model.name, result="loaded").inc()
         log.info("model %s now serves version %d", model.name, entry.version)
-        if old is not None and old.version != entry.version:
+        if old is not None and old is not v:
+            old.drain()
             self._retire(model, old)
 
-    def _retire(self, model: ServedModel, old: ServedVersion) -> None:
-        """The old version finishes its admitted work in the background, then is dropped."""
-        old.status = "draining"
+    def _retire(self, model: ServedModel, old: ModelVersion) -> None:
+        """The old version (draining or unloaded) finishes its admitted work in the background; then
+        a drained one is dropped, an unloaded one stays (without its task) while the model is unloaded."""
 
         async def drain() -> None:
             if old.task is not None:
                 await old.task.close(self.settings.drain_timeout_s)
-            model.versions.pop(old.version, None)
+            old.release()
+            if model.versions.get(old.version) is old and (
+                old.state is VersionState.DRAINING or model.current is not None
+            ):
+                del model.versions[old.version]
             log.info("model %s version %d unloaded", model.name, old.version)
 
         task = asyncio.create_task(drain(), name=f"drain-{model.name}-{old.version}")
@@ -268,42 +437,57 @@ class ModelSet:
         task.add_done_callback(self._draining.discard)
         task.add_done_callback(lambda _: refreeze_heap())  # the dropped version's objects may be freed
 
-    def _refuse(self, model: ServedModel, version: int, reason: str, record: dict[int, str]) -> None:
-        if record.get(version) == reason:
-            return  # said once is enough; a changed reason (a copy still in progress) is said again
-        record[version] = reason
-        log.error("model %s version %d refused: %s", model.name, version, reason)
+    def _reject(self, model: ServedModel, entry: store.StoreEntry, reason: str, state: VersionState) -> None:
+        """Records a version that is not served, as `state` (REFUSED or FAILED); logged and counted once
+        per reason (a changed reason, as while a copy is in progress, is said again)."""
+        v = model.versions.get(entry.version)
+        if v is not None and v.state is state and v.error == reason:
+            return
+        v = model.versions[entry.version] = ModelVersion(entry, _task_name(entry))
+        if state is VersionState.FAILED:
+            v.fail(reason)
+        else:
+            v.refuse(reason)
+        log.error("model %s version %d refused: %s", model.name, entry.version, reason)
         self.metrics.model_loads.labels(model=model.name, result="refused").inc()
 
     async def unload(self, name: str) -> None:
         """Stops serving a model: its versions finish their admitted work, new requests get 503."""
-        model = self.get(name)
-        model.unloaded = True
-        for v in list(model.versions.values()):
-            if v.status in ("ready", "loading"):
-                self._retire(model, v)
-        model.current = None
+        if not self.loaded:
+            raise NotReady("models are still loading")
+        async with self._lock:
+            model = self.get(name)
+            for v in list(model.versions.values()):
+                if v.state is VersionState.DRAINING:
+                    v.unload()  # its drain is under way
+                elif v.state in (VersionState.LOADING, VersionState.READY, VersionState.FAILED):
+                    v.unload()
+                    self._retire(model, v)
+            model.current = None
 
     # -- state -------------------------------------------------------------------------------
 
-    @property
-    def ready(self) -> bool:
-        return (
+    def snapshot(self) -> Snapshot:
+        """Every version of every model as it is now, and whether the service is ready (and why not)."""
+        rows = sorted((row for m in self.models.values() for row in m.views()), key=lambda r: (r.name, r.version))
+        states = [m.state for m in self.models.values()]
+        ready = (
             self.loaded
             and not self.problems
             and bool(self.models)
-            and all(m.status == "ready" or m.unloaded for m in self.models.values())
+            and all(s in (VersionState.READY, VersionState.UNLOADED) for s in states)
         )
+        return Snapshot(tuple(rows), ready, () if ready else tuple(self._reasons()))
 
-    def not_ready_reasons(self) -> list[str]:
+    def _reasons(self) -> list[str]:
         if not self.loaded:
-            loading = [m.name for m in self.models.values() if m.status == "loading"]
+            loading = [m.name for m in self.models.values() if m.state is VersionState.LOADING]
             return [f"loading and warming up models{': ' + ', '.join(loading) if loading else ''}"]
         reasons = list(self.problems)
         for m in self.models.values():
-            if m.status == "failed":
+            if m.state is VersionState.FAILED:
                 reasons.append(f"model {m.name} version {m.version} failed: {m.error}")
-            elif m.status == "loading":
+            elif m.state is VersionState.LOADING:
                 reasons.append(f"model {m.name} is not started")
         return reasons
 
@@ -413,63 +597,3 @@ def _task_name(entry: store.StoreEntry) -> str | None:
         return read_manifest(entry.folder).task
     except ManifestError:
         return None
-
-
-# --- TEMPORARY SHIM (replaced by the lifecycle branch) ---
-import enum  # noqa: E402
-
-
-class VersionState(enum.StrEnum):
-    LOADING = "loading"
-    READY = "ready"
-    DRAINING = "draining"
-    UNLOADED = "unloaded"
-    REFUSED = "refused"
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class VersionView:
-    name: str
-    version: int
-    task_name: str | None
-    state: VersionState
-    current: bool
-    error: str | None
-    task: Task | None
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    versions: tuple[VersionView, ...]
-    ready: bool
-    reasons: tuple[str, ...]
-
-    def serving(self) -> tuple[VersionView, ...]:
-        return tuple(v for v in self.versions if v.current and v.state is VersionState.READY)
-
-    def model(self, name: str) -> tuple[VersionView, ...]:
-        return tuple(v for v in self.versions if v.name == name)
-
-
-def _snapshot(self: ModelSet) -> Snapshot:
-    out = []
-    for m in self.models.values():
-        for v in sorted(m.versions.values(), key=lambda v: v.version):
-            st = VersionState.UNLOADED if m.unloaded else VersionState(v.status)
-            out.append(VersionView(m.name, v.version, v.task_name, st, v.version == m.current, v.error, v.task))
-        for version, reason in sorted({**m.refused, **m.failed}.items()):
-            if version not in m.versions:
-                out.append(VersionView(m.name, version, None, VersionState.REFUSED, False, reason, None))
-        if not m.versions and m.unloaded:
-            out.append(VersionView(m.name, m.version, m.task_name, VersionState.UNLOADED, False, None, None))
-    return Snapshot(tuple(out), self.ready, () if self.ready else tuple(self.not_ready_reasons()))
-
-
-def _fail(self: ModelSet, problem: str) -> None:
-    self.problems.append(problem)
-    self.loaded = True
-
-
-ModelSet.snapshot = _snapshot  # type: ignore[attr-defined]
-ModelSet.fail = _fail  # type: ignore[attr-defined]

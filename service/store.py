@@ -48,15 +48,6 @@ def scan(store: Path) -> list[StoreEntry]:
     return entries
 
 
-def newest(entries: list[StoreEntry]) -> dict[str, StoreEntry]:
-    """The newest version of each name is served; a broken newest version is reported, not skipped."""
-    out: dict[str, StoreEntry] = {}
-    for e in entries:
-        if e.name not in out or e.version > out[e.name].version:
-            out[e.name] = e
-    return out
-
-
 def read_pinned(entry: StoreEntry, file_name: str) -> bytes:
     """File bytes, re-hashed after reading so the bytes used are exactly the bytes the manifest pins."""
     manifest = entry.require_manifest()

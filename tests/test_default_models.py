@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench.engines import newest
 from export.model import greedy_loop
 from service import store
 from service.contract.graphs import pad
@@ -32,7 +33,7 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def entries() -> dict[str, store.StoreEntry]:
-    return store.newest(store.scan(STORE))
+    return newest(store.scan(STORE))
 
 
 def test_bundled_store_is_intact_and_validated(entries: dict[str, store.StoreEntry]) -> None:

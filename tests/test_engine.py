@@ -12,6 +12,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
+from bench.engines import newest
 from export.batches import pad
 from export.model import Classifier, Translator, greedy
 from service.engine import runtime
@@ -21,7 +22,7 @@ from service.engine.running import RunningBatch
 from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine, load_translator
 from service.errors import InputTooLong, InvalidInput
-from service.store import StoreEntry, newest, read_pinned, scan
+from service.store import StoreEntry, read_pinned, scan
 from tests.conftest import sentences
 
 

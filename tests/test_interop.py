@@ -17,9 +17,10 @@ from deep_translator import LibreTranslator
 from libretranslatepy import LibreTranslateAPI
 from tritonclient.utils import InferenceServerException
 
+from bench.engines import newest
 from service.engine.classifier import load_classifier
 from service.engine.translator import load_translator
-from service.store import newest, scan
+from service.store import scan
 from tests.test_service_e2e import Server, run_server
 
 TEXTS = ["The cat sees a dog.", "Open the window."]

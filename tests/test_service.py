@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
+from bench.engines import newest
 from service import store
 from service.app import create_app
 from service.engine.classifier import ClassifierEngine, load_classifier
@@ -79,7 +80,7 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 
 @pytest.fixture(scope="module")
 def engines(tiny_store: Path) -> tuple[ClassifierEngine, TranslatorEngine]:
-    entries = store.newest(store.scan(tiny_store))
+    entries = newest(store.scan(tiny_store))
     clf = load_classifier(entries["tiny-clf"], LoadOptions(threads=1))
     mt = load_translator(entries["tiny-mt"], LoadOptions(threads=1))
     assert isinstance(clf, ClassifierEngine) and isinstance(mt, TranslatorEngine)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import math
+import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from export import metrics, train
 from export.model import ClassifierConfig
@@ -133,6 +136,58 @@ def test_an_interrupted_run_resumes_to_the_same_weights(
         assert torch.equal(v, b.state_dict()[k]), k
 
 
+def test_the_resume_state_is_tensors_and_json_never_a_pickle(tmp_path: Path) -> None:
+    """What a resume needs, back exactly: tied tensors, the optimizer's int-keyed state and tuples,
+    infinities, the RNG state; and the file is safetensors (a JSON header, raw tensor bytes)."""
+    model = nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98))
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    shared = torch.arange(4.0)
+    state = {
+        "model": model.state_dict(),
+        "tied": {"a": shared, "b": shared},
+        "optimizer": opt.state_dict(),
+        "best": -math.inf,
+        "best_state": None,
+        "history": {"step": [1, 2], "train_loss": [0.1, 1 / 3], "eval_name": "bleu"},
+        "torch_rng": torch.get_rng_state(),
+        "finished": False,
+    }
+    path = tmp_path / "state.safetensors"
+    train.save_state(state, path)
+    raw = path.read_bytes()
+    header = int.from_bytes(raw[:8], "little")
+    assert raw[8:9] == b"{" and json.loads(raw[8 : 8 + header])["__metadata__"]["state"]
+    assert not zipfile.is_zipfile(path)  # not torch.save's zipped pickle
+    back = train.load_state(path)
+    assert back["best"] == -math.inf and back["best_state"] is None and back["finished"] is False
+    assert back["history"] == state["history"] and torch.equal(back["torch_rng"], state["torch_rng"])
+    assert all(torch.equal(back["model"][k], v) for k, v in model.state_dict().items())
+    assert torch.equal(back["tied"]["a"], shared) and torch.equal(back["tied"]["b"], shared)
+    saved_opt = back["optimizer"]
+    assert list(saved_opt["state"]) == [0, 1] and saved_opt["param_groups"][0]["betas"] == (0.9, 0.98)
+    again = torch.optim.AdamW(model.parameters(), lr=1e-3, betas=(0.9, 0.98))
+    again.load_state_dict(saved_opt)
+    for k, v in opt.state_dict()["state"][0].items():
+        assert torch.equal(again.state_dict()["state"][0][k], v), k
+
+
+def test_an_older_pickled_state_is_never_read(tmp_path: Path) -> None:
+    (tmp_path / "state-translator.pt").write_bytes(b"\x80\x04not read")
+    with pytest.raises(ValueError, match="older trainer's pickled state: delete it"):
+        train.run_loop(
+            nn.Linear(2, 2),
+            train.TrainConfig(),
+            None,  # type: ignore[arg-type]
+            None,  # type: ignore[arg-type]
+            None,  # type: ignore[arg-type]
+            "translator",
+            train.History(),
+            train.state_path(tmp_path, "translator"),
+        )
+
+
 def test_a_shortened_run_replays_exactly(tiny_data: Path, tmp_path: Path) -> None:
     """`--stop-at` then a rerun with another `--steps`: how the Makefile replays a run whose length
     changed on the way. Two replays give the same weights; the stop itself publishes nothing."""
@@ -159,10 +214,10 @@ def test_a_finished_run_goes_on_when_made_longer(tiny_data: Path, tmp_path: Path
     args = ["translator", "--data-dir", str(tiny_data), "--warmup", "3", *TINY, "--out", str(tmp_path / "run")]
     args += ["--eval-every", "2", "--batch-tokens", "400", "--threads", "1", "--patience", "100"]
     train.main([*args, "--steps", "4"])
-    state = torch.load(tmp_path / "run" / "state-translator.pt", weights_only=False)
+    state = train.load_state(train.state_path(tmp_path / "run", "translator"))
     assert state["finished"] and state["step"] == 4
     train.main([*args, "--steps", "6"])
-    state = torch.load(tmp_path / "run" / "state-translator.pt", weights_only=False)
+    state = train.load_state(train.state_path(tmp_path / "run", "translator"))
     assert state["finished"] and state["step"] == 6 and state["history"]["eval_step"][-1] == 6
     assert json.loads((tmp_path / "run" / "report.json").read_text())["steps_run"] == 6
 
@@ -176,7 +231,7 @@ def test_pretraining_alone_then_longer_then_fine_tuning(tiny_data: Path, tmp_pat
     with pytest.raises(SystemExit) as stop:
         train.main([*args, "--pretrain-steps", "4", "--pretrain-only"])
     assert stop.value.code == 0
-    assert not (out / "state-classifier.pt").exists() and not (out / "model.safetensors").exists()
+    assert not train.state_path(out, "classifier").exists() and not (out / "model.safetensors").exists()
     train.main([*args, "--pretrain-steps", "6"])
     report = json.loads((out / "report.json").read_text())
     assert report["steps_run"] == {"mlm": 6, "classifier": 4}

@@ -68,10 +68,7 @@ def _loaded(call: Call) -> list[VersionView]:
     """The model's versions that were loaded (or tried), oldest first; 404 for an unknown model."""
     name = call.params["name"]
     call.state.models.get(name)  # ModelNotFound with the served names
-    return [v for v in call.state.models.snapshot().model(name) if v.state not in LISTED_ONLY]
-
-
-LISTED_ONLY = (VersionState.REFUSED, VersionState.UNLOADED)  # rows of the index, no loaded version
+    return [v for v in call.state.models.snapshot().model(name) if v.held]
 
 
 def _metadata(call: Call, version: int | None) -> ASGIApp:
@@ -241,8 +238,11 @@ async def repository_index(call: Call) -> ASGIApp:
     """Every version of every model: READY, LOADING, UNAVAILABLE (with the reason)."""
     out = []
     for v in call.state.models.snapshot().versions:
+        if v.state is VersionState.UNLOADED and not v.held:
+            continue  # an unloaded model with no version left lists none
         state = INDEX_STATES.get(v.state, "UNAVAILABLE")
-        reason = v.error or ("" if state == "READY" else v.state.value)
+        unloaded = v.state is VersionState.UNLOADED
+        reason = "unloaded" if unloaded else v.error or ("" if state == "READY" else v.state.value)
         out.append({"name": v.name, "version": str(v.version), "state": state, "reason": reason})
     return json_answer(out)
 
@@ -252,8 +252,9 @@ async def repository_load(call: Call) -> ASGIApp:
     name = call.params["name"]
     models = call.state.models
     await models.refresh(only=name)
+    models.get(name)
     views = models.snapshot().model(name)
-    if not any(v.current and v.state is VersionState.READY for v in views):
+    if not any(v.current for v in views):
         reasons = [v.error for v in views if v.state in (VersionState.REFUSED, VersionState.FAILED) and v.error]
         raise InvalidInput(f"model {name} could not be loaded: {'; '.join(reasons) or 'no intact version'}")
     return json_answer({})

@@ -17,7 +17,7 @@ from service.http import schemas
 from service.http.dispatch import Call, json_answer
 from service.http.table import Auth, Handler, Route
 from service.metrics import CONTENT_TYPE
-from service.serving import VersionState, VersionView
+from service.serving import VersionView
 from service.tasks.base import Task
 
 
@@ -45,9 +45,9 @@ def model_info(v: VersionView) -> schemas.ModelInfo:
     info: dict[str, object] = {
         "name": v.name,
         "version": v.version,
-        "task": v.task_name,
+        "task": v.task_name if v.held else None,
         "status": v.state.value,
-        "current": None if v.state in (VersionState.REFUSED, VersionState.UNLOADED) else v.current,
+        "current": v.current if v.held else None,
         "error": v.error,
     }
     if v.task is not None:

@@ -1,0 +1,231 @@
+"""A version's life (`VersionState` and its transitions) and the snapshot every listing renders,
+on a `ModelSet` over the tiny store: no server."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from service.errors import ModelNotFound, NotReady
+from service.metrics import Metrics
+from service.serving import IllegalTransition, ModelSet, ModelVersion, ServedModel, VersionState, VersionView
+from service.settings import Settings
+from service.store import StoreEntry
+from service.tasks.base import Task
+from tests.test_reload import add_version
+
+pytestmark = pytest.mark.anyio
+S = VersionState
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def record(state: VersionState = S.LOADING) -> ModelVersion:
+    """A version record driven to `state` through its own transitions."""
+    v = ModelVersion(StoreEntry("m", 1, Path("m/1"), None, "broken"), "classification")
+    task = cast(Task, object())
+    paths: dict[VersionState, list[str]] = {
+        S.LOADING: [],
+        S.READY: ["loaded", "begin_serving"],
+        S.DRAINING: ["loaded", "begin_serving", "drain"],
+        S.UNLOADED: ["loaded", "begin_serving", "unload"],
+        S.FAILED: ["fail"],
+        S.REFUSED: ["refuse"],
+    }
+    for step in paths[state]:
+        args: tuple[Any, ...] = (task,) if step == "loaded" else ("why",) if step in ("fail", "refuse") else ()
+        getattr(v, step)(*args)
+    assert v.state is state
+    return v
+
+
+LEGAL = {
+    "loaded": {S.LOADING},
+    "begin_serving": {S.LOADING},  # with a loaded task
+    "fail": {S.LOADING},
+    "refuse": {S.LOADING},
+    "drain": {S.READY},
+    "unload": {S.LOADING, S.READY, S.DRAINING, S.FAILED},
+    "release": {S.DRAINING, S.UNLOADED},
+}
+
+
+@pytest.mark.parametrize("state", list(S))
+@pytest.mark.parametrize("step", sorted(LEGAL))
+def test_every_transition_is_allowed_only_from_its_states(state: VersionState, step: str) -> None:
+    v = record(state)
+    if step == "begin_serving" and state is S.LOADING:
+        v.loaded(cast(Task, object()))
+    args: tuple[Any, ...] = (
+        (cast(Task, object()),) if step == "loaded" else ("why",) if step in ("fail", "refuse") else ()
+    )
+    if state in LEGAL[step]:
+        getattr(v, step)(*args)
+    else:
+        with pytest.raises(IllegalTransition, match=f"is {state}: {step} is not allowed"):
+            getattr(v, step)(*args)
+        assert v.state is state
+
+
+def test_a_version_serves_only_with_a_task_and_fails_only_without_one() -> None:
+    with pytest.raises(IllegalTransition, match="holds no loaded task"):
+        record().begin_serving()
+    v = record()
+    v.loaded(cast(Task, object()))
+    with pytest.raises(IllegalTransition, match="holds a loaded task"):
+        v.fail("why")
+    with pytest.raises(IllegalTransition, match="holds a loaded task"):
+        v.refuse("why")
+
+
+def test_a_life_from_loading_to_unloaded() -> None:
+    v = record()
+    task = cast(Task, object())
+    v.loaded(task)
+    assert (v.state, v.task) == (S.LOADING, task)
+    v.begin_serving()
+    v.drain()
+    v.unload()  # the model is unloaded while this version drains
+    assert v.held and v.task is task
+    v.release()
+    assert (v.state, v.task, v.held) == (S.UNLOADED, None, False)
+    failed = record()
+    failed.fail("it broke")
+    assert (failed.state, failed.error, failed.held) == (S.FAILED, "it broke", True)
+    failed.unload()
+    assert (failed.state, failed.error) == (S.UNLOADED, None)
+
+
+def test_the_state_is_the_enum_and_nothing_beside_it() -> None:
+    """No status string, `unloaded` flag or refused/failed dicts: a model is its version records."""
+    assert [f.name for f in fields(ModelVersion)] == ["entry", "task_name", "state", "error", "task"]
+    assert [f.name for f in fields(ServedModel)] == ["name", "versions", "current"]
+
+
+# -- the snapshot of a ModelSet over the tiny store ----------------------------------------------
+
+
+@pytest.fixture
+async def models(tiny_store: Path, tmp_path: Path) -> AsyncIterator[ModelSet]:
+    store = tmp_path / "store"
+    shutil.copytree(tiny_store, store)
+    executor = ThreadPoolExecutor(max_workers=1)
+    settings = Settings(model_store=store, threads=1, max_wait_ms=2, drain_timeout_s=5)
+    models = ModelSet(settings, Metrics(), executor)
+    await asyncio.get_running_loop().run_in_executor(executor, models.load)
+    models.start()
+    try:
+        yield models
+    finally:
+        await models.close(5)
+        executor.shutdown()
+
+
+def rows(models: ModelSet, name: str) -> list[tuple[int, VersionState, bool]]:
+    return [(v.version, v.state, v.current) for v in models.snapshot().model(name)]
+
+
+async def drained(models: ModelSet) -> None:
+    while models._draining:
+        await asyncio.sleep(0.01)
+
+
+async def test_snapshot_of_a_started_store(models: ModelSet) -> None:
+    snap = models.snapshot()
+    assert snap.ready and snap.reasons == ()
+    assert [(v.name, v.version, v.task_name, v.state, v.current, v.error) for v in snap.versions] == [
+        ("tiny-clf", 1, "classification", S.READY, True, None),
+        ("tiny-mt", 1, "translation", S.READY, True, None),
+    ]
+    assert snap.serving() == snap.versions and all(v.task is not None for v in snap.versions)
+    assert [v.name for v in snap.model("tiny-mt")] == ["tiny-mt"] and snap.model("nope") == ()
+    with pytest.raises(ModelNotFound, match="no model named 'nope'"):
+        models.get("nope")
+
+
+async def test_refused_switched_drained_unloaded_and_loaded_again(models: ModelSet) -> None:
+    store = models.settings.model_store
+    add_version(store / "tiny-clf", 1, 2, corrupt="model.onnx")
+    await models.refresh()
+    refused = models.snapshot().model("tiny-clf")[1]
+    assert (refused.version, refused.state, refused.current, refused.task) == (2, S.REFUSED, False, None)
+    assert refused.error is not None and "model.onnx" in refused.error
+    assert models.snapshot().ready  # a refused version never replaces a working one
+
+    add_version(store / "tiny-clf", 1, 3)
+    await models.refresh()
+    assert rows(models, "tiny-clf") in (
+        [(1, S.DRAINING, False), (2, S.REFUSED, False), (3, S.READY, True)],
+        [(2, S.REFUSED, False), (3, S.READY, True)],
+    )
+    await drained(models)
+    assert rows(models, "tiny-clf") == [(2, S.REFUSED, False), (3, S.READY, True)]
+    assert models.resolve("tiny-clf", "classification").entry.version == 3
+
+    await models.unload("tiny-clf")
+    assert all(s in (S.UNLOADED, S.REFUSED) for _, s, _ in rows(models, "tiny-clf"))
+    with pytest.raises(NotReady, match="model tiny-clf is unloaded"):
+        models.resolve("tiny-clf", "classification")
+    await drained(models)
+    unloaded = models.snapshot().model("tiny-clf")
+    assert [(v.version, v.state, v.task, v.held) for v in unloaded] == [
+        (0, S.UNLOADED, None, False),  # the model, once no version is left
+        (2, S.REFUSED, None, False),
+    ]
+    snap = models.snapshot()
+    assert snap.ready and [v.name for v in snap.serving()] == ["tiny-mt"]  # an unloaded model is not waited for
+    await models.refresh()
+    assert rows(models, "tiny-clf")[0] == (0, S.UNLOADED, False)  # the watcher leaves it alone
+
+    await models.refresh("tiny-clf")
+    assert rows(models, "tiny-clf") == [(2, S.REFUSED, False), (3, S.READY, True)]
+
+
+async def test_ready_task_names_why_a_version_does_not_answer(models: ModelSet) -> None:
+    clf = models.get("tiny-clf")
+    assert clf.ready_task() is clf.ready_task(1)
+    with pytest.raises(ModelNotFound, match="model tiny-clf has no loaded version 7"):
+        clf.ready_task(7)
+    clf.versions[1].drain()
+    with pytest.raises(NotReady, match="model tiny-clf version 1 is draining"):
+        clf.ready_task(1)
+
+
+async def test_a_failure_of_the_whole_load_is_a_reason_not_to_be_ready(models: ModelSet) -> None:
+    models.fail("loading the models failed (see the log)")
+    snap = models.snapshot()
+    assert not snap.ready and snap.reasons == ("loading the models failed (see the log)",)
+
+
+async def test_a_broken_only_version_fails_and_says_why(tiny_store: Path, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    shutil.copytree(tiny_store, store)
+    onnx = store / "tiny-mt" / "1" / "decoder.onnx"
+    data = bytearray(onnx.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    onnx.write_bytes(bytes(data))
+    executor = ThreadPoolExecutor(max_workers=1)
+    models = ModelSet(Settings(model_store=store, threads=1), Metrics(), executor)
+    models.load()
+    models.start()
+    try:
+        snap = models.snapshot()
+        mt: VersionView = snap.model("tiny-mt")[0]
+        assert (mt.state, mt.current, mt.task_name, mt.held) == (S.FAILED, False, "translation", True)
+        assert not snap.ready and len(snap.reasons) == 1
+        assert snap.reasons[0].startswith("model tiny-mt version 1 failed:") and "decoder.onnx" in snap.reasons[0]
+        with pytest.raises(NotReady, match="it failed to load"):
+            models.resolve("tiny-mt", "translation")
+    finally:
+        await models.close(5)
+        executor.shutdown()
