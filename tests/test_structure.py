@@ -84,3 +84,24 @@ def test_no_task_branch_outside_the_task_modules(path: Path) -> None:
         and any("Engine" in ast.unparse(arg) or "Task)" in ast.unparse(arg) for arg in node.args[1:])
     ]
     assert named == [] and engines == []
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_every_service_module_serves() -> None:
+    """Each module of `service/` is reachable from the server's entry point: none is kept only
+    for the benchmarks or the tests."""
+    known = {_module_name(p): p for p in modules("service")}
+    seen, todo = set(), ["service.__main__"]
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in known:
+            continue
+        seen.add(name)
+        for imported in imports(known[name]):
+            todo += [m for m in (imported, imported.rsplit(".", 1)[0]) if m in known]
+    packages = {n for n, p in known.items() if p.name == "__init__.py"}
+    assert sorted(set(known) - seen - packages) == []
