@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -132,6 +132,28 @@ class _Buffers:
         self.mask[dst : dst + width] = self.mask[src : src + width]
 
 
+class DecoderBatch(Protocol[T]):
+    """What a scheduler drives, whatever the batch's layout: `RunningBatch` and `ShardedBatch`.
+    One owner thread calls everything; tags are the owner's handles for its sentences."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def blocks(self) -> Sequence[Block[T]]: ...
+
+    def encode(self, sources: Sequence[Sequence[int]]) -> list[Encoded]: ...
+
+    def join_encoded(self, encoded: Sequence[Encoded], searches: Sequence[Search], tags: Sequence[T]) -> None: ...
+
+    def drop(self, keep: Callable[[T], bool]) -> list[T]: ...
+
+    def step(self) -> list[tuple[T, list[Hypothesis]]]: ...
+
+    def close(self) -> None:
+        """Releases what the batch holds besides memory (threads)."""
+
+
 class RunningBatch(Generic[T]):
     """The rows of every active sentence and the decoder inputs kept between steps (not thread-safe:
     one owner thread calls join/step/drop)."""
@@ -145,6 +167,9 @@ class RunningBatch(Generic[T]):
 
     def set_timer(self, timer: Callable[[str, float], None] | None) -> None:
         self.timer = timer
+
+    def close(self) -> None:
+        """Nothing to release: one batch runs on its owner's thread."""
 
     # -- sentences in and out ----------------------------------------------------------------
 
