@@ -208,20 +208,23 @@ class Beam(Strategy):
 
     def step(self, searches: Sequence[Search], logp: np.ndarray, starts: NDArray[np.int64]) -> list[np.ndarray | None]:
         out: list[np.ndarray | None] = [None] * len(searches)
-        plain = [i for i, s in enumerate(searches) if not s.penalised]
+        penalised = [s.penalised for s in searches]
+        plain = [i for i, p in enumerate(penalised) if not p]
         if plain:
-            widths = np.array([searches[i].width for i in plain])
-            rows = _rows(starts[plain], widths)
+            width = [searches[i].width for i in plain]
+            widths = np.array(width)
             cum = np.concatenate([searches[i].cum for i in plain])
-            own = logp if rows.size == logp.shape[0] else logp[rows]  # in row order: every row is ours
+            if sum(width) == logp.shape[0]:  # every row is ours, all searches plain, blocks in row order
+                own, first = logp, starts.tolist()
+            else:
+                own, first = logp[_rows(starts[plain], widths)], (np.cumsum(widths) - widths).tolist()
             score, row, tok = rank_candidates(own, cum, widths, 2 * widths, searches[plain[0]].eos_id)
-            first = np.concatenate([[0], np.cumsum(widths)[:-1]])  # each block's first row in `own`
-            for j, i in enumerate(plain):
-                s, c = searches[i], 2 * int(widths[j])
+            for j, i in enumerate(plain):  # first[j]: the block's first row in `own`
+                s, c = searches[i], 2 * width[j]
                 s.t += 1
                 out[i] = _continue(s, score[j, :c], row[j, :c] - first[j], tok[j, :c])
         for i, s in enumerate(searches):
-            if s.penalised:
+            if penalised[i]:
                 s.t += 1
                 own = s.penalised_logprobs(logp[starts[i] : starts[i] + s.width])
                 k = s.width
