@@ -50,6 +50,7 @@ import torch
 from torch import Tensor, nn
 
 from bench.engines import load_engine, newest
+from bench.search_drivers import beam_search, greedy
 from export.graphs import OPSET
 from export.model import (
     Classifier,
@@ -66,7 +67,7 @@ from service import store
 from service.contract.graphs import kv_names
 from service.engine import runtime
 from service.engine.classifier import ClassifierEngine
-from service.engine.decoding import DecodeParams, beam_search, greedy
+from service.engine.decoding import DecodeParams
 from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine
 from service.store import StoreEntry

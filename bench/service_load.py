@@ -12,10 +12,8 @@ the same texts. Parts:
 1. scheduling (`/translate`): a mix of short and long texts, 80 % greedy and 20 % beam 4. The
    saturation throughput of the step scheduler is measured with closed-loop connections; then
    arrivals at 25/50/75/100 % of it (each connection waits an exponential time after each
-   answer, many connections: close to Poisson arrivals while answers are fast) against the step
-   scheduler and the request-level batcher (`SERVE_SCHEDULER=request`) in the same run.
-   Short greedy requests and the rest run as two wrk processes, so each has its own latency
-   percentiles.
+   answer, many connections: close to Poisson arrivals while answers are fast). Short greedy
+   requests and the rest run as two wrk processes, so each has its own latency percentiles.
 2. HTTP path: served ÷ offline throughput at 32 connections, one text per request (/predict,
    /translate beam 4) and 8 texts per request (/predict); the added latency of HTTP + queueing
    at one connection (p50 served latency - the engine's time for that text alone). The engine
@@ -173,31 +171,27 @@ def translate_bodies(decode: str, texts: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def scheduling(args: argparse.Namespace, log: Path) -> dict[str, Any]:
-    """Part 1: the step scheduler against request-level batches, open-loop arrivals of the mix."""
+    """Part 1: the step scheduler under open-loop arrivals of the mix, up to its saturation."""
     short_greedy = translate_bodies("greedy", SHORT)
     rest = translate_bodies("greedy", LONG) * 3 + translate_bodies("beam", SHORT + LONG)  # 2 of 5 short greedy
     share = 0.5  # the short greedy requests' share of the arrivals (80 % greedy, half of the texts short)
     out: dict[str, Any] = {"mix": "short and long texts, 80 % greedy and 20 % beam 4", "levels": {}}
     with server(args.store, args.server_cpus, args.threads, log) as url:
         sat = wrk_result(wrk(url, "/translate", short_greedy + rest, 64, args.seconds, args.client_cpus))
-    capacity = sat["per_s"]
-    out["capacity_per_s"] = capacity
-    for scheduler in ("step", "request"):
-        with server(args.store, args.server_cpus, args.threads, log, scheduler=scheduler) as url:
-            closed = wrk_result(wrk(url, "/translate", short_greedy + rest, 64, args.seconds, args.client_cpus))
-            out.setdefault("saturation_per_s", {})[scheduler] = closed["per_s"]
-            for level in args.levels:
-                rate = level * capacity
-                conns = max(8, min(256, int(rate * 2)))
-                a = wrk(url, "/translate", short_greedy, conns, args.seconds, args.client_cpus, rate * share)
-                b = wrk(url, "/translate", rest, conns, args.seconds, args.client_cpus, rate * (1 - share))
-                ra, rb = wrk_result(a), wrk_result(b)
-                out["levels"].setdefault(str(level), {})[scheduler] = {"short_greedy": ra, "rest": rb}
-                print(
-                    f"  {scheduler:<8} {level:.0%}: short greedy p50 {ra['p50_ms']:.0f} p99 {ra['p99_ms']:.0f} ms, "
-                    f"rest p99 {rb['p99_ms']:.0f} ms, {ra['per_s'] + rb['per_s']:.1f} req/s",
-                    flush=True,
-                )
+        capacity = sat["per_s"]
+        out["capacity_per_s"] = capacity
+        for level in args.levels:
+            rate = level * capacity
+            conns = max(8, min(256, int(rate * 2)))
+            a = wrk(url, "/translate", short_greedy, conns, args.seconds, args.client_cpus, rate * share)
+            b = wrk(url, "/translate", rest, conns, args.seconds, args.client_cpus, rate * (1 - share))
+            ra, rb = wrk_result(a), wrk_result(b)
+            out["levels"][str(level)] = {"short_greedy": ra, "rest": rb}
+            print(
+                f"  {level:.0%}: short greedy p50 {ra['p50_ms']:.0f} p99 {ra['p99_ms']:.0f} ms, "
+                f"rest p99 {rb['p99_ms']:.0f} ms, {ra['per_s'] + rb['per_s']:.1f} req/s",
+                flush=True,
+            )
     return out
 
 
@@ -352,19 +346,17 @@ def markdown(results: dict[str, Any]) -> str:
     if s:
         lines += [
             f"Scheduling, /translate ({s['mix']}); capacity {s['capacity_per_s']:.1f} requests/s "
-            f"(step scheduler, closed loop); saturation: step {s['saturation_per_s']['step']:.1f}, "
-            f"request-level {s['saturation_per_s']['request']:.1f} requests/s.",
+            "(step scheduler, closed loop).",
             "",
-            "| load | scheduler | short greedy p50 ms | short greedy p99 ms | rest p99 ms | requests/s |",
-            "|---|---|---:|---:|---:|---:|",
+            "| load | short greedy p50 ms | short greedy p99 ms | rest p99 ms | requests/s |",
+            "|---|---:|---:|---:|---:|",
         ]
-        for level, by in s["levels"].items():
-            for name, r in by.items():
-                a, b = r["short_greedy"], r["rest"]
-                lines.append(
-                    f"| {float(level):.0%} | {name} | {a['p50_ms']:.0f} | {a['p99_ms']:.0f} | {b['p99_ms']:.0f} | "
-                    f"{a['per_s'] + b['per_s']:.1f} |"
-                )
+        for level, r in s["levels"].items():
+            a, b = r["short_greedy"], r["rest"]
+            lines.append(
+                f"| {float(level):.0%} | {a['p50_ms']:.0f} | {a['p99_ms']:.0f} | {b['p99_ms']:.0f} | "
+                f"{a['per_s'] + b['per_s']:.1f} |"
+            )
     h = results.get("http")
     if h:
         lines += ["", "| HTTP path | texts/s served | offline | served ÷ offline |", "|---|---:|---:|---:|"]

@@ -55,9 +55,6 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="a batch closes this long after its first item")
     max_queue: int = Field(default=512, ge=1, description="queued items (translation: sentences) per model before 429")
     # translation: step-level scheduling
-    scheduler: Literal["step", "request"] = Field(
-        default="step", description="translation: step-level (continuous) batching, or request-level batches (baseline)"
-    )
     step_max_rows: int = Field(
         default=64, ge=1, le=4096, description="decoder rows (sentences x beams) per step: latency against throughput"
     )

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from service.errors import DeadlineExceeded, QueueFull, ShuttingDown
+from service.scheduling.admission import Admission
 from service.scheduling.batcher import BatchLimits, DynamicBatcher
 
 
@@ -282,3 +283,20 @@ def test_work_that_cannot_finish_in_time_is_refused_at_once() -> None:
 
     waited, error = run(main())
     assert waited < 0.05 and error.retry_after is not None and error.retry_after >= 1
+
+
+def test_admission_refuses_what_would_not_finish_in_its_share_of_the_deadline() -> None:
+    """The refusal both queues share (the batcher's and the step scheduler's), alone."""
+    a = Admission("m", max_queue=4, admit_share=0.5, unit="items")
+    a.check_time(queued_work=1000, work=1000, time_left=0.001)  # nothing measured yet: admitted
+    a.measure(100, 1.0)
+    a.measure(200, 1.0)
+    assert a.rate == pytest.approx(120.0)  # 0.8 x 100 + 0.2 x 200
+    a.check_time(queued_work=0, work=10_000, time_left=0.001)  # an idle queue admits anything
+    a.check_time(queued_work=60, work=60, time_left=2.0)  # 1 s of work in half of 2 s
+    with pytest.raises(QueueFull, match="busy") as refused:
+        a.check_time(queued_work=60, work=61, time_left=2.0)
+    assert refused.value.retry_after == 1  # the queued work's time, rounded up
+    a.check_room(queued=3, more=1)
+    with pytest.raises(QueueFull, match="3 of 4 items"):
+        a.check_room(queued=3, more=2)

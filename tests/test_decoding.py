@@ -13,7 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.engine.decoding import DecodeParams, Hypothesis, _top_candidates, beam_search, greedy
+from bench.search_drivers import beam_search, greedy
+from service.engine.decoding import BEAM, GREEDY, SAMPLING, DecodeParams, Hypothesis, Search, Strategy, _top_candidates
 
 BOS, EOS = 0, 1
 TINY = 1e-4  # probability of every token a table does not list
@@ -84,8 +85,10 @@ def approx(x: float) -> object:
     return pytest.approx(x, abs=1e-6)  # tables are float32 log-probs
 
 
-def run_beam(model: Model, params: DecodeParams, limits: list[int]) -> list[list[Hypothesis]]:
-    return beam_search(model, Model.initial(len(limits)), BOS, EOS, params, limits)
+def run_beam(
+    model: Model, params: DecodeParams, limits: list[int], strategy: Strategy | None = None
+) -> list[list[Hypothesis]]:
+    return beam_search(model, Model.initial(len(limits)), BOS, EOS, params, limits, strategy=strategy)
 
 
 def run_greedy(model: Model, limits: list[int], lp: float = 1.0) -> list[Hypothesis]:
@@ -352,6 +355,7 @@ def test_beam_size_one_is_greedy(case: tuple[Model, int, DecodeParams, list[int]
         model,
         DecodeParams(beam_size=1, max_new_tokens=params.max_new_tokens, length_penalty=params.length_penalty),
         limits,
+        strategy=BEAM,  # a beam of one row, not the greedy strategy its parameters choose
     )
     assert [[h] for h in g] == b
 
@@ -458,16 +462,15 @@ def test_finish_reason_says_how_a_hypothesis_ended() -> None:
 def test_candidates_ranked_for_a_whole_batch_decide_as_each_sentence_alone(
     seed: int, widths: list[int], vocab: int, ties: bool
 ) -> None:
-    """`rank_candidates` over several sentences of different beam widths, then `advance_ranked`
-    per sentence, decides exactly what `advance` decides from the sentence's own log-probs,
+    """Each strategy's batch-level step over several sentences of different beam widths decides
+    exactly what a beam search decides for each sentence alone from its own log-probabilities,
     also with many tied scores and vocabularies too small to supply 2K candidates; a greedy
-    sentence from its best token alone (`advance_greedy`)."""
-    from service.engine.decoding import Search, rank_candidates
-
+    sentence from its best token alone (`Greedy`), the others from one ranking (`Beam`)."""
     rng = np.random.default_rng(seed)
     params = [DecodeParams(beam_size=k, num_hypotheses=k, max_new_tokens=6) for k in widths]
-    alone = [Search(p, BOS, EOS) for p in params]
+    alone = [Search(p, BOS, EOS, strategy=BEAM) for p in params]
     batched = [Search(p, BOS, EOS) for p in params]
+    assert [s.strategy for s in batched] == [GREEDY if k == 1 else BEAM for k in widths]
     while not all(s.done for s in alone):
         live = [i for i, s in enumerate(alone) if not s.done]
         assert live == [i for i, s in enumerate(batched) if not s.done]
@@ -477,19 +480,25 @@ def test_candidates_ranked_for_a_whole_batch_decide_as_each_sentence_alone(
             logits[:, EOS] += rng.normal() * 2
             logp_of[i] = (logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)).astype(np.float32)
         logp = np.concatenate([logp_of[i] for i in live])
-        w = np.array([widths[i] for i in live])
-        cum = np.concatenate([batched[i].cum for i in live])
-        score, row, tok = rank_candidates(logp, cum, w, 2 * w, EOS)
-        start = 0
-        for j, i in enumerate(live):
-            c = 2 * widths[i]
-            a = alone[i].advance(logp_of[i])
-            if widths[i] == 1:  # greedy: the row's best token alone
-                best = int(logp_of[i][0].argmax())
-                b = batched[i].advance_greedy(best, float(logp_of[i][0, best]))
-            else:
-                b = batched[i].advance_ranked(score[j, :c], row[j, :c] - start, tok[j, :c])
+        starts = np.cumsum([0] + [widths[i] for i in live])[:-1].astype(np.int64)
+        decided: dict[int, np.ndarray | None] = {}
+        for strategy in (GREEDY, BEAM):
+            members = [j for j, i in enumerate(live) if batched[i].strategy is strategy]
+            chosen = strategy.step([batched[live[j]] for j in members], logp, starts[members])
+            decided |= {live[j]: c for j, c in zip(members, chosen, strict=True)}
+        for i in live:
+            a, b = alone[i].advance(logp_of[i]), decided[i]
             assert (a is None) == (b is None) and (a is None or np.array_equal(a, b))
             assert np.array_equal(alone[i].tokens, batched[i].tokens)
-            start += widths[i]
     assert [s.hypotheses() for s in alone] == [s.hypotheses() for s in batched]
+
+
+def test_a_strategy_refuses_parameters_it_cannot_decode() -> None:
+    with pytest.raises(ValueError, match="greedy"):
+        Search(DecodeParams(beam_size=2), BOS, EOS, strategy=GREEDY)
+    with pytest.raises(ValueError, match="greedy"):
+        Search(DecodeParams(beam_size=1, repetition_penalty=1.5), BOS, EOS, strategy=GREEDY)
+    with pytest.raises(ValueError, match="sample"):
+        Search(DecodeParams(beam_size=1, sample=True), BOS, EOS, strategy=BEAM)
+    assert Search(DecodeParams(beam_size=1, sample=True), BOS, EOS).strategy is SAMPLING
+    assert Search(DecodeParams(beam_size=1, no_repeat_ngram_size=2), BOS, EOS).strategy is BEAM

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from service.engine.decoding import DecodeParams, Hypothesis, Search
 from service.engine.running import SOURCE_ALIGN, SOURCE_SLACK, RunningBatch, ShardedBatch
 from service.errors import DeadlineExceeded, InputTooLong, QueueFull, ShuttingDown
-from service.scheduling.stepper import Job, Sentence, StepLimits, StepScheduler
+from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
 from tests.fakes import BOS, EOS, PAD, FakeRuntime
 
 params_strategy = st.one_of(
@@ -337,25 +337,3 @@ def test_a_failing_step_fails_its_sentences_only_and_shutdown_refuses_new_work()
             await s.submit([([102, EOS], Search(DecodeParams(), BOS, EOS))], time.monotonic() + 5)
 
     run(main())
-
-
-def test_greedy_sentences_join_a_batch_full_of_beams() -> None:
-    """Beams may fill `wide_rows`; the rest is kept for greedy sentences, which join at the next
-    step even behind a beam sentence that has waited past `starvation_s` (no other beam may)."""
-    limits = StepLimits(max_rows=16, starvation_s=0.5)
-    assert limits.wide_rows == 14
-    s = StepScheduler("fake", lambda: None, limits, Observer())  # type: ignore[arg-type]
-    loop = asyncio.new_event_loop()
-
-    def job(widths: Sequence[int], enqueued: float) -> Job:
-        j = Job(deadline=100.0, loop=loop, future=loop.create_future(), enqueued=enqueued)
-        params = [DecodeParams(beam_size=w, max_new_tokens=9) for w in widths]
-        j.sentences = [Sentence(j, i, [5, EOS], Search(p, BOS, EOS), 9, 10) for i, p in enumerate(params)]
-        return j
-
-    starving, later_beam, greedy = job([4, 4], 0.0), job([2], 9.9), job([1, 1], 9.9)
-    s._waiting.extend([starving, later_beam, greedy])
-    chosen = s._select(rows=12, reserved=0, now=10.0)  # 12 beam rows run: a beam of 4 does not fit
-    assert [c.job for c in chosen] == [greedy, greedy]
-    assert s._select(rows=0, reserved=0, now=10.0)[0].job is starving  # the rows freed: it goes first
-    loop.close()

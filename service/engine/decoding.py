@@ -1,47 +1,34 @@
-"""Greedy, beam and sampling search, one sentence at a time: pure numpy, model-agnostic.
+"""Greedy, beam and sampling search: pure numpy, model-agnostic.
 
 A `Search` is one sentence's decoding state. It occupies a fixed block of `width` rows in every
-decoder step (beam_size rows for beam search, 1 for greedy, num_hypotheses for sampling), takes
-its rows' log-probabilities and answers which rows continue with which tokens. Because a search
-never looks at other sentences, a sentence decodes to the same result alone, in a batch, or
-joining a running batch at any step: the step-level scheduler (`service.scheduling.stepper`)
-and the batch drivers below (`decode`, `greedy`, `beam_search`) share it.
+decoder step (beam_size rows for beam search, 1 for greedy, num_hypotheses for sampling). Its
+`Strategy` (`Greedy`, `Beam`, `Sampling`, as in fairseq's search.py) owns one batch-level step:
+the log-probabilities of a whole decoder step in, for every sentence it serves the rows that
+continue and with which tokens. A strategy reads only each sentence's own rows, so a sentence
+decodes to the same result alone, in a batch, or joining a running batch at any step
+(`service.engine.running`); batching only shares the passes over the vocabulary.
 
 Beam search is kept the fairseq way: the block's K rows start from BOS with scores
 (0, -inf, ..., -inf); candidates are ranked over the block's K*V continuations, 2K of them so
 beams that end are refilled; an EOS among the K best is finalised; the length penalty is
 applied when a hypothesis is finalised. Ties are broken towards the lower (row, token) index,
 so results are reproducible.
-
-The model is reached only through ``step(tokens, state, rows)`` so that decoding can be tested
-with a scripted step function and no server (STYLE.md, practice 2).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
 
-S = TypeVar("S")
-
-StepFn = Callable[[np.ndarray, S, np.ndarray], tuple[np.ndarray, S]]
-"""``step(tokens, state, rows) -> (logprobs, new_state)``.
-
-tokens: (R,) int64, the last token of each live row.
-rows:   (R,) int64, for each live row the row of ``state`` it continues; the step gathers its
-        caches by ``rows`` before running, which is how beams are reordered and how finished
-        sentences leave the batch.
-logprobs: (R, V) float log-probabilities (already log-softmaxed, no NaN).
-new_state: R rows, row i being the continuation of ``rows[i]``.
-"""
-
 MAX_BEAM_SIZE = 8
 _KEEP_ONE = np.zeros(1, dtype=np.int64)  # a greedy row continues itself (read-only by its users)
 _KEEP_ONE.flags.writeable = False
+_FIRST_ROW = np.zeros(1, dtype=np.int64)  # a sentence alone: its block starts at row 0
 # Block count for the top-k threshold: enough blocks that few extra tokens pass it, few enough
 # that the per-row maximum over blocks stays a cheap contiguous reduction.
 _THRESHOLD_BLOCKS = 512
@@ -98,11 +85,20 @@ class Hypothesis:
 
 
 class Search:
-    """One sentence: `tokens` are its rows' inputs to the next step; `advance(logp)` takes that
-    step's (width, V) log-probabilities and returns for each row the row it continues (its
-    parent, within the block), or None once the sentence is done (`hypotheses()` then)."""
+    """One sentence: `tokens` are its rows' inputs to the next step. Its `strategy` takes a step's
+    log-probabilities for every sentence it serves at once and answers, per sentence, the row
+    each row continues (its parent, within the block), or None once the sentence is done
+    (`hypotheses()` then). `advance` is that step for this sentence alone."""
 
-    def __init__(self, params: DecodeParams, bos_id: int, eos_id: int, limit: int | None = None) -> None:
+    def __init__(
+        self,
+        params: DecodeParams,
+        bos_id: int,
+        eos_id: int,
+        limit: int | None = None,
+        *,
+        strategy: Strategy | None = None,
+    ) -> None:
         self.params, self.eos_id = params, eos_id
         self.limit = params.max_new_tokens if limit is None else min(limit, params.max_new_tokens)
         self.width = k = params.width
@@ -117,111 +113,25 @@ class Search:
         self.done = self.limit == 0
         if self.done:
             self.found.append(_hypothesis(np.zeros(0, np.int64), 0.0, 0, False, params.length_penalty))
-        self._rng = np.random.default_rng(params.seed) if params.sample else None
-
-    def advance(self, logp: np.ndarray) -> np.ndarray | None:
-        logp = _check_logprobs(logp, self.width)
-        self.t += 1
-        logp = self._penalised(logp)
-        parents = self._sample(logp) if self._rng is not None else self._beam(logp)
-        if parents is None:
-            self.done = True
-        return parents
+        self.rng = np.random.default_rng(params.seed) if params.sample else None
+        self.strategy = strategy_for(params) if strategy is None else strategy
+        self.strategy.check(params)
 
     @property
-    def plain(self) -> bool:
-        """A beam (greedy: K = 1) without penalties: its step only needs its 2K best candidates,
-        which `rank_candidates` finds for every plain sentence of a batch at once."""
+    def penalised(self) -> bool:
+        """A repetition penalty or n-gram blocking: its steps need its rows' full log-probabilities."""
         p = self.params
-        return self._rng is None and p.repetition_penalty == 1.0 and not p.no_repeat_ngram_size
+        return p.repetition_penalty != 1.0 or p.no_repeat_ngram_size > 0
 
-    def advance_greedy(self, tok: int, logprob: float) -> np.ndarray | None:
-        """`advance` for a plain greedy search (width 1) from its row's best token (the lowest id
-        among equals) and that token's log-probability: the same decision in a few scalar steps."""
-        self.t += 1
-        t, lp, score = self.t, self.params.length_penalty, float(self.cum[0]) + logprob
-        if tok == self.eos_id:
-            self.found.append(_hypothesis(self.hist[0, : t - 1], score, t, True, lp))
-        elif t >= self.limit:
-            self.found.append(_hypothesis(np.append(self.hist[0, : t - 1], tok), score, t, False, lp))
-        else:
-            self.hist[0, t - 1] = self.tokens[0] = tok
-            self.cum[0] = score
-            return _KEEP_ONE
-        self.done = True
-        return None
-
-    def advance_ranked(self, score: np.ndarray, row: np.ndarray, tok: np.ndarray) -> np.ndarray | None:
-        """`advance` for a plain search from its 2K best candidates (`rank_candidates`, rows
-        counted within the block): the same decision, without the full log-probabilities."""
-        self.t += 1
-        parents = self._continue(score, row, tok)
-        if parents is None:
-            self.done = True
-        return parents
+    def advance(self, logp: np.ndarray) -> np.ndarray | None:
+        """One step of this sentence alone from its (width, V) log-probabilities."""
+        return self.strategy.step([self], _check_logprobs(logp, self.width), _FIRST_ROW)[0]
 
     def hypotheses(self) -> list[Hypothesis]:
         """Best first: up to num_hypotheses (fewer only if the vocabulary cannot supply them)."""
         return sorted(self.found, key=lambda h: -h.score)[: self.params.num_hypotheses]
 
-    # -- beam search (greedy is K = 1) ---------------------------------------------------------
-
-    def _beam(self, logp: NDArray[np.floating]) -> np.ndarray | None:
-        k = self.width
-        score, row, tok = _top_candidates(logp, self.cum, k, 2 * k, self.eos_id)
-        return self._continue(score[0], row[0], tok[0])
-
-    def _continue(self, score: np.ndarray, row: np.ndarray, tok: np.ndarray) -> np.ndarray | None:
-        """The step after ranking: (2K,) candidates best first (cumulative score, row, token)."""
-        k, t, lp = self.width, self.t, self.params.length_penalty
-        is_eos = tok == self.eos_id
-        # fairseq: an EOS among the K best candidates ends that hypothesis.
-        for j in np.flatnonzero(is_eos[:k] & np.isfinite(score[:k])):
-            if len(self.found) < k:
-                self.found.append(_hypothesis(self.hist[row[j], : t - 1], score[j], t, True, lp))
-        # Refill: the K best non-EOS candidates continue (stable sort keeps their rank order).
-        pick = np.argsort(is_eos, kind="stable")[:k]
-        live_score, live_row, live_tok = score[pick], row[pick], tok[pick]
-        live_score[is_eos[pick]] = -np.inf  # too few candidates: dead rows, fed EOS, never finalised
-        alive = np.isfinite(live_score)
-        if len(self.found) >= k or not alive.any():
-            return None
-        if t >= self.limit:
-            for j in np.flatnonzero(alive):
-                prefix = np.append(self.hist[live_row[j], : t - 1], live_tok[j])
-                self.found.append(_hypothesis(prefix, live_score[j], t, False, lp))
-            return None
-        self.hist = self.hist[live_row]
-        self.hist[:, t - 1] = live_tok
-        self.tokens, self.cum = live_tok, live_score
-        return live_row
-
-    # -- sampling ----------------------------------------------------------------------------
-
-    def _sample(self, logp: NDArray[np.floating]) -> np.ndarray | None:
-        p, t, rng = self.params, self.t, self._rng
-        assert rng is not None
-        for r in np.flatnonzero(self.alive):
-            tok = _draw(logp[r], p.temperature, p.top_k, p.top_p, rng)
-            self.cum[r] += float(logp[r, tok])
-            if tok == self.eos_id:
-                self.found.append(_hypothesis(self.hist[r, : t - 1], self.cum[r], t, True, p.length_penalty))
-                self.alive[r] = False
-            else:
-                self.hist[r, t - 1] = tok
-                self.tokens[r] = tok
-        self.tokens[~self.alive] = self.eos_id
-        if self.alive.any() and t >= self.limit:
-            for r in np.flatnonzero(self.alive):
-                self.found.append(_hypothesis(self.hist[r, :t], self.cum[r], t, False, p.length_penalty))
-            self.alive[:] = False
-        if not self.alive.any():
-            return None
-        return np.arange(self.width)
-
-    # -- penalties -----------------------------------------------------------------------------
-
-    def _penalised(self, logp: NDArray[np.floating]) -> NDArray[np.floating]:
+    def penalised_logprobs(self, logp: NDArray[np.floating]) -> NDArray[np.floating]:
         """Repetition penalty and n-gram blocking on the rows' own history (a copy when either is on)."""
         p, done = self.params, self.t - 1  # tokens generated before this step
         if (p.repetition_penalty == 1.0 and not p.no_repeat_ngram_size) or done == 0:
@@ -236,6 +146,174 @@ class Search:
             if n and done >= n - 1:
                 logp[r, _banned(hist, n)] = -np.inf
         return logp
+
+
+# -- strategies: each owns one batch-level step (fairseq's search.py) ----------------------------
+
+
+class Strategy(ABC):
+    """How the sentences it serves take one decoder step together. Stateless: a sentence's state
+    is its `Search`; the step only reads each sentence's own rows, so a sentence decides the same
+    whatever else shares the batch."""
+
+    @abstractmethod
+    def check(self, params: DecodeParams) -> None:
+        """Raises ValueError for parameters this strategy cannot decode."""
+
+    @abstractmethod
+    def step(self, searches: Sequence[Search], logp: np.ndarray, starts: NDArray[np.int64]) -> list[np.ndarray | None]:
+        """One step for `searches`, whose blocks start at rows `starts` of `logp` (R, V), in row
+        order: per search the parent of each of its rows within its block, or None when done."""
+
+
+class Greedy(Strategy):
+    """Argmax with width 1 and no penalties: one pass over the batch finds every row's best token
+    (the lowest id among equals); each sentence then takes it in a few scalar steps."""
+
+    def check(self, params: DecodeParams) -> None:
+        p = params
+        if p.sample or p.width != 1 or p.repetition_penalty != 1.0 or p.no_repeat_ngram_size:
+            raise ValueError("greedy search takes one row without sampling or penalties")
+
+    def step(self, searches: Sequence[Search], logp: np.ndarray, starts: NDArray[np.int64]) -> list[np.ndarray | None]:
+        best = logp.argmax(axis=1)[starts]
+        best_lp = logp[starts, best].tolist()
+        return [_take(s, tok, lp) for s, tok, lp in zip(searches, best.tolist(), best_lp, strict=True)]
+
+
+def _take(s: Search, tok: int, logprob: float) -> np.ndarray | None:
+    """A greedy sentence's step from its row's best token and that token's log-probability."""
+    s.t += 1
+    t, lp, score = s.t, s.params.length_penalty, float(s.cum[0]) + logprob
+    if tok == s.eos_id:
+        s.found.append(_hypothesis(s.hist[0, : t - 1], score, t, True, lp))
+    elif t >= s.limit:
+        s.found.append(_hypothesis(np.append(s.hist[0, : t - 1], tok), score, t, False, lp))
+    else:
+        s.hist[0, t - 1] = s.tokens[0] = tok
+        s.cum[0] = score
+        return _KEEP_ONE
+    s.done = True
+    return None
+
+
+class Beam(Strategy):
+    """Beam search (greedy is K = 1). The 2K best candidates of every sentence without penalties
+    are ranked for all of them in one sort (`rank_candidates`); a penalised sentence ranks its own
+    penalised rows."""
+
+    def check(self, params: DecodeParams) -> None:
+        if params.sample:
+            raise ValueError("beam search does not sample")
+
+    def step(self, searches: Sequence[Search], logp: np.ndarray, starts: NDArray[np.int64]) -> list[np.ndarray | None]:
+        out: list[np.ndarray | None] = [None] * len(searches)
+        penalised = [s.penalised for s in searches]
+        plain = [i for i, p in enumerate(penalised) if not p]
+        if plain:
+            width = [searches[i].width for i in plain]
+            widths = np.array(width)
+            cum = np.concatenate([searches[i].cum for i in plain])
+            if sum(width) == logp.shape[0]:  # every row is ours, all searches plain, blocks in row order
+                own, first = logp, starts.tolist()
+            else:
+                own, first = logp[_rows(starts[plain], widths)], (np.cumsum(widths) - widths).tolist()
+            score, row, tok = rank_candidates(own, cum, widths, 2 * widths, searches[plain[0]].eos_id)
+            for j, i in enumerate(plain):  # first[j]: the block's first row in `own`
+                s, c = searches[i], 2 * width[j]
+                s.t += 1
+                out[i] = _continue(s, score[j, :c], row[j, :c] - first[j], tok[j, :c])
+        for i, s in enumerate(searches):
+            if penalised[i]:
+                s.t += 1
+                own = s.penalised_logprobs(logp[starts[i] : starts[i] + s.width])
+                k = s.width
+                score, row, tok = _top_candidates(own, s.cum, k, 2 * k, s.eos_id)
+                out[i] = _continue(s, score[0], row[0], tok[0])
+        return out
+
+
+def _rows(starts: NDArray[np.int64], widths: NDArray[np.integer]) -> NDArray[np.int64]:
+    """The rows of blocks of `widths` rows starting at `starts`, in order."""
+    offsets = np.arange(int(widths.sum())) - np.repeat(np.cumsum(widths) - widths, widths)
+    return np.asarray(np.repeat(starts, widths) + offsets, dtype=np.int64)
+
+
+def _continue(s: Search, score: np.ndarray, row: np.ndarray, tok: np.ndarray) -> np.ndarray | None:
+    """A beam's step after ranking: (2K,) candidates best first (cumulative score, row, token)."""
+    k, t, lp = s.width, s.t, s.params.length_penalty
+    is_eos = tok == s.eos_id
+    # fairseq: an EOS among the K best candidates ends that hypothesis.
+    for j in np.flatnonzero(is_eos[:k] & np.isfinite(score[:k])):
+        if len(s.found) < k:
+            s.found.append(_hypothesis(s.hist[row[j], : t - 1], score[j], t, True, lp))
+    # Refill: the K best non-EOS candidates continue (stable sort keeps their rank order).
+    pick = np.argsort(is_eos, kind="stable")[:k]
+    live_score, live_row, live_tok = score[pick], row[pick], tok[pick]
+    live_score[is_eos[pick]] = -np.inf  # too few candidates: dead rows, fed EOS, never finalised
+    alive = np.isfinite(live_score)
+    if len(s.found) >= k or not alive.any():
+        s.done = True
+        return None
+    if t >= s.limit:
+        for j in np.flatnonzero(alive):
+            prefix = np.append(s.hist[live_row[j], : t - 1], live_tok[j])
+            s.found.append(_hypothesis(prefix, live_score[j], t, False, lp))
+        s.done = True
+        return None
+    s.hist = s.hist[live_row]
+    s.hist[:, t - 1] = live_tok
+    s.tokens, s.cum = live_tok, live_score
+    return live_row
+
+
+class Sampling(Strategy):
+    """Independent draws: each live row draws its next token from its own (penalised) row with the
+    sentence's own generator."""
+
+    def check(self, params: DecodeParams) -> None:
+        if not params.sample:
+            raise ValueError("sampling needs sample=True")
+
+    def step(self, searches: Sequence[Search], logp: np.ndarray, starts: NDArray[np.int64]) -> list[np.ndarray | None]:
+        return [self._one(s, logp[start : start + s.width]) for s, start in zip(searches, starts.tolist(), strict=True)]
+
+    @staticmethod
+    def _one(s: Search, logp: NDArray[np.floating]) -> np.ndarray | None:
+        s.t += 1
+        p, t, rng = s.params, s.t, s.rng
+        assert rng is not None
+        logp = s.penalised_logprobs(logp)
+        for r in np.flatnonzero(s.alive):
+            tok = _draw(logp[r], p.temperature, p.top_k, p.top_p, rng)
+            s.cum[r] += float(logp[r, tok])
+            if tok == s.eos_id:
+                s.found.append(_hypothesis(s.hist[r, : t - 1], s.cum[r], t, True, p.length_penalty))
+                s.alive[r] = False
+            else:
+                s.hist[r, t - 1] = tok
+                s.tokens[r] = tok
+        s.tokens[~s.alive] = s.eos_id
+        if s.alive.any() and t >= s.limit:
+            for r in np.flatnonzero(s.alive):
+                s.found.append(_hypothesis(s.hist[r, :t], s.cum[r], t, False, p.length_penalty))
+            s.alive[:] = False
+        if not s.alive.any():
+            s.done = True
+            return None
+        return np.arange(s.width)
+
+
+GREEDY, BEAM, SAMPLING = Greedy(), Beam(), Sampling()
+
+
+def strategy_for(params: DecodeParams) -> Strategy:
+    """The cheapest strategy that decodes `params` exactly: plain greedy rows skip the ranking."""
+    if params.sample:
+        return SAMPLING
+    if params.width == 1 and params.repetition_penalty == 1.0 and not params.no_repeat_ngram_size:
+        return GREEDY
+    return BEAM
 
 
 def _banned(hist: NDArray[np.int64], n: int) -> list[int]:
@@ -258,68 +336,6 @@ def _draw(logp: NDArray[np.floating], temperature: float, top_k: int, top_p: flo
         keep = int(np.searchsorted(np.cumsum(probs), top_p) + 1)  # the smallest prefix reaching top_p
         order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
     return int(order[min(int(np.searchsorted(np.cumsum(probs), rng.random(), side="right")), len(order) - 1)])
-
-
-# -- batch drivers -------------------------------------------------------------------------------
-
-
-def decode(step: StepFn[S], state: S, searches: Sequence[Search]) -> list[list[Hypothesis]]:
-    """Decodes sentences that start together: row i of the initial `state` is sentence i.
-
-    Each sentence occupies `width` consecutive rows; a sentence that is done leaves the batch
-    at once, so later steps run on fewer rows.
-    """
-    live = [i for i, s in enumerate(searches) if not s.done]
-    rows = np.concatenate([np.full(searches[i].width, i, dtype=np.int64) for i in live] or [np.zeros(0, np.int64)])
-    while live:
-        tokens = np.concatenate([searches[i].tokens for i in live])
-        logp, state = step(tokens, state, rows)
-        logp = _check_logprobs(logp, rows.size)
-        keep, next_rows, start = [], [], 0
-        for i in live:
-            s = searches[i]
-            parents = s.advance(logp[start : start + s.width])
-            if parents is not None:
-                keep.append(i)
-                next_rows.append(parents + start)
-            start += s.width
-        live, rows = keep, np.concatenate(next_rows) if next_rows else np.zeros(0, np.int64)
-    return [s.hypotheses() for s in searches]
-
-
-def greedy(
-    step: StepFn[S],
-    state: S,
-    bos_id: int,
-    eos_id: int,
-    max_new_tokens: Sequence[int],
-    *,
-    length_penalty: float = 1.0,
-) -> list[Hypothesis]:
-    """Argmax decoding of B = len(max_new_tokens) sentences, one row each in ``state``; a max of
-    0 gives an empty, unfinished hypothesis. The length penalty only sets ``score``."""
-    limits = _as_limits(max_new_tokens)
-    params = DecodeParams(beam_size=1, max_new_tokens=max(1, int(limits.max(initial=1))), length_penalty=length_penalty)
-    return [h[0] for h in decode(step, state, [Search(params, bos_id, eos_id, int(n)) for n in limits])]
-
-
-def beam_search(
-    step: StepFn[S],
-    state: S,
-    bos_id: int,
-    eos_id: int,
-    params: DecodeParams,
-    max_new_tokens: Sequence[int] | None = None,
-    *,
-    batch_size: int | None = None,
-) -> list[list[Hypothesis]]:
-    """Beam search over B sentences, one row each in the initial ``state``.
-
-    B is len(max_new_tokens) when given (each value capped by params.max_new_tokens), else
-    ``batch_size`` (all sentences use params.max_new_tokens); if both are given they must agree.
-    """
-    limits = _beam_limits(params, max_new_tokens, batch_size)
-    return decode(step, state, [Search(params, bos_id, eos_id, int(n)) for n in limits])
 
 
 # -- candidates ----------------------------------------------------------------------------------
@@ -405,29 +421,6 @@ def _check_logprobs(logp: np.ndarray, n_rows: int) -> np.ndarray:
     if logp.ndim != 2 or logp.shape[0] != n_rows or logp.shape[1] == 0:
         raise ValueError(f"step returned logprobs of shape {logp.shape}, expected ({n_rows}, V)")
     return logp
-
-
-def _as_limits(max_new_tokens: Sequence[int]) -> NDArray[np.int64]:
-    limits = np.asarray(max_new_tokens, dtype=np.int64).reshape(-1)
-    if (limits < 0).any():
-        raise ValueError(f"max_new_tokens must be >= 0 per sentence, got {list(max_new_tokens)}")
-    return limits
-
-
-def _beam_limits(
-    params: DecodeParams, max_new_tokens: Sequence[int] | None, batch_size: int | None
-) -> NDArray[np.int64]:
-    """Per-sentence generation limits; B comes from max_new_tokens or batch_size."""
-    if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 0):
-        raise ValueError(f"batch_size must be >= 0, got {batch_size!r}")
-    if max_new_tokens is None:
-        if batch_size is None:
-            raise ValueError("beam_search needs max_new_tokens or batch_size to know the batch")
-        return np.full(batch_size, params.max_new_tokens, dtype=np.int64)
-    limits = _as_limits(max_new_tokens)
-    if batch_size is not None and batch_size != limits.size:
-        raise ValueError(f"batch_size {batch_size} != len(max_new_tokens) {limits.size}")
-    return np.minimum(limits, params.max_new_tokens)
 
 
 def _check_int(name: str, value: object, lo: int, hi: int | None) -> None:

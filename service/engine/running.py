@@ -2,9 +2,10 @@
 
 Every active sentence holds a block of `width` consecutive rows (its `Search` decides what they
 do). One `step()` runs the decoder graph once for all rows, each row at its own position with
-its own cache (IO contract 3), then lets each search pick its continuations; the candidates of
-every plain beam are ranked for the whole batch in one sort. Nothing a sentence sees depends on
-its neighbours: a row attends to its own cache slots only, padding is masked.
+its own cache (IO contract 3), then lets each search strategy take its sentences' step at once
+(one pass over the vocabulary for all greedy rows, one sort for the candidates of all beams).
+Nothing a sentence sees depends on its neighbours: a row attends to its own cache slots only,
+padding is masked.
 
 Data kept between steps, all in preallocated per-row buffers whose capacity grows by doubling
 (rows, cache slots) or as needed (source columns), so that little of it moves:
@@ -25,12 +26,12 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
 from service.contract.graphs import pad
-from service.engine.decoding import Hypothesis, Search, rank_candidates
+from service.engine.decoding import Hypothesis, Search, Strategy
 from service.engine.runtime import TranslatorRuntime
 from service.priority import lower_priority
 
@@ -131,6 +132,28 @@ class _Buffers:
         self.mask[dst : dst + width] = self.mask[src : src + width]
 
 
+class DecoderBatch(Protocol[T]):
+    """What a scheduler drives, whatever the batch's layout: `RunningBatch` and `ShardedBatch`.
+    One owner thread calls everything; tags are the owner's handles for its sentences."""
+
+    @property
+    def rows(self) -> int: ...
+
+    @property
+    def blocks(self) -> Sequence[Block[T]]: ...
+
+    def encode(self, sources: Sequence[Sequence[int]]) -> list[Encoded]: ...
+
+    def join_encoded(self, encoded: Sequence[Encoded], searches: Sequence[Search], tags: Sequence[T]) -> None: ...
+
+    def drop(self, keep: Callable[[T], bool]) -> list[T]: ...
+
+    def step(self) -> list[tuple[T, list[Hypothesis]]]: ...
+
+    def close(self) -> None:
+        """Releases what the batch holds besides memory (threads)."""
+
+
 class RunningBatch(Generic[T]):
     """The rows of every active sentence and the decoder inputs kept between steps (not thread-safe:
     one owner thread calls join/step/drop)."""
@@ -144,6 +167,9 @@ class RunningBatch(Generic[T]):
 
     def set_timer(self, timer: Callable[[str, float], None] | None) -> None:
         self.timer = timer
+
+    def close(self) -> None:
+        """Nothing to release: one batch runs on its owner's thread."""
 
     # -- sentences in and out ----------------------------------------------------------------
 
@@ -209,23 +235,17 @@ class RunningBatch(Generic[T]):
             buf[every, :, positions] = new[:, :, 0]  # each row's new key into its slot t
         parents = every.copy()
         finished: list[Block[T]] = []
-        logp = out.logprobs
-        ranked = self._rank(logp)
-        best_tok, best_lp = self._greedy_best(logp)
-        for i, b in enumerate(self.blocks):
-            w = b.search.width
-            rows = slice(b.start, b.start + w)
-            if b.search.plain and w == 1:
-                chosen = b.search.advance_greedy(best_tok[b.start], best_lp[b.start])
-            elif ranked is not None and b.search.plain:
-                score, row, tok = ranked
-                chosen = b.search.advance_ranked(score[i, : 2 * w], row[i, : 2 * w] - b.start, tok[i, : 2 * w])
-            else:
-                chosen = b.search.advance(logp[rows])
-            if chosen is None:
-                finished.append(b)
-            else:
-                parents[rows] = b.start + chosen
+        by_strategy: dict[Strategy, list[Block[T]]] = {}
+        for b in self.blocks:  # in row order
+            by_strategy.setdefault(b.search.strategy, []).append(b)
+        for strategy, blocks in by_strategy.items():
+            starts = np.array([b.start for b in blocks], np.int64)
+            for b, chosen in zip(blocks, strategy.step([b.search for b in blocks], out.logprobs, starts), strict=True):
+                if chosen is None:
+                    finished.append(b)
+                else:
+                    parents[b.start : b.start + b.search.width] = b.start + chosen
+        finished.sort(key=lambda b: b.start)
         moved = np.flatnonzero(parents != every)
         if moved.size:  # beam rows that continue another row take its cache (a copy: the source may move too)
             used = slice(0, needed)  # the slots any row holds; the rest is never read
@@ -234,23 +254,6 @@ class RunningBatch(Generic[T]):
         self._remove(finished)
         self._record("decode", time.perf_counter() - t0)
         return [(b.tag, b.search.hypotheses()) for b in finished]
-
-    def _greedy_best(self, logp: np.ndarray) -> tuple[list[int], list[float]]:
-        """Each row's best token (the lowest id among equals) and its log-probability, when some
-        plain greedy sentence needs them (a batch of beams skips the pass over the vocabulary)."""
-        if not any(b.search.plain and b.search.width == 1 for b in self.blocks):
-            return [], []
-        best = logp.argmax(axis=1)
-        return best.tolist(), logp[np.arange(len(best)), best].tolist()
-
-    def _rank(self, logp: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """The 2K best candidates of every sentence, in one sort for the whole batch (used by the
-        plain searches; sampling and penalties take their rows' full log-probabilities)."""
-        if not any(b.search.plain and b.search.width > 1 for b in self.blocks):
-            return None  # greedy rows take their best token; sampling and penalties, full rows
-        widths = np.array([b.search.width for b in self.blocks])
-        cum = np.concatenate([b.search.cum for b in self.blocks])
-        return rank_candidates(logp, cum, widths, 2 * widths, self.blocks[0].search.eos_id)
 
     # -- bookkeeping ---------------------------------------------------------------------------
 

@@ -12,10 +12,10 @@ order. So one batch never mixes keys, padding stays small, and every item is eve
 oldest one, so nothing starves: every submitted item is in `_waiting` (or running) from the
 moment `submit_many` returns control, where `depth`, deadlines and `close()` see it.
 
-Admission is cost-aware, as in the step scheduler: the batcher measures its throughput (size
-units per second of model work) and refuses a request (QueueFull, with a Retry-After) when the
-work already admitted plus its own would not finish within `admit_share` of its deadline; so
-under overload requests get a fast 429 instead of a 504 after waiting.
+Admission is cost-aware, by the same `Admission` as the step scheduler's: the batcher measures
+its throughput (size units per second of model work) and refuses a request (QueueFull, with a
+Retry-After) when the work already admitted plus its own would not finish within `admit_share`
+of its deadline; so under overload requests get a fast 429 instead of a 504 after waiting.
 
 `run_batch(items) -> results` is synchronous model work: it runs in `executor` (the model's own
 worker thread), never on the event loop. A failing batch sets its exception on the futures of
@@ -29,14 +29,14 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from service.errors import DeadlineExceeded, NotReady, QueueFull, ShuttingDown
+from service.errors import DeadlineExceeded, NotReady, ShuttingDown
+from service.scheduling.admission import Admission
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ class DynamicBatcher(Generic[T, R]):
         self._closing = False
         self._last_size: dict[Hashable, int] = {}  # per key: items in its last batch
         self._current: list[_Pending[T, R]] = []  # the batch now running
-        self._rate: float | None = None  # size units per second of model work (measured)
+        self.admission = Admission(name, limits.max_queue, limits.admit_share, "items")  # rate: size units/s
         self.batches = 0  # executed batches (for tests and logs)
 
     # -- client side -------------------------------------------------------------------------
@@ -136,8 +136,7 @@ class DynamicBatcher(Generic[T, R]):
             raise ShuttingDown(f"model {self.name} is shutting down")
         if self._task is None:
             raise NotReady(f"model {self.name} is not started")
-        if self.depth + len(items) > self.limits.max_queue:
-            raise QueueFull(f"model {self.name} has {self.depth} of {self.limits.max_queue} items queued; retry later")
+        self.admission.check_room(self.depth, len(items))
         now = time.monotonic()
         if deadline is not None and deadline <= now:
             raise DeadlineExceeded("the request deadline passed before it was queued")
@@ -147,7 +146,8 @@ class DynamicBatcher(Generic[T, R]):
             for item in items
         ]
         if deadline is not None:
-            self._admit(sum(p.size for p in pending), deadline - now)
+            admitted = sum(p.size for p in self._waiting) + sum(p.size for p in self._current)
+            self.admission.check_time(admitted, sum(p.size for p in pending), deadline - now)
         self._waiting.extend(pending)
         self._arrived.set()
         self._observer.queue_depth(self.depth)
@@ -164,20 +164,6 @@ class DynamicBatcher(Generic[T, R]):
                     f.cancel()  # withdrawn: the loop skips it
                 elif not f.cancelled():
                     f.exception()  # retrieved: no "exception was never retrieved" noise
-
-    def _admit(self, size: int, time_left: float) -> None:
-        """Refuses work that would not finish in time behind the work already admitted."""
-        if not self._rate:
-            return
-        admitted = sum(p.size for p in self._waiting) + sum(p.size for p in self._current)
-        projected = (admitted + size) / self._rate
-        if admitted and projected > self.limits.admit_share * time_left:
-            error = QueueFull(
-                f"model {self.name} is busy: about {projected:.1f} s of queued work, more than this request's "
-                "deadline allows; retry later"
-            )
-            error.retry_after = max(1, math.ceil(admitted / self._rate))
-            raise error
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -319,7 +305,9 @@ class DynamicBatcher(Generic[T, R]):
         self._observer.queue_depth(self.depth)
         try:
             ran, results = await job
-            self._measure(sum(p.size for p in ran), time.perf_counter() - t0)
+            # wall time, waiting for the worker included: on cores shared with other models and
+            # the event loop, compute time alone would promise more
+            self.admission.measure(sum(p.size for p in ran), time.perf_counter() - t0)
         except Exception as exc:  # a failing batch fails its own items only
             for p in batch:
                 if not p.future.done():
@@ -333,13 +321,6 @@ class DynamicBatcher(Generic[T, R]):
                     p.future.set_exception(DeadlineExceeded("the request deadline passed while queued"))
         finally:
             self._current = []
-
-    def _measure(self, size: int, seconds: float) -> None:
-        """Throughput in size units per second of wall time, waiting for the worker included: on
-        cores shared with other models and the event loop, compute time alone would promise more."""
-        if size and seconds > 0:
-            rate = size / seconds
-            self._rate = rate if self._rate is None else 0.8 * self._rate + 0.2 * rate
 
     def _work(self, batch: list[_Pending[T, R]]) -> tuple[list[_Pending[T, R]], Sequence[R]]:
         """In the worker thread: drops items that expired or were withdrawn meanwhile, runs the rest."""

@@ -1,8 +1,6 @@
 """Translation: `POST /translate`, OIP output `translation`; decoding options per request.
 
-Sentences run on the model's step scheduler (`SERVE_SCHEDULER=step`, the default), or, as a
-baseline for measurements, in request-level batches (`request`): one batch decoded to its end
-before the next starts.
+Sentences run on the model's step scheduler.
 """
 
 from __future__ import annotations
@@ -11,22 +9,20 @@ import asyncio
 import hashlib
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, Protocol
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from service.engine.decoding import MAX_BEAM_SIZE, DecodeParams, Hypothesis, Search
+from service.engine.decoding import MAX_BEAM_SIZE, DecodeParams, Hypothesis
 from service.engine.running import RunningBatch, ShardedBatch
 from service.engine.runtime import LoadOptions
 from service.engine.translator import Prepared, TranslatorEngine, load_translator
 from service.engine.translator import Translation as EngineTranslation
 from service.errors import InvalidInput
-from service.metrics import BatchMetrics
 from service.priority import lower_priority
-from service.scheduling.batcher import BatchLimits, DynamicBatcher
 from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
 from service.store import StoreEntry
 from service.tasks.base import (
@@ -195,23 +191,6 @@ class Translated:
     attention: list[CrossAttention] | None = None
 
 
-class SentenceQueue(Protocol):
-    """How a translator runs sentences: the step scheduler, or request-level batches."""
-
-    def start(self) -> None: ...
-
-    async def close(self, timeout: float) -> None: ...
-
-    @property
-    def in_flight(self) -> int: ...
-
-    def refuse_if_busy(self, deadline: float) -> None: ...
-
-    async def submit(
-        self, items: Sequence[tuple[Sequence[int], Search]], deadline: float
-    ) -> list[list[Hypothesis]]: ...
-
-
 class TranslationTask(Task):
     name = "translation"
     rest_path = "/translate"
@@ -227,17 +206,12 @@ class TranslationTask(Task):
         self.engine = engine
         self.attention_worker = ThreadPoolExecutor(1, f"attention-{entry.name}", lower_priority)
         s, obs = context.settings, context.metrics
-        self.queue: SentenceQueue
-        if s.scheduler == "step":
-            limits = StepLimits(s.step_max_rows, s.step_max_cache_tokens, s.max_queue)
+        limits = StepLimits(s.step_max_rows, s.step_max_cache_tokens, s.max_queue)
 
-            def make_batch() -> RunningBatch[Sentence] | ShardedBatch[Sentence]:
-                return engine.new_batch(timer=obs.compute_time)
+        def make_batch() -> RunningBatch[Sentence] | ShardedBatch[Sentence]:
+            return engine.new_batch(timer=obs.compute_time)
 
-            self.queue = StepScheduler(entry.name, make_batch, limits, obs)
-        else:
-            batch_limits = BatchLimits(s.max_batch_size, s.max_wait_ms / 1000, s.max_queue, s.max_batch_tokens)
-            self.queue = RequestBatches(entry.name, engine, batch_limits, obs)
+        self.queue = StepScheduler(entry.name, make_batch, limits, obs)
 
     @classmethod
     def load(cls, entry: StoreEntry, options: LoadOptions, context: TaskContext) -> TranslationTask:
@@ -335,51 +309,3 @@ class TranslationTask(Task):
 def finite(x: float) -> float:
     """JSON has no -inf: a hypothesis with an impossible token gets the lowest finite score."""
     return x if math.isfinite(x) else -1e30
-
-
-@dataclass(frozen=True)
-class _Item:
-    ids: Sequence[int]
-    search: Search
-
-
-class RequestBatches:
-    """The request-level baseline: a batch of sentences is formed, decoded to its end, then the
-    next starts (what the step scheduler replaced; kept to measure against)."""
-
-    def __init__(self, name: str, engine: TranslatorEngine, limits: BatchLimits, obs: BatchMetrics) -> None:
-        self.executor = ThreadPoolExecutor(1, f"translate-{name}", lower_priority)
-        self.batcher: DynamicBatcher[_Item, list[Hypothesis]] = DynamicBatcher(
-            name,
-            _run_batch(engine, obs),
-            limits,
-            size=lambda it: len(it.ids) * it.search.width,
-            executor=self.executor,
-            observer=obs,
-        )
-
-    def start(self) -> None:
-        self.batcher.start()
-
-    async def close(self, timeout: float) -> None:
-        await self.batcher.close(timeout)
-        self.executor.shutdown(wait=False, cancel_futures=True)
-
-    @property
-    def in_flight(self) -> int:
-        return self.batcher.in_flight
-
-    def refuse_if_busy(self, deadline: float) -> None:
-        """The baseline refuses at admission only."""
-
-    async def submit(self, items: Sequence[tuple[Sequence[int], Search]], deadline: float) -> list[list[Hypothesis]]:
-        return await self.batcher.submit_many([_Item(ids, search) for ids, search in items], deadline)
-
-
-def _run_batch(engine: TranslatorEngine, obs: BatchMetrics) -> Callable[[list[_Item]], list[list[Hypothesis]]]:
-    def run(items: list[_Item]) -> list[list[Hypothesis]]:
-        out = engine.run([it.ids for it in items], [it.search for it in items], timer=obs.compute_time)
-        obs.generated(sum(len(h[0].tokens) + int(h[0].finished) for h in out if h))
-        return out
-
-    return run

@@ -1,0 +1,57 @@
+"""Cost-aware admission, one object per queue (the classifier's batcher, each translator's step
+scheduler): a request is refused at once (`QueueFull`, 429 with a Retry-After) when the queue
+cannot hold it, or when the work already admitted plus its own would not finish within
+`admit_share` of its deadline at the throughput the queue measured. Under overload a client
+then gets a fast 429 instead of a 504 after waiting. Knows nothing about models or HTTP.
+
+Work is counted in the owner's units (the batcher's item sizes; the step scheduler's row-steps,
+`estimate_work`); the owner keeps the count of work admitted and not yet done.
+"""
+
+from __future__ import annotations
+
+import math
+
+from service.errors import QueueFull
+
+
+def estimate_work(source_tokens: int, width: int, limit: int) -> int:
+    """Row-steps a sentence is expected to cost: its rows times a target length guess (about
+    twice the source, never above its limit)."""
+    return width * min(limit, 2 * source_tokens + 8)
+
+
+class Admission:
+    """The refusals and the throughput they rest on. Not locked: the owner calls it from one
+    place at a time (the event loop, or under its own lock)."""
+
+    def __init__(self, name: str, max_queue: int, admit_share: float, unit: str) -> None:
+        self.name, self.max_queue, self.admit_share, self.unit = name, max_queue, admit_share, unit
+        self.rate: float | None = None  # work units per second, a moving average of measured runs
+
+    def check_room(self, queued: int, more: int) -> None:
+        """QueueFull when `more` entries (items, sentences) would overflow the queue's `queued`."""
+        if queued + more > self.max_queue:
+            raise QueueFull(f"model {self.name} has {queued} of {self.max_queue} {self.unit} queued; retry later")
+
+    def check_time(self, queued_work: float, work: float, time_left: float) -> None:
+        """QueueFull when the queued work plus `work` would not finish within `admit_share` of
+        `time_left` at the measured throughput. An idle queue admits anything: one request alone
+        runs as fast as it can, whatever the estimate says."""
+        if not (self.rate and queued_work):
+            return
+        projected = (queued_work + work) / self.rate
+        if projected > self.admit_share * time_left:
+            error = QueueFull(
+                f"model {self.name} is busy: about {projected:.1f} s of queued work, more than this request's "
+                "deadline allows; retry later"
+            )
+            error.retry_after = max(1, math.ceil(queued_work / self.rate))
+            raise error
+
+    def measure(self, work: float, seconds: float) -> None:
+        """Adds one run's throughput to the moving average (the caller picks runs that say something
+        about a loaded queue)."""
+        if work and seconds > 0:
+            rate = work / seconds
+            self.rate = rate if self.rate is None else 0.8 * self.rate + 0.2 * rate

@@ -1,0 +1,187 @@
+"""The step scheduler's policy: which waiting sentences join the running batch at this step,
+which requests leave it. Pure: `plan(waiting, jobs, running, limits, now)` reads the queue and
+returns a `Plan`, changing nothing, so every rule is unit-tested without threads or a model
+(vLLM's scheduler separates deciding from executing the same way). `stepper.StepScheduler`
+applies the plan and runs the step.
+
+The rules:
+- waiting requests are served round-robin, one sentence each in turn, so a one-sentence request
+  is not stuck behind a 64-sentence one;
+- a sentence joins when its rows fit `max_rows` and its cache reservation fits
+  `max_cache_tokens`; beams may fill only `wide_rows` while others run, so a greedy sentence
+  can join at the next step even when the batch is full of beams;
+- a sentence that does not fit is passed over, unless it has waited `starvation_s`: then
+  nothing else is admitted before it, except greedy sentences in the rows beams may not fill;
+- when sentences must be encoded for this step, up to `encode_ahead` of those likely to join
+  next are encoded in the same run;
+- a request whose deadline passed, or that was cancelled, leaves.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from service.engine.decoding import Hypothesis, Search
+from service.engine.running import Encoded
+
+Outcome = list[list[Hypothesis]] | BaseException
+
+
+class CancelReason(StrEnum):
+    """Why a request's sentences left before they finished (the metrics' `reason` label)."""
+
+    DISCONNECT = "disconnect"  # its client left (the awaiting task was cancelled)
+    DEADLINE = "deadline"
+    SHUTDOWN = "shutdown"
+    ERROR = "error"  # a step that held it failed
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    max_rows: int = 64  # rows (sentences x width) per decoder step: the latency/throughput knob
+    max_cache_tokens: int = 65536  # admitted rows x (source + max new tokens), reserved at admission
+    max_queue: int = 512  # sentences waiting or running before 429
+    starvation_s: float = 0.5  # a passed-over sentence is admitted first after waiting this long
+    admit_share: float = 0.35  # admit when the queued work fits in this share of the time left (greedy
+    # sentences overtake beams in the rows kept for them, so a beam may finish later than projected)
+    encode_ahead: int = 16  # waiting sentences encoded with those joining, held until their turn
+
+    def __post_init__(self) -> None:
+        if self.max_rows < 1 or self.max_cache_tokens < 1 or self.max_queue < 1 or not 0 < self.admit_share <= 1:
+            raise ValueError(f"invalid step limits {self}")
+
+    @property
+    def wide_rows(self) -> int:
+        """Rows beam sentences may fill while others run: an eighth of the budget is kept for
+        greedy sentences, so a short greedy request joins at the next step even while the
+        batch is full of beams (a beam wider than this still runs, alone)."""
+        return self.max_rows - max(1, self.max_rows // 8)
+
+
+def _nobody(outcome: Outcome) -> None:
+    """A job nobody waits for (built by a test)."""
+
+
+@dataclass(eq=False)
+class Job:
+    """One request's sentences, answered together through `reply` (from any thread)."""
+
+    deadline: float
+    enqueued: float
+    reply: Callable[[Outcome], None] = _nobody
+    sentences: list[Sentence] = field(default_factory=list)
+    results: list[list[Hypothesis]] = field(default_factory=list)
+    remaining: int = 0
+    admitted: int = 0  # sentences taken from the queue so far (in order)
+    cancelled: CancelReason | None = None
+
+
+@dataclass(eq=False)
+class Sentence:
+    job: Job
+    index: int
+    ids: Sequence[int]
+    search: Search
+    work: int  # estimated row-steps
+    reserve: int  # cache tokens held while active
+    encoded: Encoded | None = None  # encoded ahead of its admission, until it joins
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What the running batch holds now."""
+
+    rows: int
+    cache_tokens: int  # reserved by its sentences
+
+
+@dataclass(frozen=True)
+class Plan:
+    admit: list[Sentence]  # join the batch at this step, in this order
+    encode: list[Sentence]  # one encoder run now: the admitted not encoded yet, and some likely next
+    evict: list[Job]  # leave now: cancelled, or past their deadline (not cancelled yet)
+    waiting: list[Job]  # the queue afterwards, in round-robin order
+    admitted: dict[Job, int]  # the jobs whose cursor moved: sentences taken from the queue so far
+
+
+def plan(waiting: Sequence[Job], jobs: Iterable[Job], running: Usage, limits: StepLimits, now: float) -> Plan:
+    """This step's decision for the queue `waiting` (round-robin order) and every unanswered job."""
+    evict = [j for j in jobs if j.cancelled is not None or j.deadline <= now]
+    gone = set(evict)
+    queue, cursor = deque(waiting), dict[Job, int]()
+    admit = _select(queue, cursor, gone, running, limits, now)
+    encode = [s for s in admit if s.encoded is None]
+    if encode:
+        encode += _ahead(queue, cursor, gone, limits.encode_ahead)
+    return Plan(admit, encode, evict, list(queue), cursor)
+
+
+def _select(
+    queue: deque[Job], cursor: dict[Job, int], gone: set[Job], running: Usage, limits: StepLimits, now: float
+) -> list[Sentence]:
+    """Waiting sentences to admit: round-robin over jobs within the budgets (turns `queue` and
+    moves `cursor`)."""
+    rows, reserved, chosen = running.rows, running.cache_tokens, []
+    skipped = 0  # jobs in a row whose next sentence did not fit
+    wide_held = False  # a starving beam sentence waits for rows: no other beam goes in first
+    while queue and skipped < len(queue):
+        job = queue[0]
+        if job in gone:  # its owner answers it
+            queue.popleft()
+            continue
+        i = cursor.get(job, job.admitted)
+        s = job.sentences[i]
+        if not s.search.done:  # a sentence with limit 0 was answered without a step
+            width = s.search.width
+            cap = limits.max_rows if width == 1 or not rows else limits.wide_rows
+            fits = rows + width <= cap and reserved + s.reserve <= limits.max_cache_tokens
+            if not fits or (width > 1 and wide_held):
+                if now - job.enqueued >= limits.starvation_s:
+                    if width == 1:
+                        break  # nothing else goes in before it: the rows it needs will free up
+                    wide_held = True  # greedy sentences still join, in the rows kept for them
+                queue.rotate(-1)
+                skipped += 1
+                continue
+            chosen.append(s)
+            rows += width
+            reserved += s.reserve
+        cursor[job] = i + 1
+        skipped = 0
+        if i + 1 == len(job.sentences):
+            queue.popleft()
+        else:
+            queue.rotate(-1)
+    return chosen
+
+
+def _ahead(queue: deque[Job], cursor: dict[Job, int], gone: set[Job], limit: int) -> list[Sentence]:
+    """Waiting sentences likely to be admitted next (round-robin order) that are not encoded
+    yet, while at most `limit` are encoded ahead. When the batch is full, a sentence or two joins
+    at a step; encoding them one run each costs several times what one run for a dozen costs per
+    sentence (the encoder starts from caches the decoder filled)."""
+    out: list[Sentence] = []
+    held, depth = 0, 0
+    while held + len(out) < limit:
+        more = False
+        for job in queue:
+            i = cursor.get(job, job.admitted) + depth
+            if job in gone or i >= len(job.sentences):
+                continue
+            more = True
+            s = job.sentences[i]
+            if s.search.done:
+                continue
+            if s.encoded is None:
+                out.append(s)
+            else:
+                held += 1
+            if held + len(out) >= limit:
+                break
+        if not more:
+            break
+        depth += 1
+    return out

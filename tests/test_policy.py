@@ -1,0 +1,108 @@
+"""The step scheduler's policy alone: plain data in, a plan out; no threads, no model, no clock."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from service.engine.decoding import DecodeParams, Search
+from service.scheduling.policy import CancelReason, Job, Plan, Sentence, StepLimits, Usage, plan
+
+BOS, EOS = 1, 2
+IDLE = Usage(rows=0, cache_tokens=0)
+
+
+def job(widths: Sequence[int], enqueued: float = 9.9, deadline: float = 100.0, limit: int = 9) -> Job:
+    """A waiting request of one sentence per width; each sentence reserves 10 cache tokens."""
+    j = Job(deadline=deadline, enqueued=enqueued)
+    params = [DecodeParams(beam_size=w, num_hypotheses=1, max_new_tokens=limit) for w in widths]
+    j.sentences = [Sentence(j, i, [5, EOS], Search(p, BOS, EOS), 9, 10) for i, p in enumerate(params)]
+    j.remaining = len(j.sentences)
+    return j
+
+
+def decide(waiting: Sequence[Job], running: Usage = IDLE, now: float = 10.0, **limits: float) -> Plan:
+    return plan(waiting, waiting, running, StepLimits(**limits), now)  # type: ignore[arg-type]
+
+
+def who(p: Plan, *jobs: Job) -> list[tuple[int, int]]:
+    """Each admitted sentence as (its job's place in `jobs`, its index)."""
+    return [(jobs.index(s.job), s.index) for s in p.admit]
+
+
+def test_requests_take_turns_one_sentence_each() -> None:
+    big, small = job([1, 1, 1]), job([1])
+    p = decide([big, small])
+    assert who(p, big, small) == [(0, 0), (1, 0), (0, 1), (0, 2)]
+    assert p.waiting == [] and p.admitted == {big: 3, small: 1}
+
+
+def test_the_plan_changes_nothing_it_reads() -> None:
+    a, b = job([1, 1]), job([4])
+    waiting = [a, b]
+    p = decide(waiting, max_rows=2)
+    assert who(p, a, b) == [(0, 0), (0, 1)]
+    assert waiting == [a, b] and a.admitted == 0 and a.cancelled is None  # the scheduler applies it
+    assert p.waiting == [b] and p.admitted == {a: 2}
+
+
+def test_the_row_budget_passes_over_a_sentence_that_does_not_fit() -> None:
+    wide, narrow = job([4]), job([1, 1])
+    p = decide([wide, narrow], running=Usage(rows=5, cache_tokens=0), max_rows=8)
+    assert who(p, wide, narrow) == [(1, 0), (1, 1)]  # 5 + 4 > 7 rows beams may fill; greedy fits
+    assert p.waiting == [wide]
+    assert StepLimits(max_rows=4).wide_rows == 3
+    assert decide([wide], max_rows=4).admit == wide.sentences  # wider than beams may fill: it runs alone
+
+
+def test_the_cache_budget_holds_like_the_rows() -> None:
+    a = job([1, 1, 1])
+    p = decide([a], running=Usage(rows=0, cache_tokens=75), max_cache_tokens=100)
+    assert who(p, a) == [(0, 0), (0, 1)]  # 75 + 10 + 10 <= 100 < 75 + 30
+
+
+def test_a_starving_greedy_sentence_goes_before_anything_else() -> None:
+    starving, later = job([1], enqueued=0.0), job([1])
+    full = Usage(rows=8, cache_tokens=0)
+    assert decide([starving, later], running=full, max_rows=8).admit == []
+    p = decide([starving, later], running=Usage(rows=7, cache_tokens=0), max_rows=8)
+    assert who(p, starving, later) == [(0, 0)]  # one row freed: the starving one takes it
+
+
+def test_greedy_sentences_join_a_batch_full_of_beams() -> None:
+    """Beams may fill `wide_rows`; the rest is kept for greedy sentences, which join at the next
+    step even behind a beam sentence that has waited past `starvation_s` (no other beam may)."""
+    limits = {"max_rows": 16, "starvation_s": 0.5}
+    assert StepLimits(max_rows=16).wide_rows == 14
+    starving, later_beam, greedy = job([4, 4], enqueued=0.0), job([2]), job([1, 1])
+    waiting = [starving, later_beam, greedy]
+    p = decide(waiting, running=Usage(rows=12, cache_tokens=0), **limits)  # 12 beam rows run: 4 do not fit
+    assert [s.job for s in p.admit] == [greedy, greedy]
+    p = decide(p.waiting, running=IDLE, **limits)  # the rows freed: it goes first
+    assert p.admit[0].job is starving
+
+
+def test_requests_past_their_deadline_or_cancelled_leave_and_are_not_admitted() -> None:
+    expired, cancelled, fine = job([1], deadline=10.0), job([1]), job([1])
+    cancelled.cancelled = CancelReason.DISCONNECT
+    p = decide([expired, cancelled, fine], now=10.0)
+    assert p.admit == fine.sentences and p.evict == [expired, cancelled]
+    assert expired.cancelled is None  # the scheduler marks it (deadline)
+
+
+def test_a_sentence_with_nothing_to_decode_is_passed_over() -> None:
+    a = job([1, 1])
+    a.sentences[0].search = Search(DecodeParams(beam_size=1), BOS, EOS, limit=0)  # answered without a step
+    p = decide([a])
+    assert p.admit == [a.sentences[1]] and p.admitted == {a: 2}
+
+
+def test_sentences_likely_next_are_encoded_with_those_joining() -> None:
+    a, b = job([2] * 4), job([2] * 3)
+    p = decide([a, b], max_rows=5, encode_ahead=3)
+    assert who(p, a, b) == [(0, 0), (1, 0)]
+    assert [(s.job is a, s.index) for s in p.encode] == [(True, 0), (False, 0), (True, 1), (False, 1), (True, 2)]
+    for s in p.encode:
+        s.encoded = object()  # type: ignore[assignment]
+    a.admitted, b.admitted = p.admitted[a], p.admitted[b]
+    p = decide(p.waiting, running=Usage(rows=2, cache_tokens=0), max_rows=5, encode_ahead=3)
+    assert who(p, a, b) == [(0, 1)] and p.encode == []  # encoded already: no run at this step
