@@ -32,16 +32,17 @@ def graph_dims(path: Path) -> dict[str, list[str | int]]:
 
 def test_translator_graphs_have_documented_names_and_dynamic_axes(tiny_store: Path) -> None:
     m = read_manifest(tiny_store / "tiny-mt" / "1")
-    n = m.architecture["n_dec_layers"]
+    n, heads = m.architecture["n_dec_layers"], m.architecture["n_heads"]
+    d_k = m.architecture["d_model"] // heads
     enc = graph_dims(tiny_store / "tiny-mt" / "1" / "encoder.onnx")
     dec = graph_dims(tiny_store / "tiny-mt" / "1" / "decoder.onnx")
     assert list(enc) == ["input_ids", "attention_mask", "last_hidden_state"] + cross_names(n)
     assert enc["input_ids"] == ["batch", "source"]
-    assert enc["cross_key_values.0.key"] == ["batch", 4, "source", 8]
+    assert enc["cross_key_values.0.key"] == ["batch", heads, "source", d_k]
     vocab = m.architecture["vocab_size"]
     assert dec["input_ids"] == ["batch", 1] and dec["position_ids"] == ["batch"]
-    assert dec["cache.1.value"] == ["batch", 4, "slots", 8]
-    assert dec["new_key_values.0.key"] == ["batch", 4, 1, 8]  # the caller writes it into its slot
+    assert dec[f"cache.{n - 1}.value"] == ["batch", heads, "slots", d_k]
+    assert dec["new_key_values.0.key"] == ["batch", heads, 1, d_k]  # the caller writes it into its slot
     assert dec["logprobs"] == ["batch", vocab]
     for role in ("encoder", "decoder"):
         spec = m.graphs[role]
