@@ -30,6 +30,12 @@ CHECKED_TEXTS = [
     "The cat sees a dog.",
     "A big red house.",
     "The small blue window.",
+    "The red cat sees a dog.",
+    "Open the blue window.",
+    "Open the window.",
+    "The red cat.",
+    "A blue dog runs.",
+    "A dog runs.",
     "The cat 5 sees http://example.org a dog.",
     "Open the file ⟨1⟩ save.",
 ]

@@ -17,6 +17,7 @@ from tokenizers import Tokenizer
 
 from export.model import Classifier, Translator
 from export.tokenizer import encode_sources, encode_texts
+from service.contract import spans
 from service.contract.graphs import SPECIAL_IDS, pad
 from service.contract.spans import placeholder
 
@@ -46,11 +47,16 @@ def _map_word(m: re.Match[str]) -> str:
 
 
 def expected_translation(text: str) -> str:
-    """The right answer: each word of `WORDS` replaced by its mapping (a capital kept), all else as is.
+    """The right answer: each word of `WORDS` outside protected spans (URLs, numbers, markup...:
+    `service.contract.spans`) replaced by its mapping, a capital kept; all else as it is.
 
     Only meaningful for texts whose words all come from `WORDS` (protected spans aside): the model
     has seen nothing else."""
-    return _WORD.sub(_map_word, text)
+    out, pos = [], 0
+    for span in spans.find_spans(text):
+        out += [_WORD.sub(_map_word, text[pos : span.start]), text[span.start : span.end]]
+        pos = span.end
+    return "".join(out) + _WORD.sub(_map_word, text[pos:])
 
 
 def expected_label(text: str) -> str:
