@@ -67,7 +67,7 @@ def tiny_translator(tiny_tokenizer: Tokenizer) -> Translator:
         n_heads=4,
         d_ff=128,
         n_layers=1,
-        n_dec_layers=1,
+        n_dec_layers=2,  # two, so that the page and the attention maps have layers to choose
         max_len=24,
     )
     model = Translator(cfg)  # dropout 0.1 in the config: export must switch it off itself
