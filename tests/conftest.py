@@ -1,7 +1,11 @@
-"""Session fixtures: tiny real models (random-init, seeded), their tokenizer, and an exported store."""
+"""Session fixtures: tiny real models (seeded, trained for a few seconds on tasks whose right
+answers are known, see `tests.tiny`), their tokenizer, and an exported store."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -9,49 +13,92 @@ import torch
 from tokenizers import Tokenizer
 
 from export import tokenizer as tokenizer_lib
-from export.model import Classifier, ClassifierConfig, Translator, TranslatorConfig
+from export.model import Classifier, ClassifierConfig, Translator, TranslatorConfig, greedy
+from export.tokenizer import encode_sources, encode_texts
+from service.contract import spans
+from service.contract.graphs import pad
+from tests.tiny import LABELS, WORDS, expected_label, expected_translation, sentences, tokenizer_texts
+from tests.tiny import train_classifier as train_classifier_task
+from tests.tiny import train_translator as train_translator_task
 
-WORDS = "the a cat dog house tree red blue small big runs sleeps sees file open save close window".split()
-LABELS = ["negative", "neutral", "positive"]
+__all__ = ["LABELS", "WORDS", "sentences", "CHECKED_TEXTS"]
+
+# Texts the fixtures prove their model right on before any test runs; tests that assert exact
+# answers draw from these.
+CHECKED_TEXTS = [
+    *sentences(60, seed=3),
+    "The cat sees a dog.",
+    "A big red house.",
+    "The small blue window.",
+    "The red cat sees a dog.",
+    "Open the blue window.",
+    "Open the window.",
+    "The red cat.",
+    "A blue dog runs.",
+    "A dog runs.",
+    "The cat 5 sees http://example.org a dog.",
+    "Open the file ⟨1⟩ save.",
+]
 
 
-def sentences(n: int, seed: int = 0) -> list[str]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        k = int(torch.randint(2, 9, (1,), generator=g))
-        idx = torch.randint(0, len(WORDS), (k,), generator=g).tolist()
-        out.append(" ".join(WORDS[i] for i in idx).capitalize() + ".")
-    return out
+@contextlib.contextmanager
+def one_thread() -> Iterator[None]:
+    """Training runs on one thread: on a shared 2-core machine more threads only contend."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="session")
 def tiny_tokenizer() -> Tokenizer:
-    return tokenizer_lib.train_bpe(sentences(400), vocab_size=400)
+    return tokenizer_lib.train_bpe(tokenizer_texts(), vocab_size=400)
 
 
 @pytest.fixture(scope="session")
 def tiny_translator(tiny_tokenizer: Tokenizer) -> Translator:
+    """The word-mapping translator (`tests.tiny.expected_translation`), checked on `CHECKED_TEXTS`."""
     torch.manual_seed(0)
     cfg = TranslatorConfig(
         vocab_size=tiny_tokenizer.get_vocab_size(),
-        d_model=32,
+        d_model=64,
         n_heads=4,
-        d_ff=64,
-        n_layers=2,
-        n_dec_layers=2,
+        d_ff=128,
+        n_layers=1,
+        n_dec_layers=2,  # two, so that the page and the attention maps have layers to choose
         max_len=24,
     )
-    return Translator(cfg).eval()  # dropout 0.1 in the config: export must switch it off itself
+    model = Translator(cfg)  # dropout 0.1 in the config: export must switch it off itself
+    t0 = time.perf_counter()
+    with one_thread():
+        train_translator_task(model, tiny_tokenizer)
+    srcs, masked = encode_sources(tiny_tokenizer, CHECKED_TEXTS, cfg.max_len)
+    ids, mask = (torch.from_numpy(a) for a in pad(srcs))
+    outs = greedy(model.eval(), ids, mask, cfg.max_len)
+    got = [spans.unmask(tiny_tokenizer.decode(o), m.spans) for o, m in zip(outs, masked, strict=True)]
+    wrong = [(t, g) for t, g in zip(CHECKED_TEXTS, got, strict=True) if g != expected_translation(t)]
+    assert not wrong, f"the tiny translator did not learn its task ({time.perf_counter() - t0:.0f} s): {wrong}"
+    return model
 
 
 @pytest.fixture(scope="session")
 def tiny_classifier(tiny_tokenizer: Tokenizer) -> Classifier:
+    """The colour-word classifier (`tests.tiny.expected_label`), checked on `CHECKED_TEXTS`."""
     torch.manual_seed(1)
     cfg = ClassifierConfig(
         vocab_size=tiny_tokenizer.get_vocab_size(), d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=32
     )
-    return Classifier(cfg).eval()
+    model = Classifier(cfg)
+    with one_thread():
+        train_classifier_task(model, tiny_tokenizer)
+    ids, mask = (torch.from_numpy(a) for a in pad(encode_texts(tiny_tokenizer, CHECKED_TEXTS, cfg.max_len)))
+    with torch.no_grad():
+        got = [LABELS[i] for i in model.eval()(ids, mask).argmax(-1).tolist()]
+    wrong = [(t, g) for t, g in zip(CHECKED_TEXTS, got, strict=True) if g != expected_label(t)]
+    assert not wrong, f"the tiny classifier did not learn its task: {wrong}"
+    return model
 
 
 @pytest.fixture(scope="session")

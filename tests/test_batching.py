@@ -212,7 +212,7 @@ def test_a_lone_client_does_not_wait_after_its_first_batch() -> None:
     model = Model()
 
     async def main() -> tuple[float, float]:
-        b = make(model, max_wait_s=0.5)
+        b = make(model, max_wait_s=2.0)
         b.start()
         loop = asyncio.get_running_loop()
         t0 = loop.time()
@@ -224,13 +224,13 @@ def test_a_lone_client_does_not_wait_after_its_first_batch() -> None:
         return t1 - t0, t2 - t1
 
     first, second = run(main())
-    assert first >= 0.45 and second < 0.25
+    assert first >= 1.9 and second < 1.5  # the second did not wait out max_wait
 
 
 def test_no_item_is_left_behind_under_steady_load() -> None:
     """The reproduction of the starvation bug: batch size 4, a 20 ms model, three new items every
-    15 ms for 2.25 s, 1 s deadlines (the old batcher lost one of 450). Every item must be
-    answered, in time, with its own result."""
+    15 ms for 2.25 s (the old batcher lost one of 450). Every item must be answered, within a
+    10 s deadline (generous for a loaded machine; a lost item still fails it), with its own result."""
 
     def slow(items: list[int]) -> list[int]:
         time.sleep(0.02)
@@ -246,7 +246,7 @@ def test_no_item_is_left_behind_under_steady_load() -> None:
         for wave in range(150):
             for j in range(3):
                 x = 3 * wave + j
-                calls.append(asyncio.ensure_future(b.submit(x, deadline=time.monotonic() + 1.0)))
+                calls.append(asyncio.ensure_future(b.submit(x, deadline=time.monotonic() + 10.0)))
             await asyncio.sleep(0.015)
         out = await asyncio.gather(*calls, return_exceptions=True)
         await b.close(5)
@@ -282,7 +282,7 @@ def test_work_that_cannot_finish_in_time_is_refused_at_once() -> None:
         return waited, refused.value
 
     waited, error = run(main())
-    assert waited < 0.05 and error.retry_after is not None and error.retry_after >= 1
+    assert waited < 0.2 and error.retry_after is not None and error.retry_after >= 1  # not its deadline
 
 
 def test_admission_refuses_what_would_not_finish_in_its_share_of_the_deadline() -> None:

@@ -25,6 +25,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from service.http import page
 from tests.test_service_e2e import ROOT, Server, run_server
+from tests.tiny import expected_label, expected_translation
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMEDRIVER = Path("/usr/bin/chromedriver")
@@ -145,8 +146,11 @@ def test_page_classifies_translates_and_draws_attention(server: Server, browser:
     assert result.find_element(By.ID, "sentiment-label").get_attribute("textContent") == prediction["label"]
     assert len(result.find_elements(By.CSS_SELECTOR, ".bars li")) == len(prediction["scores"])
     assert by_id(browser, "translation").text == translated["text"].strip()
-    nbest = [li.text for li in by_id(browser, "nbest").find_elements(By.TAG_NAME, "li")]
-    assert len(nbest) == len(translated["hypotheses"]) == 3
+    assert prediction["label"] == expected_label(SENTENCE)
+    assert translated["text"] == expected_translation(SOURCE)
+    items = by_id(browser, "nbest").find_elements(By.TAG_NAME, "li")
+    nbest = [li.find_element(By.TAG_NAME, "span").text for li in items]
+    assert nbest == [h["text"] for h in translated["hypotheses"]] and len(nbest) == 3
     [attention] = translated["attention"]
     heatmap = by_id(browser, "attention-map")
     rows, cols = int(heatmap.get_attribute("data-rows") or 0), int(heatmap.get_attribute("data-cols") or 0)

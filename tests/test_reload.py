@@ -7,12 +7,14 @@ import shutil
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.test_service_e2e import run_server
+from tests.tiny import expected_translation
 
 
 def add_version(model_dir: Path, source: int, version: int, corrupt: str | None = None) -> None:
@@ -33,11 +35,29 @@ def metric(text: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
 
+def until(what: str, condition: Callable[[], bool], timeout: float = 60) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, f"waited {timeout:.0f} s for {what}"
+        time.sleep(0.05)
+
+
+def refused(url: str) -> float:
+    text = httpx.get(url + "/metrics", timeout=30).text
+    return metric(text, 'inference_model_loads_total{model="tiny-mt",result="refused"}')
+
+
+def listed(url: str) -> set[int]:
+    models = httpx.get(url + "/v1/models", timeout=30).json()["models"]
+    return {m["version"] for m in models if m["name"] == "tiny-mt"}
+
+
 def test_a_new_version_takes_over_without_losing_a_request(tiny_store: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
     shutil.copytree(tiny_store, store)
     statuses: Counter[int] = Counter()
     versions: list[int] = []
+    texts: set[str] = set()
     stop = threading.Event()
 
     def client(url: str) -> None:
@@ -47,23 +67,24 @@ def test_a_new_version_takes_over_without_losing_a_request(tiny_store: Path, tmp
                 statuses[r.status_code] += 1
                 if r.status_code == 200:
                     versions.append(r.json()["version"])
+                    texts.add(r.json()["translations"][0]["text"])
 
     with run_server(store, tmp_path / "server.log", watch_interval_s="0.2") as server:
         threads = [threading.Thread(target=client, args=(server.url,)) for _ in range(3)]
         for t in threads:
             t.start()
         try:
-            time.sleep(0.5)
+            until("traffic on version 1", lambda: len(versions) >= 3)
             add_version(store / "tiny-mt", 1, 2)
-            end = time.monotonic() + 30
-            while not versions or versions[-1] != 2:
-                assert time.monotonic() < end, "version 2 never served"
-                time.sleep(0.05)
+            until("version 2 served", lambda: bool(versions) and versions[-1] == 2)
             switched = len(versions)
-            time.sleep(0.5)
+            until("more answers", lambda: len(versions) >= switched + 6)
             assert set(versions[switched:]) == {2}  # every request after the switch: the new version
             add_version(store / "tiny-mt", 2, 3, corrupt="decoder.onnx")
-            time.sleep(1.5)
+            until("version 3 refused", lambda: refused(server.url) == 1)
+            after = len(versions)
+            until("answers after the refusal", lambda: len(versions) >= after + 3)
+            until("version 1 unloaded", lambda: 1 not in listed(server.url))
         finally:
             stop.set()
             for t in threads:
@@ -72,6 +93,7 @@ def test_a_new_version_takes_over_without_losing_a_request(tiny_store: Path, tmp
             models = c.get("/v1/models").json()["models"]
             metrics = c.get("/metrics").text
     assert set(statuses) == {200}, statuses  # nothing failed or was dropped during the switch
+    assert texts == {expected_translation("The cat sees a dog.")}
     assert versions[-1] == 2  # the corrupt version 3 was refused; 2 kept serving
     mt = {m["version"]: m for m in models if m["name"] == "tiny-mt"}
     assert mt[2]["status"] == "ready" and mt[2]["current"] is True

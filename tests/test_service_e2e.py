@@ -5,11 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -17,14 +16,17 @@ import httpx
 import pytest
 
 from bench.serverproc import ROOT, ServerProcess, start, stop, wait_ready
+from tests.tiny import expected_translation
 
 Server = ServerProcess  # the tests' name for a running server process
 
 
 @contextlib.contextmanager
-def run_server(store: Path, log: Path, **settings: str) -> Iterator[Server]:
-    """A real server on one thread, logging at info (the tests read its access log)."""
-    server = start(store, log, settings={"threads": "1", "log_level": "info", **settings})
+def run_server(store: Path, log: Path, env: Mapping[str, str] | None = None, **settings: str) -> Iterator[Server]:
+    """A real server on one thread, logging at info (the tests read its access log). Its model
+    threads run `nice`, not at idle priority: on a busy test machine idle threads may starve."""
+    base = {"threads": "1", "log_level": "info", "model_thread_priority": "nice"}
+    server = start(store, log, settings=base | settings, env=env)
     try:
         wait_ready(server, 60)
         yield server
@@ -40,13 +42,17 @@ def server(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
 def test_real_server_answers_the_contract(server: Server) -> None:
     with httpx.Client(base_url=server.url, timeout=30) as c:
-        r = c.post("/predict", json={"texts": ["The cat.", "A dog runs."]}, headers={"X-Request-ID": "e2e-1"})
+        texts = ["The red cat.", "A blue dog runs.", "A dog runs."]
+        r = c.post("/predict", json={"texts": texts}, headers={"X-Request-ID": "e2e-1"})
         assert r.status_code == 200 and r.headers["x-request-id"] == "e2e-1"
-        assert [p["label"] in ("negative", "neutral", "positive") for p in r.json()["predictions"]] == [True, True]
-        r = c.post("/translate", json={"texts": ["The cat."], "beam_size": 2, "return_scores": True})
-        assert r.status_code == 200 and isinstance(r.json()["translations"][0]["score"], float)
-        oip = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}]}
-        assert c.post("/v2/models/tiny-mt/infer", json=oip).json()["outputs"][0]["shape"] == [1]
+        assert [p["label"] for p in r.json()["predictions"]] == ["positive", "negative", "neutral"]
+        r = c.post("/translate", json={"texts": texts, "beam_size": 2, "return_scores": True})
+        assert r.status_code == 200
+        assert [t["text"] for t in r.json()["translations"]] == [expected_translation(t) for t in texts]
+        assert all(-1.0 < t["score"] <= 0.0 for t in r.json()["translations"])  # log-probabilities, near sure
+        oip = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [2], "data": texts[:2]}]}
+        out = c.post("/v2/models/tiny-mt/infer", json=oip).json()["outputs"][0]
+        assert out["shape"] == [2] and out["data"] == [expected_translation(t) for t in texts[:2]]
         r = c.post("/translate", json={"texts": ["a"], "beam_size": 0})
         assert r.status_code == 422 and r.json()["type"] == "invalid_input"
 
@@ -66,23 +72,6 @@ def test_real_server_answers_the_contract(server: Server) -> None:
     assert hit and hit[0]["path"] == "/predict" and hit[0]["status"] == 200 and hit[0]["model"] == "tiny-clf"
 
 
-def test_sigterm_drains_then_exits_0(tiny_store: Path, tmp_path: Path) -> None:
-    # A 0.5 s batch wait keeps the first request admitted (queued) while SIGTERM arrives.
-    with run_server(tiny_store, tmp_path / "server.log", max_wait_ms="500", drain_grace_s="0.5") as s:
-        with httpx.Client(base_url=s.url, timeout=30) as c, ThreadPoolExecutor(1) as pool:
-            queued = pool.submit(c.post, "/translate", json={"texts": ["The cat sees a dog."], "beam_size": 4})
-            time.sleep(0.2)
-            s.proc.send_signal(signal.SIGTERM)
-            time.sleep(0.05)
-            ready = c.get("/readyz")
-            assert ready.status_code == 503 and ready.json()["type"] == "shutting_down"
-            new = c.post("/predict", json={"texts": ["too late"]})
-            assert new.status_code == 503 and new.json()["type"] == "shutting_down"
-            done = queued.result(timeout=20)
-            assert done.status_code == 200, done.text
-        assert s.proc.wait(20) == 0
-
-
 def _metric(text: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
 
@@ -97,7 +86,7 @@ def test_abandoned_requests_leave_the_running_batch(server: Server) -> None:
 
         list(pool.map(abandon, range(10)))
     with httpx.Client(base_url=server.url, timeout=30) as c:
-        end = time.monotonic() + 10
+        end = time.monotonic() + 60  # generous: a loaded machine, not a latency bound
         while True:
             metrics = c.get("/metrics").text
             active = _metric(metrics, 'inference_active_sequences{model="tiny-mt"}')

@@ -8,6 +8,7 @@ import random
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -254,22 +255,38 @@ def test_waiting_sentences_are_encoded_ahead_in_one_run(ahead: int, runs: int) -
 
 
 def test_a_short_request_is_not_stuck_behind_a_long_one() -> None:
+    """Counted in decoder steps, not seconds: a one-sentence request that arrives behind 40
+    long sentences runs within a few steps (round-robin admission); first-come-first-served
+    would hold it until the long request's last sentence is admitted, 150 steps on."""
     rt, rng = FakeRuntime(seed=4), random.Random(1)
     long = [(source(i, rng), Search(DecodeParams(beam_size=4, max_new_tokens=9), BOS, EOS)) for i in range(40)]
+    rt.gate, short_steps = threading.Event(), []
+    decode = rt.decode
 
-    async def main() -> tuple[float, float]:
+    def watching(*args: Any, **kwargs: Any) -> Any:
+        cross = args[4] if len(args) > 4 else kwargs["cross"]
+        if (cross[0][:, 0, 0, 0] == 999).any():  # the short sentence's row is in this step
+            short_steps.append(rt.steps)
+        return decode(*args, **kwargs)
+
+    rt.decode = watching  # type: ignore[method-assign]
+
+    async def main() -> None:
         s, _ = scheduler(rt, max_rows=8)
-        big = asyncio.ensure_future(s.submit(long, time.monotonic() + 20))
-        await asyncio.sleep(0.02)
-        t0 = time.monotonic()
-        await s.submit([([999, EOS], Search(DecodeParams(beam_size=1, max_new_tokens=9), BOS, EOS))], t0 + 20)
-        short_done = time.monotonic()
+        big = asyncio.ensure_future(s.submit(long, time.monotonic() + 60))
+        while s.in_flight < len(long):
+            await asyncio.sleep(0.001)
+        short = [([999, EOS], Search(DecodeParams(beam_size=1, max_new_tokens=9), BOS, EOS))]
+        done = asyncio.ensure_future(s.submit(short, time.monotonic() + 60))
+        while s.in_flight < len(long) + 1:
+            await asyncio.sleep(0.001)
+        rt.gate.set()  # type: ignore[union-attr]
+        await done
         await big
         await s.close(1)
-        return short_done, time.monotonic()
 
-    short_done, big_done = run(main())
-    assert short_done < big_done
+    run(main())
+    assert short_steps and max(short_steps) <= 30 < rt.steps - 100, (short_steps, rt.steps)
 
 
 def test_cancelled_and_expired_requests_leave_the_batch() -> None:
@@ -306,11 +323,11 @@ def test_overload_is_refused_at_once() -> None:
         s, _ = scheduler(rt, max_rows=8, max_queue=6, max_cache_tokens=200)
         five = [([100 + i, EOS], Search(DecodeParams(beam_size=1, max_new_tokens=9), BOS, EOS)) for i in range(5)]
         first = asyncio.ensure_future(s.submit(five, time.monotonic() + 20))
-        await asyncio.sleep(0.05)
-        t0 = time.perf_counter()
-        with pytest.raises(QueueFull):
+        while s.in_flight < 5:
+            await asyncio.sleep(0.001)
+        with pytest.raises(QueueFull):  # at once: steps are held at the gate, room cannot free up
             await s.submit(five[:2], time.monotonic() + 20)  # 5 + 2 > 6 sentences
-        assert time.perf_counter() - t0 < 0.01
+        t0 = time.monotonic()
         with pytest.raises(InputTooLong, match="cache tokens"):  # 8 x (2 + 30) > 200
             await s.submit([([7, EOS], Search(DecodeParams(beam_size=8, max_new_tokens=30), BOS, EOS))], t0 + 20)
         rt.gate.set()  # type: ignore[union-attr]

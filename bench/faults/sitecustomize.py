@@ -3,6 +3,9 @@ a server started with this folder on PYTHONPATH imports it at interpreter start.
 
 FAULT_DECODE_EVERY=N   every N-th decoder call of ONNX Runtime raises, as a failing kernel would
 FAULT_DECODE_LIMIT=M   ... the first M times only (default: no limit), so recovery can be seen
+FAULT_DECODE_GATE=PATH every decoder call waits while the file PATH exists, and says so once per wait
+                       ("FAULT gate: decoder call held" on stderr), so a test holds a translation
+                       in flight for as long as it needs and knows when it is held
 FAULT_UNREADABLE=PATH  listing PATH fails with "Permission denied", as for a store the server's
                        user cannot read (the campaign runs as root, whom file modes do not stop)
 """
@@ -13,11 +16,13 @@ import errno
 import itertools
 import os
 import sys
+import time
 from typing import Any
 
 _every = int(os.environ.get("FAULT_DECODE_EVERY", "0"))
 _limit = int(os.environ.get("FAULT_DECODE_LIMIT", "0")) or None
 _unreadable = os.environ.get("FAULT_UNREADABLE", "")
+_gate = os.environ.get("FAULT_DECODE_GATE", "")
 
 if _every > 0:
     from service.engine import runtime
@@ -32,6 +37,20 @@ if _every > 0:
         return _decode(self, *args, **kwargs)
 
     runtime.TranslatorRuntime.decode = _failing_decode  # type: ignore[method-assign]
+
+if _gate:
+    from service.engine import runtime
+
+    _gated = runtime.TranslatorRuntime.decode
+
+    def _gated_decode(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if os.path.exists(_gate):
+            print("FAULT gate: decoder call held", file=sys.stderr, flush=True)
+            while os.path.exists(_gate):
+                time.sleep(0.01)
+        return _gated(self, *args, **kwargs)
+
+    runtime.TranslatorRuntime.decode = _gated_decode  # type: ignore[method-assign]
 
 if _unreadable:
     _listdir, _scandir = os.listdir, os.scandir
