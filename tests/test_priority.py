@@ -26,6 +26,7 @@ linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_I
 
 @linux
 def test_a_model_thread_runs_under_sched_idle_and_the_caller_keeps_its_policy() -> None:
+    priority.use("idle")  # the default; an app created earlier in the session may have chosen "nice"
     before = _policy()
     with ThreadPoolExecutor(1, "model", lower_priority) as pool:
         assert pool.submit(_policy).result() == os.SCHED_IDLE
