@@ -36,7 +36,7 @@ UNREADABLE = "There was an error parsing the body"
 MISSING = {"type": "missing", "loc": (), "msg": "Field required"}  # an empty body
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)
 class Call:
     """One request as a handler sees it: the route, the path's parameters, the body as received."""
 

@@ -86,7 +86,7 @@ class Route:
         return tuple(sorted(out))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Match:
     """What the path names: the route for the request's method (None: 405, see `allowed`), and the
     path's parameters."""
@@ -129,25 +129,31 @@ class RouteTable:
             methods = [m for r in rs for m in r.methods]
             if len(set(methods)) != len(methods):
                 raise ValueError(f"{path} declares a method twice")
-        self._fixed = {p: tuple(rs) for p, rs in by_path.items() if "{" not in p}
-        self._templates = [(_compile(p), tuple(rs)) for p, rs in by_path.items() if "{" in p]
+        # fixed paths: every method's Match made once (a request costs two dict lookups)
+        self._fixed = {p: _matches(rs, {}) for p, rs in by_path.items() if "{" not in p}
+        self._templates = [(_compile(p), _matches(rs, {})) for p, rs in by_path.items() if "{" in p]
 
     def match(self, method: str, path: str) -> Match | None:
         """None: no route has this path (404)."""
-        found = self._fixed.get(path)
-        params: dict[str, str] = {}
-        if found is None:
-            for pattern, routes in self._templates:
-                m = pattern.fullmatch(path)
-                if m is not None:
-                    found, params = routes, m.groupdict()
-                    break
-            else:
-                return None
-        allowed = tuple(m for r in found for m in r.methods)
         want = "GET" if method == "HEAD" else method
-        route = next((r for r in found if want in r.methods), None)
-        return Match(route, params, allowed, tuple(r.protocol for r in found))
+        fixed = self._fixed.get(path)
+        if fixed is not None:
+            return fixed.get(want) or fixed[""]
+        for pattern, by_method in self._templates:
+            m = pattern.fullmatch(path)
+            if m is not None:
+                found = by_method.get(want) or by_method[""]
+                return Match(found.route, m.groupdict(), found.allowed, found.protocols)
+        return None
+
+
+def _matches(routes: tuple[Route, ...] | list[Route], params: dict[str, str]) -> dict[str, Match]:
+    """A path's Match for each method its routes take, and under "" the Match of any other (405)."""
+    allowed = tuple(m for r in routes for m in r.methods)
+    protocols = tuple(r.protocol for r in routes)
+    out = {m: Match(r, params, allowed, protocols) for r in routes for m in r.methods}
+    out[""] = Match(None, params, allowed, protocols)
+    return out
 
 
 MATCH_KEY = "serve.match"
