@@ -4,6 +4,7 @@ answers are known, see `tests.tiny`), their tokenizer, and an exported store."""
 from __future__ import annotations
 
 import contextlib
+import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,4 +123,16 @@ def tiny_store(
     export_model(tiny_classifier, tiny_tokenizer, store, clf, validation_texts=texts, log=lambda _: None)
     mt = ExportOptions("tiny-mt", 1, variants=variants, source_language="en", target_language="de", figures=(curves,))
     export_model(tiny_translator, tiny_tokenizer, store, mt, validation_texts=texts, log=lambda _: None)
+    return store
+
+
+def corrupt_copy(tiny_store: Path, into: Path) -> Path:
+    """A copy of the tiny store whose tiny-mt decoder has one bit flipped: its sha256 no longer
+    matches the manifest, so the version is refused at load."""
+    store = into / "store"
+    shutil.copytree(tiny_store, store)
+    onnx = store / "tiny-mt" / "1" / "decoder.onnx"
+    data = bytearray(onnx.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    onnx.write_bytes(bytes(data))
     return store

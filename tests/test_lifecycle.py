@@ -19,6 +19,7 @@ from service.serving import IllegalTransition, ModelSet, ModelVersion, ServedMod
 from service.settings import Settings
 from service.store import StoreEntry
 from service.tasks.base import Task
+from tests.conftest import corrupt_copy
 from tests.test_reload import add_version
 
 pytestmark = pytest.mark.anyio
@@ -208,12 +209,7 @@ async def test_a_failure_of_the_whole_load_is_a_reason_not_to_be_ready(models: M
 
 
 async def test_a_broken_only_version_fails_and_says_why(tiny_store: Path, tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    shutil.copytree(tiny_store, store)
-    onnx = store / "tiny-mt" / "1" / "decoder.onnx"
-    data = bytearray(onnx.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    onnx.write_bytes(bytes(data))
+    store = corrupt_copy(tiny_store, tmp_path)
     executor = ThreadPoolExecutor(max_workers=1)
     models = ModelSet(Settings(model_store=store, threads=1), Metrics(), executor)
     models.load()

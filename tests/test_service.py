@@ -27,7 +27,7 @@ from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine, load_translator
 from service.http.state import AppState
 from service.settings import Settings
-from tests.conftest import sentences
+from tests.conftest import corrupt_copy, sentences
 from tests.tiny import expected_label, expected_translation
 
 pytestmark = pytest.mark.anyio
@@ -497,12 +497,7 @@ async def test_not_ready_until_warm_up_ends(tiny_store: Path, monkeypatch: pytes
 
 
 async def test_corrupted_store_is_never_ready(tiny_store: Path, tmp_path: Path) -> None:
-    store = tmp_path / "store"
-    shutil.copytree(tiny_store, store)
-    onnx = store / "tiny-mt" / "1" / "decoder.onnx"
-    data = bytearray(onnx.read_bytes())
-    data[len(data) // 2] ^= 0x01
-    onnx.write_bytes(bytes(data))
+    store = corrupt_copy(tiny_store, tmp_path)
     application = create_app(settings(store))
     async with serving(application, ready=False) as client:
         await until(lambda: bool(state_of(application).models.loaded))
