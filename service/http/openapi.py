@@ -94,8 +94,8 @@ def document(
 def _param_schema(r: Route, param: str, served: list[str]) -> dict[str, Any]:
     """A path parameter's schema: a version is an integer; a `{name}` the route declares as a
     served model's is one of those (the repository API also names models that are not)."""
-    if param == "version":
-        return {"type": "integer", "title": "Version"}
+    if param == "version":  # digits, as `Call.version` reads them
+        return {"type": "integer", "minimum": 0, "title": "Version"}
     if param == "name" and r.names_served_model and served:
         return {"type": "string", "enum": served}
     return {"type": "string", "title": param.title()}
