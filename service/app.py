@@ -43,7 +43,6 @@ class ServiceApp(FastAPI):
     its whole stack: none of FastAPI's own routing or middleware runs for a request."""
 
     table: RouteTable
-    settings: Settings
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # not FastAPI's: its per-request OpenTelemetry check alone cost about 5 % of a /predict's CPU
@@ -56,7 +55,7 @@ class ServiceApp(FastAPI):
         await self.middleware_stack(scope, receive, send)
 
     def build_middleware_stack(self) -> ASGIApp:
-        s = self.settings
+        s = self.state.serve.settings
         app: ASGIApp = Endpoint(lifespan=self.router)
         app = BodyLimit(app, max_bytes=s.max_body_bytes, body_timeout=s.body_timeout_s)
         app = ApiKeys(app, keys=s.api_key_list)
@@ -103,7 +102,6 @@ def create_app(settings: Settings) -> ServiceApp:
     api = [*rest.routes(tasks, rules), *oip.routes(), *libretranslate.routes(), *page.routes()]
     document = openapi.builder(tuple(api), settings, state.models)
     app.table = RouteTable([*api, *openapi.routes(document)])
-    app.settings = settings
     app.openapi = document  # type: ignore[method-assign]
     return app
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.http.errors import error_response
-from service.http.table import Auth, matched
+from service.http.table import Auth, route_of
 
 
 def key_allowed(given: str, keys: Sequence[str]) -> bool:
@@ -37,8 +37,7 @@ class ApiKeys:
         self.app, self.keys = app, tuple(keys)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        found = matched(scope) if self.keys and scope["type"] == "http" else None
-        route = found.route if found is not None else None
+        route = route_of(scope) if self.keys and scope["type"] == "http" else None
         if route is None or route.auth is not Auth.BEARER:
             await self.app(scope, receive, send)
             return

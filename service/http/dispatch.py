@@ -26,7 +26,7 @@ from service.http.errors import answer_error, error_response
 from service.http.middleware import RequestInfo, header, request_info
 from service.http.schemas import load_json
 from service.http.state import AppState, scope_state
-from service.http.table import MATCH_KEY, Route, RouteTable, matched, protocol_of
+from service.http.table import MATCH_KEY, Protocol, Route, RouteTable, matched, reads_body
 from service.validation import describe_validation
 
 M = TypeVar("M", bound=BaseModel)
@@ -144,14 +144,14 @@ class Endpoint:
         found = matched(scope)
         answer: ASGIApp
         if found is None:
-            answer = error_response(protocol_of(scope), "Not Found", "not_found")
+            answer = error_response(Protocol.REST, "Not Found", "not_found")
         elif found.route is None:
-            refused = error_response(protocol_of(scope), "Method Not Allowed", "method_not_allowed")
+            refused = error_response(found.protocol, "Method Not Allowed", "method_not_allowed")
             refused.headers["Allow"] = ", ".join(found.allowed)
             answer = refused
         else:
             route = found.route
-            body = await read_body(receive) if route.reads_body else b""
+            body = await read_body(receive) if reads_body(scope["method"]) else b""
             try:
                 answer = await route.handler(Call(scope, route, found.params, body))
             except ServiceError as exc:

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.http.binary import HEADER_LENGTH
 from service.http.errors import error_response
-from service.http.table import matched, protocol_of
+from service.http.table import protocol_of, reads_body, route_of
 from service.logs import ACCESS
 from service.metrics import Metrics
 
@@ -93,9 +93,8 @@ class RequestContext:
 
         self.in_flight += 1
         try:
-            found = matched(scope)
-            probe = found is not None and found.route is not None and found.route.probe
-            if self.in_flight > self.max_in_flight and not probe:
+            route = route_of(scope)
+            if self.in_flight > self.max_in_flight and not (route is not None and route.probe):
                 busy = f"server busy: {self.in_flight - 1} requests in flight; retry later"
                 await error_response(protocol_of(scope), busy, "overloaded")(scope, receive, send_with_id)
                 return
@@ -119,9 +118,9 @@ class RequestContext:
 
     def _record(self, scope: Scope, info: RequestInfo, status: int) -> None:
         duration = time.monotonic() - info.start
-        found = matched(scope)
-        if found is not None and found.route is not None and found.route.metric is not None:
-            self.metrics.answered(found.route.metric, info.model, status, duration)
+        route = route_of(scope)
+        if route is not None and route.metric is not None:
+            self.metrics.answered(route.metric, info.model, status, duration)
         if ACCESS.isEnabledFor(logging.INFO):
             client = scope.get("client")
             ACCESS.info(
@@ -144,7 +143,7 @@ class RequestContext:
 
 
 class BodyLimit:
-    """Bodies of the routes that read one: JSON (a missing Content-Type is read as JSON, a wrong
+    """POST bodies: JSON (a missing Content-Type is read as JSON, a wrong
     one is a 415; form-encoded or binary tensors where the route declares them), at most
     `max_bytes` (counted on the stream), read here and replayed to the route. While the route
     works, the connection is watched: a client that disconnects before its answer has started
@@ -156,9 +155,8 @@ class BodyLimit:
         self.app, self.max_bytes, self.body_timeout = app, max_bytes, body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        found = matched(scope) if scope["type"] == "http" else None
-        route = found.route if found is not None else None
-        if route is None or not route.reads_body:
+        route = route_of(scope) if scope["type"] == "http" else None
+        if route is None or not reads_body(scope["method"]):
             await self.app(scope, receive, send)
             return
         protocol = route.protocol

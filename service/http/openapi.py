@@ -122,7 +122,7 @@ def _operation(
     ok = names[(r.response, "serialization")] if r.response is not None else {}
     op["responses"] = {"200": {"description": "Successful Response", "content": {r.media_type: {"schema": ok}}}}
     shape = {"$ref": _REF.format(model=ERROR_SCHEMAS[r.protocol][0])}
-    for code in r.statuses(keys):
+    for code in r.statuses(method, keys):
         op["responses"][str(code)] = {"description": WHY[code], "content": {"application/json": {"schema": shape}}}
     op |= r.doc_extra
     return op

@@ -42,7 +42,12 @@ class Auth(enum.Enum):
 
 
 BODY_ERRORS = (400, 408, 413, 415, 422)
-"""What a route that reads a body can answer before its handler runs (`BodyLimit`)."""
+"""What a request with a body can answer before its handler runs (`BodyLimit`)."""
+
+
+def reads_body(method: str) -> bool:
+    """A POST carries a body, checked and read before the handler runs; other methods' are not."""
+    return method == "POST"
 
 
 @dataclass(frozen=True)
@@ -67,17 +72,13 @@ class Route:
     documented: bool = True
     doc_extra: Mapping[str, Any] = field(default_factory=dict)  # merged into the document's operation
 
-    @property
-    def reads_body(self) -> bool:
-        return "POST" in self.methods
-
-    def statuses(self, keys: bool) -> tuple[int, ...]:
-        """Every error status the route can answer, with the rules that add them: the in-flight
-        limit (not for probes), the body checks, the key check, and the handler's own."""
+    def statuses(self, method: str, keys: bool) -> tuple[int, ...]:
+        """Every error status the route can answer for `method`, with the rules that add them: the
+        in-flight limit (not for probes), the body checks (a POST), the key check, the handler's own."""
         out = set(self.errors)
         if not self.probe:
             out.add(503)
-        if self.reads_body:
+        if reads_body(method):
             out.update(BODY_ERRORS)
         if keys and self.auth is not Auth.OPEN:
             out.add(401 if self.auth is Auth.BEARER else 403)
@@ -94,7 +95,7 @@ class Match:
     route: Route | None
     params: dict[str, str]
     allowed: tuple[str, ...]
-    protocols: tuple[Protocol, ...]  # of the path's routes (a 405 answers in theirs)
+    protocol: Protocol  # the route's; for a 405, that of the path's first route
 
 
 _PARAM = re.compile(r"{([a-z_]+)}")
@@ -143,16 +144,15 @@ class RouteTable:
             m = pattern.fullmatch(path)
             if m is not None:
                 found = by_method.get(want) or by_method[""]
-                return Match(found.route, m.groupdict(), found.allowed, found.protocols)
+                return Match(found.route, m.groupdict(), found.allowed, found.protocol)
         return None
 
 
 def _matches(routes: tuple[Route, ...] | list[Route], params: dict[str, str]) -> dict[str, Match]:
     """A path's Match for each method its routes take, and under "" the Match of any other (405)."""
     allowed = tuple(m for r in routes for m in r.methods)
-    protocols = tuple(r.protocol for r in routes)
-    out = {m: Match(r, params, allowed, protocols) for r in routes for m in r.methods}
-    out[""] = Match(None, params, allowed, protocols)
+    out = {m: Match(r, params, allowed, r.protocol) for r in routes for m in r.methods}
+    out[""] = Match(None, params, allowed, routes[0].protocol)
     return out
 
 
@@ -165,13 +165,13 @@ def matched(scope: Mapping[str, Any]) -> Match | None:
     return found if isinstance(found, Match) else None
 
 
+def route_of(scope: Mapping[str, Any]) -> Route | None:
+    """The route that answers this request; None for a 404 or a 405."""
+    found = matched(scope)
+    return found.route if found is not None else None
+
+
 def protocol_of(scope: Mapping[str, Any]) -> Protocol:
     """The protocol an answer to this request speaks; REST for a path no route has."""
     found = matched(scope)
-    if found is None:
-        return Protocol.REST
-    return found.route.protocol if found.route is not None else _first_protocol(found)
-
-
-def _first_protocol(found: Match) -> Protocol:
-    return found.protocols[0] if found.protocols else Protocol.REST
+    return found.protocol if found is not None else Protocol.REST
