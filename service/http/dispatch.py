@@ -94,7 +94,7 @@ class Call:
             raise InvalidInput(describe_validation(exc.errors(), rules)) from None
 
 
-def json_answer(answer: BaseModel | Any, status: int = 200) -> ASGIApp:
+def json_answer(answer: BaseModel | Any) -> ASGIApp:
     """A JSON answer (a model's None fields left out), sent without a Response object."""
     if isinstance(answer, BaseModel):
         content = answer.model_dump_json(exclude_none=True).encode()
@@ -103,7 +103,7 @@ def json_answer(answer: BaseModel | Any, status: int = 200) -> ASGIApp:
     headers = [(b"content-length", str(len(content)).encode()), *JSON_HEADERS]
 
     async def send_answer(scope: Scope, receive: Receive, send: Send) -> None:
-        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": content})
 
     return send_answer
