@@ -93,13 +93,22 @@ lint: install
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# Engine benchmark (a report, not a test): tokens/s against CTranslate2, HF generate and PyTorch eager.
-# Run it on an otherwise idle machine; it writes bench/results/engine.json and prints a markdown table.
+# Engine benchmark (a report, not a test): tokens/s against CTranslate2, Optimum, HF generate and PyTorch
+# eager. Run it on an otherwise idle machine; it writes bench/results/engine.json and prints a markdown table.
 $(VENV)/.bench-installed: pyproject.toml | $(VENV)/.installed
 	$(PYTHON) -m pip install --quiet -e '.[dev,bench]'
 	touch $@
 
-bench: $(VENV)/.bench-installed
+# Optimum's ONNX Runtime classes: optimum-onnx (0.1.0, the newest) needs transformers<4.58, older than the
+# venv's, so it and its pins live in an overlay that only the Optimum runner puts first on its PYTHONPATH
+# (bench/same_model.py); torch, onnx and onnxruntime come from the venv.
+OPTIMUM_OVERLAY := $(VENV)/optimum-onnx
+$(OPTIMUM_OVERLAY)/.installed: | $(VENV)/.installed
+	$(PYTHON) -m pip install --quiet --no-deps --target $(OPTIMUM_OVERLAY) optimum-onnx==0.1.0 optimum==2.1.0 \
+		transformers==4.57.6 tokenizers==0.22.2 huggingface_hub==0.36.2
+	touch $@
+
+bench: $(VENV)/.bench-installed $(OPTIMUM_OVERLAY)/.installed
 	$(PYTHON) -m bench.engine
 
 bench-engine: bench

@@ -1,14 +1,21 @@
-"""Engine benchmark: our ONNX Runtime engine against CTranslate2, HF transformers and PyTorch eager.
+"""Engine benchmark: our ONNX Runtime engine against CTranslate2, Optimum, HF transformers and PyTorch eager.
 
-    make bench                      # installs .[bench], runs everything, writes bench/results/engine.json
-    python bench/engine.py --tiny   # seconds-long smoke run on a tiny shape
+    make bench                                    # installs .[bench], runs everything, writes bench/results/engine.json
+    python -m bench.engine --tiny                 # smoke run on a tiny shape, one quick round (numbers meaningless)
+    python -m bench.engine --only same-model      # the headline alone
 
-A report, not a test. Every tool gets the same random-weight model shape (d_model 256, 4 heads,
-FFN 1024, 3+3 layers, vocab 8000), the same source ids (24 tokens per sentence), exactly 24 new
-tokens per sentence and the same thread count; each case is warmed up, then timed until it has
-both `--min-runs` runs and `--min-time` seconds; that is repeated for `--rounds` rounds with the
-tools of a case measured next to each other, and the median over rounds is reported. The machine's
-CPU time used by other processes meanwhile is recorded; contended numbers are flagged (†). Throughput counts
+A report, not a test. The headline ("same model, every tool", bench/same_model.py, results key
+`same_model`): one random-weight Marian checkpoint imported by this project (export.import_hf),
+converted by ct2-transformers-converter, exported by Optimum and run by transformers `generate`,
+each tool alone in a fresh process of its own; their greedy tokens must be identical before any
+speed is reported.
+
+Then each tool on a model of its own of the same shape (d_model 256, 4 heads, FFN 1024, 3+3
+layers, vocab 8000), the same source ids (24 tokens per sentence), exactly 24 new tokens per
+sentence and the same thread count. Everywhere, each case is warmed up, then timed until it has
+both `--min-runs` runs and `--min-time` seconds; that is repeated for `--rounds` rounds, each tool
+in a fresh process per round, and the median over rounds is reported. The machine's CPU time used
+by other processes meanwhile is recorded; contended numbers are flagged (†). Throughput counts
 the output tokens of the best hypothesis only: batch × 24 for every tool and beam size.
 
 - ours:      the served path: export.publish.export_model of export.model.Translator (pre-norm, GELU; a
@@ -49,8 +56,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from bench import same_model
 from bench.engines import load_engine, newest
 from bench.search_drivers import beam_search, greedy
+from bench.timing import CONTENDED, Timing, contention, flag, measure, median_seconds
 from export.graphs import OPSET
 from export.model import (
     Classifier,
@@ -81,6 +90,7 @@ CT2_TOOLS = {
 }
 CLASSIFIER_TOOLS = ("clf-ort-fp32", "clf-ort-int8", "clf-torch")
 TOOLS = ("ours", "ours-int8", *CT2_TOOLS, "hf", "torch", "uncached", *CLASSIFIER_TOOLS, "matmul")
+SAME_MODEL = "same-model"  # the headline: one Marian checkpoint through every tool (bench.same_model)
 NEVER = -1  # an EOS id no step can produce: every tool generates exactly `new_tokens`
 BOS = 1
 WORDS = "the a cat dog house tree red blue small big runs sleeps sees file open save close window".split()
@@ -100,71 +110,6 @@ class Shape:
 
 
 TINY = Shape(vocab=500, d_model=64, heads=4, ffn=128, enc_layers=1, dec_layers=1, src_len=8, new_tokens=8, clf_len=8)
-
-
-# ---------------------------------------------------------------------------------------------
-# Timing
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Timing:
-    min_runs: int
-    min_time: float
-    warmup: int = 2
-    max_runs: int = 200
-
-
-CONTENDED = 0.05  # a case during which other processes used more than this share of the CPUs is flagged
-
-
-def _busy_cpu_seconds() -> float | None:
-    """CPU seconds every process of the machine has used (Linux /proc/stat), None elsewhere."""
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
-    except (OSError, ValueError):
-        return None
-    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
-    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_seconds() -> float:
-    t = os.times()
-    return t.user + t.system
-
-
-@dataclass
-class Case:
-    """One measured configuration; `samples` holds (median seconds, runs, others' CPU share) per round."""
-
-    kind: str  # "translation" | "classifier"
-    tool: str
-    batch: int
-    beam: int  # 0 for the classifier
-    fn: Callable[[], object]
-    samples: list[tuple[float, int, float | None]] = field(default_factory=list)
-
-
-def median_seconds(fn: Callable[[], object], t: Timing) -> tuple[float, int, float | None]:
-    """Warm-up runs, then runs until both min_runs and min_time are reached.
-
-    Returns (median seconds, runs, share of the machine's CPU time other processes used meanwhile).
-    """
-    for _ in range(t.warmup):
-        fn()
-    times: list[float] = []
-    busy0, own0 = _busy_cpu_seconds(), _own_cpu_seconds()
-    start = time.perf_counter()
-    while len(times) < t.max_runs and (len(times) < t.min_runs or time.perf_counter() - start < t.min_time):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    wall = time.perf_counter() - start
-    busy1, own1 = _busy_cpu_seconds(), _own_cpu_seconds()
-    others = None
-    if busy0 is not None and busy1 is not None:
-        others = max(0.0, (busy1 - busy0) - (own1 - own0)) / (wall * (os.cpu_count() or 1))
-    return statistics.median(times), len(times), others
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,17 +394,16 @@ def matmul_ceiling(threads: int, m: int, k: int, n: int, timing: Timing, int8: b
 # ---------------------------------------------------------------------------------------------
 
 
-def _flag(others: float | None) -> str:
-    return f"  CONTENDED: other processes used {others:.0%} of the CPUs" if others and others > CONTENDED else ""
+@dataclass
+class Case:
+    """One measured configuration; `samples` holds (median seconds, runs, others' CPU share) per round."""
 
-
-def contention() -> dict[str, object]:
-    """Other processes on the CPU make every number here meaningless: record them."""
-    try:
-        procs = subprocess.run(["pgrep", "-af", "export.train"], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        procs = ""
-    return {"loadavg_1m": os.getloadavg()[0], "training_processes": [p for p in procs.splitlines() if p]}
+    kind: str  # "translation" | "classifier"
+    tool: str
+    batch: int
+    beam: int  # 0 for the classifier
+    fn: Callable[[], object]
+    samples: list[tuple[float, int, float | None]] = field(default_factory=list)
 
 
 class Bench:
@@ -482,16 +426,7 @@ class Bench:
         return runtime.make_session(path.read_bytes(), ["CPUExecutionProvider"], self.threads)
 
     def measure(self, fn: Callable[[], object]) -> tuple[float, int, float | None]:
-        """median_seconds, measured again (up to `retries` times) while other processes used the CPUs."""
-        sec, n, others = median_seconds(fn, self.timing)
-        for _ in range(self.retries):
-            if not others or others <= CONTENDED:
-                break
-            time.sleep(5)
-            again = median_seconds(fn, self.timing)
-            if again[2] is not None and again[2] < others:
-                sec, n, others = again
-        return sec, n, others
+        return measure(fn, self.timing, self.retries)
 
     def record(self, tool: str, batch: int, beam: int, fn: Callable[[], object]) -> None:
         """Checks that fn generates exactly new_tokens per sentence, then queues it for measuring."""
@@ -512,7 +447,7 @@ class Bench:
                 sec, n, others = self.measure(c.fn)
                 c.samples.append((sec, n, others))
                 what = f"beam {c.beam}" if c.kind == "translation" else "classifier"
-                print(f"  {c.tool:<16} batch {c.batch:>3} {what}: {sec * 1e3:9.2f} ms ({n} runs){_flag(others)}")
+                print(f"  {c.tool:<16} batch {c.batch:>3} {what}: {sec * 1e3:9.2f} ms ({n} runs){flag(others)}")
         for c in self.pending:
             sec = statistics.median(s[0] for s in c.samples)
             shares = [s[2] for s in c.samples if s[2] is not None]
@@ -713,11 +648,37 @@ def shape(args: argparse.Namespace) -> Shape:
     return replace(s, new_tokens=args.new_tokens or s.new_tokens, src_len=args.src_len or s.src_len)
 
 
+def same_model_section(args: argparse.Namespace, s: Shape) -> dict[str, object]:
+    """The headline: one Marian checkpoint through every tool (bench.same_model)."""
+    tools = args.same_tools.split(",")
+    if unknown := set(tools) - set(same_model.TOOLS):
+        raise SystemExit(f"unknown --same-tools entries {sorted(unknown)}; choose from {','.join(same_model.TOOLS)}")
+    model = same_model.ModelShape(s.vocab, s.d_model, s.heads, s.ffn, s.enc_layers, s.dec_layers)
+    optimum = args.optimum_path or same_model.default_optimum_path()
+    print(f"same model: {s.src_len} source tokens, {s.new_tokens} new tokens, {args.threads} threads")
+    with tempfile.TemporaryDirectory(prefix="bench-same-model-") as work:
+        return same_model.run(
+            model,
+            threads=args.threads,
+            batches=[int(x) for x in args.same_batches.split(",")],
+            beams=[int(x) for x in args.beams.split(",")],
+            src_len=s.src_len,
+            new_tokens=s.new_tokens,
+            timing=Timing(args.min_runs, args.min_time, args.warmup),
+            retries=args.retries,
+            rounds=args.rounds,
+            work=Path(work),
+            tools=tools,
+            optimum_path=optimum,
+        )
+
+
 def run(args: argparse.Namespace) -> dict[str, object]:
     """Every tool alone in a fresh process of its own, round after round; the median per case."""
-    tools = args.only.split(",") if args.only else list(TOOLS)
-    if unknown := set(tools) - set(TOOLS):
-        raise SystemExit(f"unknown --only entries {sorted(unknown)}; choose from {','.join(TOOLS)}")
+    choices = (SAME_MODEL, *TOOLS)
+    tools = args.only.split(",") if args.only else list(choices)
+    if unknown := set(tools) - set(choices):
+        raise SystemExit(f"unknown --only entries {sorted(unknown)}; choose from {','.join(choices)}")
     s = shape(args)
     results: dict[str, object] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -729,10 +690,14 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "warm-up, then the median of timed runs; repeated for each round, the median over rounds reported",
         "contention_start": contention(),
     }
-    print(f"translation: {s.src_len} source tokens, {s.new_tokens} new tokens, {args.threads} threads")
+    if SAME_MODEL in tools:
+        tools.remove(SAME_MODEL)
+        results["same_model"] = same_model_section(args, s)
+    if tools:
+        print(f"translation: {s.src_len} source tokens, {s.new_tokens} new tokens, {args.threads} threads")
     samples: dict[tuple[object, ...], list[dict[str, object]]] = {}
     matmul: dict[str, list[float]] = {}
-    for r in range(args.rounds):
+    for r in range(args.rounds if tools else 0):
         print(f"round {r + 1} of {args.rounds}", flush=True)
         for tool in tools:
             for row in _in_fresh_process(args, tool):
@@ -807,6 +772,16 @@ def _versions() -> dict[str, str]:
 
 
 def markdown(results: dict[str, object]) -> str:
+    """The same-model section (the headline) first, then the per-tool comparisons."""
+    rest = tool_tables(results)
+    if "same_model" not in results:
+        return rest
+    machine: dict[str, Any] = results["machine"]  # type: ignore[assignment]
+    head = same_model.markdown(results["same_model"], machine["cpu"], machine["cores"])  # type: ignore[arg-type]
+    return head + ("\n\n" + rest if rest else "")
+
+
+def tool_tables(results: dict[str, object]) -> str:
     s = Shape(**results["shape"])  # type: ignore[arg-type]
     rows: list[dict] = results["translation"]  # type: ignore[assignment]
     by = {(r["tool"], r["batch"], r["beam"]): r for r in rows}
@@ -898,7 +873,7 @@ def markdown(results: dict[str, object]) -> str:
                 + (f"; 3.5× needs {3.5 * need:.0f} against the fastest int8 one, {peak_int8:.0f}" if peak_int8 else "")
                 + ".",
             ]
-    if contended_cases(results):
+    if any((r.get("others_cpu") or 0) > CONTENDED for r in rows + clf):
         out += ["", f"† measured while other processes used over {CONTENDED:.0%} of the CPUs: not a clean number."]
     return "\n".join(out)
 
@@ -910,9 +885,10 @@ def _mark(*rows: dict | None) -> str:
 
 def contended_cases(results: dict[str, object]) -> list[str]:
     rows = list(results.get("translation") or []) + list(results.get("classifier") or [])  # type: ignore[call-overload]
+    same = [{**r, "tool": f"same-model {r['tool']}"} for r in (results.get("same_model") or {}).get("rows", [])]  # type: ignore[attr-defined]
     return [
         f"{r['tool']} batch {r['batch']}" + (f" beam {r['beam']}" if "beam" in r else "") + f" ({r['others_cpu']:.0%})"
-        for r in rows
+        for r in rows + same
         if (r.get("others_cpu") or 0) > CONTENDED
     ]
 
@@ -920,31 +896,57 @@ def contended_cases(results: dict[str, object]) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench/engine.py", description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help="tiny shape, for a smoke run")
-    p.add_argument("--only", default="", help="comma list of " + ",".join(TOOLS))
+    p.add_argument("--only", default="", help="comma list of " + ",".join((SAME_MODEL, *TOOLS)))
     p.add_argument("--batches", default="1,32")
+    p.add_argument("--same-batches", help="batch sizes of the same-model comparison")
+    p.add_argument("--same-tools", default=",".join(same_model.TOOLS), help="the same-model comparison's tools")
+    p.add_argument(
+        "--optimum-path",
+        type=Path,
+        default=None,
+        help="put first on the Optimum runner's PYTHONPATH (default: $BENCH_OPTIMUM_PATH, else <venv>/optimum-onnx)",
+    )
     p.add_argument("--beams", default="1,4")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--src-len", type=int, default=0)
     p.add_argument("--new-tokens", type=int, default=0)
-    p.add_argument("--min-runs", type=int, default=5)
-    p.add_argument("--min-time", type=float, default=1.0, help="seconds of timed runs per case and round, at least")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--rounds", type=int, default=3, help="measure every case this often; report the median")
-    p.add_argument("--retries", type=int, default=3, help="re-measure a case this often while it is contended")
+    # the timing options default to MEASURE, or to SMOKE with --tiny
+    p.add_argument("--min-runs", type=int)
+    p.add_argument("--min-time", type=float, help="seconds of timed runs per case and round, at least")
+    p.add_argument("--warmup", type=int)
+    p.add_argument("--rounds", type=int, help="measure every case this often; report the median")
+    p.add_argument("--retries", type=int, help="re-measure a case this often while it is contended")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "engine.json")
     p.add_argument("--worker", default="", help=argparse.SUPPRESS)  # internal: measure one tool, write rows
     p.add_argument("--worker-out", type=Path, help=argparse.SUPPRESS)
     return p
 
 
+# Defaults of the options left unset: a measurement, or with --tiny a smoke run (seconds, numbers meaningless)
+MEASURE = {"min_runs": 5, "min_time": 1.0, "warmup": 2, "rounds": 3, "retries": 3, "same_batches": "1,8,32"}
+SMOKE = {"min_runs": 1, "min_time": 0.0, "warmup": 1, "rounds": 1, "retries": 0, "same_batches": "1,4"}
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    for name, value in (SMOKE if args.tiny else MEASURE).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    args = parse(argv)
     if args.worker:
         rows = measure_tool(args, args.worker)
         args.worker_out.write_text(json.dumps(rows))
         return 0
-    results = run(args)
+    try:
+        results = run(args)
+    except same_model.TokensDiffer as exc:
+        print(f"\nFAILED, no speed reported: {exc}", file=sys.stderr)
+        return 1
     table = markdown(results)
     results["markdown"] = table
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,636 @@
+"""Same model, every tool: one Marian checkpoint decoded by this engine, CTranslate2, Optimum and transformers.
+
+    python -m bench.engine --only same-model --tiny      # smoke run, seconds
+    python -m bench.engine                               # this section first, then the rest
+
+One random-weight `MarianMTModel` of the bench's shape is saved with `save_pretrained`, beside an
+offline MarianTokenizer (a SentencePiece model trained here on a few words, a vocab.json of exactly
+`vocab` entries). Then each tool gets it the way its users would:
+
+- ours:       `python -m export.import_hf` (fp32 + int8 variants), TranslatorEngine.translate_ids.
+              `ours-int8`: the int8 variant.
+- ct2:        `ct2-transformers-converter`, Translator.translate_batch on the tokens' strings: one
+              batch on `threads` threads; `ct2-workers`: `threads` sub-batches, one thread each (this
+              engine's sentence shards); `ct2-int8`: compute type int8.
+- optimum:    exported by Optimum (`ORTModelForSeq2SeqLM.from_pretrained(DIR, export=True)`), run by its
+              `.generate` on the CPU provider, ORT's intra-op threads and torch's (its search) set.
+- hf:         `MarianMTModel.generate`, torch threads set.
+
+Every tool runs alone in a fresh process of its own (`python -m bench.same_model --run TOOL`), one
+after another, with the same intra-op thread count, the same source ids (token ids: tokenization is
+not timed), batch and beam sizes, and exactly `new_tokens` new tokens: the EOS (and <pad>) embedding
+rows are zero, so their logit, 0, sits mid-vocabulary and never wins; transformers and CTranslate2
+also forbid EOS before the length (min_new_tokens, min_decoding_length). The greedy tokens of the
+fp32 tools must be identical, sentence by sentence, before any speed is printed (`TokensDiffer`
+otherwise); beam agreement and int8 agreement are reported. A runner answers its generated ids and
+timings as JSON on stdout (anything the libraries print goes to stderr).
+
+Optimum: optimum-onnx 0.1.0 (the newest) needs transformers<4.58, which this project's venv does not
+have; its runner and export run with `--optimum-path` (default: `<venv>/optimum-onnx`, installed by
+`make bench`) first on PYTHONPATH, an overlay holding it, optimum 2.1, transformers 4.57 and their
+tokenizers and huggingface_hub.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+from bench.timing import CONTENDED, Timing, flag, measure
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "same-model"
+EOS, UNK = 0, 1  # Marian's: </s> first, <unk> second, <pad> (the decoder start) last
+# fp32 tools whose greedy tokens must equal this engine's; the int8 rows are compared, not required
+IDENTICAL = ("ours", "ct2", "ct2-workers", "optimum", "hf")
+TOOLS = ("ours", "ct2", "ct2-workers", "optimum", "hf", "ours-int8", "ct2-int8")
+INT8 = {"ours-int8", "ct2-int8"}
+WORDS = "the a cat dog house tree red blue small big runs sleeps sees file open save close window".split()
+LABELS = {
+    "ours": "this engine fp32 (import_hf)",
+    "ct2": "CTranslate2 fp32, 1 × {t} threads",
+    "ct2-workers": "CTranslate2 fp32, {t} workers × 1 thread",
+    "optimum": "Optimum ORTModelForSeq2SeqLM.generate fp32",
+    "hf": "transformers generate fp32",
+    "ours-int8": "this engine int8 (import_hf)",
+    "ct2-int8": "CTranslate2 int8, 1 × {t} threads",
+}
+
+
+class TokensDiffer(Exception):
+    """The tools decoded the same model to different greedy tokens: no speed of theirs is comparable."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The checkpoint
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    vocab: int
+    d_model: int
+    heads: int
+    ffn: int
+    enc_layers: int
+    dec_layers: int
+
+
+def vocabulary(pieces: Sequence[str], size: int) -> list[str]:
+    """Marian's layout: </s>, <unk>, the SentencePiece pieces, fillers up to `size` - 1, <pad> last."""
+    tokens = ["</s>", "<unk>", *(p for p in pieces if p not in ("</s>", "<unk>", "<pad>"))]
+    if len(tokens) >= size:
+        raise ValueError(f"vocabulary of {size} cannot hold {len(tokens)} SentencePiece pieces")
+    tokens += [f"▁w{i}" for i in range(size - 1 - len(tokens))] + ["<pad>"]
+    return tokens
+
+
+def sentencepiece_model(words: Sequence[str]) -> bytes:
+    """A tiny SentencePiece model trained in-process (the tokenizer files a Marian checkpoint ships)."""
+    import sentencepiece as spm
+
+    texts = [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(3 + i % 6)) for i in range(64)]
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts),
+        model_writer=buf,
+        vocab_size=48,
+        model_type="unigram",
+        normalization_rule_name="identity",
+        unk_id=0,
+        bos_id=-1,
+        eos_id=-1,
+        hard_vocab_limit=False,
+        num_threads=1,
+        minloglevel=2,
+    )
+    return buf.getvalue()
+
+
+# Random weights: standard deviation gain / sqrt(fan-in) (the embedding's fan-in: d_model); at the
+# bench's shape embeddings N(0, 0.1), attention N(0, 0.05), fc1 N(0, 0.02), fc2 N(0, 2). Biases N(0, 0.02).
+INIT_GAIN = {"embedding": 1.6, "attention": 0.8, "fc1": 0.32, "fc2": 64.0}
+
+
+def init_weights(model: object, seed: int = 0) -> None:
+    """Random weights that decode to varied tokens with a margin fp32 rounding cannot cross.
+
+    A random Marian model is easily degenerate or ill-conditioned. Large attention weights make
+    the softmax nearly hard: the tokens vary, but rounding errors grow 10-300× per layer, and two
+    fp32 implementations (or fp32 and fp64) pick different tokens in a third of the sentences.
+    Small attention weights with a large FFN output (fc2) keep attention soft and make each step
+    a smooth random map of the previous token, its position and (through the cross-attention) the
+    source: at the bench's shape about 17-21 distinct tokens in 24, and the top-2 logit gap stays
+    well above (over 10×) the largest fp32-vs-fp64 logit difference. The EOS and <pad> embedding
+    rows (tied to the output projection) are zero: their logit is 0, mid-vocabulary, never chosen.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():  # type: ignore[attr-defined]
+            if name.endswith("shared.weight"):  # tied: both embeddings and the output projection
+                p.normal_(0.0, INIT_GAIN["embedding"] / p.shape[1] ** 0.5, generator=g)
+                p[EOS] = 0.0
+                p[-1] = 0.0  # <pad>, the decoder start
+            elif p.dim() == 2:
+                kind = "fc1" if ".fc1" in name else "fc2" if ".fc2" in name else "attention"
+                p.normal_(0.0, INIT_GAIN[kind] / p.shape[1] ** 0.5, generator=g)
+            elif "layer_norm" not in name:
+                p.normal_(0.0, 0.02, generator=g)
+
+
+def build_checkpoint(s: ModelShape, folder: Path, seed: int = 0) -> None:
+    """A random-weight Marian checkpoint (`init_weights`) with its tokenizer files, as
+    `save_pretrained` writes them."""
+    import sentencepiece as spm
+    import torch
+    from transformers import MarianConfig, MarianMTModel, MarianTokenizer
+
+    folder.mkdir(parents=True, exist_ok=True)
+    sp_model = sentencepiece_model(WORDS)
+    for name in ("source.spm", "target.spm"):
+        (folder / name).write_bytes(sp_model)
+    sp = spm.SentencePieceProcessor(model_proto=sp_model)
+    tokens = vocabulary([sp.id_to_piece(i) for i in range(sp.get_piece_size())], s.vocab)
+    (folder / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(tokens)}, ensure_ascii=False))
+    pad = s.vocab - 1
+    cfg = MarianConfig(
+        vocab_size=s.vocab,
+        decoder_vocab_size=s.vocab,
+        d_model=s.d_model,
+        encoder_layers=s.enc_layers,
+        decoder_layers=s.dec_layers,
+        encoder_attention_heads=s.heads,
+        decoder_attention_heads=s.heads,
+        encoder_ffn_dim=s.ffn,
+        decoder_ffn_dim=s.ffn,
+        activation_function="swish",  # Marian's (opus-mt checkpoints)
+        scale_embedding=True,
+        max_position_embeddings=256,
+        dropout=0.0,
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        pad_token_id=pad,
+        decoder_start_token_id=pad,
+        eos_token_id=EOS,
+        forced_eos_token_id=None,
+    )
+    torch.manual_seed(seed)
+    model = MarianMTModel(cfg).eval()
+    init_weights(model, seed)
+    model.save_pretrained(folder)
+    tok = MarianTokenizer(str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json"))
+    tok.save_pretrained(folder)
+
+
+def source_ids(vocab: int, batches: Sequence[int], src_len: int, seed: int = 0) -> dict[int, list[list[int]]]:
+    """Per batch size, sentences of src_len ids: random ordinary tokens, then EOS (as Marian's tokenizer ends them)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for b in batches:
+        ids = rng.integers(UNK + 1, vocab - 1, size=(b, src_len - 1))
+        out[b] = np.concatenate([ids, np.full((b, 1), EOS)], axis=1).tolist()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# What every runner gets
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Written once by the parent, read by every runner: the same inputs, threads and timing rule."""
+
+    work: str  # the checkpoint is work/hf, the imported store work/store, CTranslate2's work/ct2, Optimum's work/onnx
+    threads: int
+    new_tokens: int
+    beams: list[int]
+    sources: dict[int, list[list[int]]]  # batch size -> source ids
+    timing: Timing
+    retries: int
+
+    @property
+    def folder(self) -> Path:
+        return Path(self.work)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def load(cls, path: Path) -> Plan:
+        raw = json.loads(path.read_text())
+        raw["sources"] = {int(b): ids for b, ids in raw["sources"].items()}
+        raw["timing"] = Timing(**raw["timing"])
+        return cls(**raw)
+
+
+Decode = Callable[[list[list[int]], int], list[list[int]]]  # (source ids, beam) -> best hypothesis' ids
+
+
+def decode_ours(plan: Plan, variant: str) -> Decode:
+    from bench.engines import load_engine, newest
+    from service import store
+    from service.engine.decoding import DecodeParams
+    from service.engine.runtime import LoadOptions
+    from service.engine.translator import TranslatorEngine
+
+    entry = newest(store.scan(plan.folder / "store"))[NAME]
+    engine = load_engine(entry, LoadOptions(providers=("cpu",), threads=plan.threads, variant=variant))
+    assert isinstance(engine, TranslatorEngine)
+
+    def decode(src: list[list[int]], beam: int) -> list[list[int]]:
+        hyps = engine.translate_ids(src, DecodeParams(beam_size=beam, max_new_tokens=plan.new_tokens))
+        return [list(h[0].tokens) for h in hyps]
+
+    return decode
+
+
+def decode_ct2(plan: Plan, compute_type: str, workers: bool) -> Decode:
+    import ctranslate2
+
+    tokens = list(json.loads((plan.folder / "hf" / "vocab.json").read_text()))
+    converted = json.loads((plan.folder / "ct2" / "shared_vocabulary.json").read_text())
+    if converted != tokens[:-1]:  # the converter drops <pad>: Marian's decoder starts from a zero embedding
+        raise RuntimeError("CTranslate2's vocabulary is not the checkpoint's without <pad>")
+    index = {t: i for i, t in enumerate(tokens)}
+    translator = ctranslate2.Translator(
+        str(plan.folder / "ct2"),
+        device="cpu",
+        compute_type=compute_type,
+        inter_threads=plan.threads if workers else 1,
+        intra_threads=1 if workers else plan.threads,
+    )
+
+    def decode(src: list[list[int]], beam: int) -> list[list[int]]:
+        res = translator.translate_batch(
+            [[tokens[i] for i in row] for row in src],
+            beam_size=beam,
+            num_hypotheses=1,
+            min_decoding_length=plan.new_tokens,
+            max_decoding_length=plan.new_tokens,
+            max_batch_size=-(-len(src) // plan.threads) if workers else 0,
+        )
+        return [[index[t] for t in r.hypotheses[0]] for r in res]
+
+    return decode
+
+
+def _generate(model: object, plan: Plan, src: list[list[int]], beam: int) -> list[list[int]]:
+    import torch
+
+    ids = torch.tensor(src, dtype=torch.long)
+    with torch.inference_mode():
+        out = model.generate(  # type: ignore[attr-defined]
+            input_ids=ids,
+            attention_mask=torch.ones_like(ids),
+            num_beams=beam,
+            do_sample=False,
+            min_new_tokens=plan.new_tokens,
+            max_new_tokens=plan.new_tokens,
+            use_cache=True,
+        )
+    return out[:, 1:].tolist()  # without the decoder start token
+
+
+def decode_optimum(plan: Plan) -> Decode:
+    import onnxruntime as ort
+    import torch
+    from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+    torch.set_num_threads(plan.threads)  # generate's search runs in torch
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = plan.threads
+    options.inter_op_num_threads = 1
+    model = ORTModelForSeq2SeqLM.from_pretrained(
+        plan.folder / "onnx", provider="CPUExecutionProvider", session_options=options, use_cache=True
+    )
+    return partial(_generate, model, plan)
+
+
+def decode_hf(plan: Plan) -> Decode:
+    import torch
+    from transformers import MarianMTModel
+
+    torch.set_num_threads(plan.threads)
+    model = MarianMTModel.from_pretrained(plan.folder / "hf").eval()
+    return partial(_generate, model, plan)
+
+
+RUNNERS: dict[str, Callable[[Plan], Decode]] = {
+    "ours": partial(decode_ours, variant="fp32"),
+    "ours-int8": partial(decode_ours, variant="int8"),
+    "ct2": partial(decode_ct2, compute_type="float32", workers=False),
+    "ct2-workers": partial(decode_ct2, compute_type="float32", workers=True),
+    "ct2-int8": partial(decode_ct2, compute_type="int8", workers=False),
+    "optimum": decode_optimum,
+    "hf": decode_hf,
+}
+PACKAGES = {
+    "ours": ("onnxruntime",),
+    "ct2": ("ctranslate2",),
+    "optimum": ("optimum-onnx", "onnxruntime", "transformers", "torch"),
+    "hf": ("transformers", "torch"),
+}
+
+
+def run_tool(tool: str, plan: Plan) -> dict[str, object]:
+    """One tool's cases in this (fresh) process: the generated ids of each, then its timing."""
+    from importlib.metadata import version
+
+    t0 = time.perf_counter()
+    decode = RUNNERS[tool](plan)
+    load = time.perf_counter() - t0
+    cases = []
+    for beam in plan.beams:
+        for b, src in plan.sources.items():
+            fn = partial(decode, src, beam)
+            ids = fn()
+            sec, runs, others = measure(fn, plan.timing, plan.retries)
+            cases.append({"batch": b, "beam": beam, "ids": ids, "seconds": sec, "runs": runs, "others_cpu": others})
+    family = tool.split("-")[0]
+    return {
+        "tool": tool,
+        "load_seconds": load,
+        "versions": {p: version(p) for p in PACKAGES[family]},
+        "cases": cases,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent: prepare once, every tool in a fresh process per round, tokens checked, medians
+# ---------------------------------------------------------------------------------------------
+
+
+def optimum_env(optimum_path: Path | None) -> dict[str, str]:
+    env = offline_env()
+    if optimum_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(optimum_path), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def offline_env() -> dict[str, str]:
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def default_optimum_path() -> Path | None:
+    """The overlay `make bench` installs optimum-onnx into, when it is there."""
+    if env := os.environ.get("BENCH_OPTIMUM_PATH"):
+        return Path(env)
+    path = Path(sys.prefix) / "optimum-onnx"
+    return path if path.is_dir() else None
+
+
+def prepare(s: ModelShape, work: Path, tools: Sequence[str], optimum_path: Path | None) -> None:
+    """The checkpoint, then each tool's own form of it made by the tool's own command (side by side:
+    nothing is timed yet)."""
+    t0 = time.perf_counter()
+    build_checkpoint(s, work / "hf")
+    hf, families = str(work / "hf"), {t.split("-")[0] for t in tools}
+    steps: dict[str, tuple[list[str], dict[str, str]]] = {}
+    if "ours" in families:
+        variants = "fp32,int8" if "ours-int8" in tools else "fp32"
+        cmd = [sys.executable, "-m", "export.import_hf", hf, "--name", NAME, "--store", str(work / "store")]
+        steps["export.import_hf"] = ([*cmd, "--version", "1", "--variants", variants], offline_env())
+    if "ct2" in families:
+        converter = str(Path(sys.executable).parent / "ct2-transformers-converter")
+        out = ["--output_dir", str(work / "ct2"), "--quantization", "float32"]
+        steps["ct2-transformers-converter"] = ([converter, "--model", hf, *out], offline_env())
+    if "optimum" in families:
+        cmd = [sys.executable, "-m", "bench.same_model", "--export-optimum", str(work)]
+        steps["Optimum's export"] = (cmd, optimum_env(optimum_path))
+    running = {}
+    for i, (what, (cmd, env)) in enumerate(steps.items()):
+        log = (work / f"prepare-{i}.log").open("w")
+        running[what] = (cmd, log, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT))
+    failed = []
+    for what, (cmd, log, proc) in running.items():
+        proc.wait()
+        log.close()
+        if proc.returncode != 0:
+            failed.append(f"{what} failed ({' '.join(cmd)}):\n{Path(log.name).read_text()[-4000:]}")
+    if failed:
+        raise RuntimeError("\n".join(failed))
+    print(f"same model: checkpoint built, imported, converted, exported ({time.perf_counter() - t0:.1f} s)", flush=True)
+
+
+def export_optimum(work: Path) -> None:
+    from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+    ORTModelForSeq2SeqLM.from_pretrained(work / "hf", export=True, use_cache=True).save_pretrained(work / "onnx")
+
+
+def in_fresh_process(tool: str, plan_path: Path, optimum_path: Path | None) -> dict[str, object]:
+    cmd = [sys.executable, "-m", "bench.same_model", "--run", tool, "--plan", str(plan_path)]
+    env = optimum_env(optimum_path) if tool == "optimum" else offline_env()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"same-model runner {tool} failed:\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def compare(ids: dict[str, dict[tuple[int, int], list[list[int]]]], new_tokens: int) -> dict[str, dict[str, float]]:
+    """Every tool's ids against this engine's fp32 ones (the first fp32 tool's without it): raises
+    TokensDiffer when an fp32 tool's greedy tokens differ or a tool's lengths are not new_tokens;
+    returns the share of sentences that agree, per tool and case."""
+    base = next(t for t in (*IDENTICAL, *ids) if t in ids)
+    ref = ids[base]
+    problems: list[str] = []
+    agreement: dict[str, dict[str, float]] = {}
+    for tool, cases in ids.items():
+        for (b, beam), rows in cases.items():
+            if bad := [i for i, r in enumerate(rows) if len(r) != new_tokens]:
+                problems.append(f"{tool} batch {b} beam {beam}: sentences {bad[:5]} are not {new_tokens} tokens long")
+            if tool == base:
+                continue
+            same = [r == o for r, o in zip(rows, ref[(b, beam)], strict=True)]
+            agreement.setdefault(tool, {})[f"batch {b} beam {beam}"] = sum(same) / len(same)
+            if beam == 1 and tool in IDENTICAL and not all(same):
+                i = same.index(False)
+                at = first_difference(rows[i], ref[(b, beam)][i])
+                problems.append(
+                    f"{tool} batch {b} greedy: {same.count(False)} of {len(same)} sentences differ from {base}; "
+                    f"sentence {i} from step {at}: {base} {ref[(b, beam)][i][at : at + 6]}, "
+                    f"{tool} {rows[i][at : at + 6]}"
+                )
+    if problems:
+        raise TokensDiffer("greedy tokens are not identical across the tools:\n  " + "\n  ".join(problems))
+    return agreement
+
+
+def run(
+    s: ModelShape,
+    *,
+    threads: int,
+    batches: Sequence[int],
+    beams: Sequence[int],
+    src_len: int,
+    new_tokens: int,
+    timing: Timing,
+    retries: int,
+    rounds: int,
+    work: Path,
+    tools: Sequence[str] = TOOLS,
+    optimum_path: Path | None = None,
+) -> dict[str, object]:
+    """The section's results: checkpoint, agreement, per (tool, batch, beam) the median over rounds."""
+    prepare(s, work, tools, optimum_path)
+    plan = Plan(str(work), threads, new_tokens, list(beams), source_ids(s.vocab, batches, src_len), timing, retries)
+    plan.save(work / "plan.json")
+    samples: dict[tuple[str, int, int], list[dict[str, object]]] = {}
+    versions: dict[str, dict[str, str]] = {}
+    agreement: dict[str, dict[str, float]] = {}
+    first: dict[str, dict[tuple[int, int], list[list[int]]]] = {}
+    for r in range(rounds):
+        print(f"same model, round {r + 1} of {rounds}", flush=True)
+        outs = [in_fresh_process(t, work / "plan.json", optimum_path) for t in tools]
+        ids = {str(o["tool"]): {(c["batch"], c["beam"]): c["ids"] for c in o["cases"]} for o in outs}  # type: ignore[attr-defined]
+        agreement = compare(ids, new_tokens)  # before any speed is printed
+        if r == 0:
+            first = ids
+            print(f"same model: greedy tokens identical across {', '.join(t for t in tools if t in IDENTICAL)}")
+        elif ids != first:
+            raise TokensDiffer(f"round {r + 1} decoded other tokens than round 1: a tool is not deterministic")
+        for o in outs:
+            versions[str(o["tool"])] = o["versions"]  # type: ignore[assignment]
+            for c in o["cases"]:  # type: ignore[attr-defined]
+                samples.setdefault((str(o["tool"]), c["batch"], c["beam"]), []).append(c)
+                what = "greedy" if c["beam"] == 1 else f"beam {c['beam']}"
+                print(
+                    f"  {o['tool']:<12} batch {c['batch']:>3} {what:<7}: {c['seconds'] * 1e3:9.2f} ms "
+                    f"({c['runs']} runs){flag(c['others_cpu'])}",
+                    flush=True,
+                )
+    rows = []
+    for (tool, b, beam), cs in samples.items():
+        sec = statistics.median(float(c["seconds"]) for c in cs)  # type: ignore[arg-type]
+        shares = [float(c["others_cpu"]) for c in cs if c["others_cpu"] is not None]  # type: ignore[arg-type]
+        rows.append(
+            {
+                "tool": tool,
+                "batch": b,
+                "beam": beam,
+                "seconds": sec,
+                "tokens_per_s": b * new_tokens / sec,
+                "round_seconds": [c["seconds"] for c in cs],
+                "others_cpu": statistics.median(shares) if shares else None,
+            }
+        )
+    distinct = [len(set(r)) for (_, beam), rs in first[tools[0]].items() if beam == 1 for r in rs]
+    return {
+        "shape": asdict(s),
+        "src_len": src_len,
+        "new_tokens": new_tokens,
+        "threads": threads,
+        "tools": list(tools),
+        "rounds": rounds,
+        "method": "one random-weight MarianMTModel checkpoint; each tool alone in a fresh process of its own, one "
+        "after another, the same source ids, thread count, batch and beam sizes and exactly new_tokens new tokens; "
+        "warm-up, then the median of timed runs; repeated for each round, the median over rounds reported; greedy "
+        "tokens of the fp32 tools checked identical before any speed is printed",
+        "threading": {
+            "ours": f"load_engine(threads={threads}): a batch as {threads} sentence shards on one-thread ORT sessions",
+            "ct2": f"intra_threads={threads}, inter_threads=1",
+            "ct2-workers": f"inter_threads={threads} × intra_threads=1, max_batch_size ⌈batch/{threads}⌉",
+            "optimum": f"ORT intra_op_num_threads={threads}, torch.set_num_threads({threads})",
+            "hf": f"torch.set_num_threads({threads})",
+        },
+        "versions": versions,
+        "greedy_identical": [t for t in tools if t in IDENTICAL],
+        "agreement": agreement,
+        "distinct_tokens_per_sentence": statistics.median(distinct) if distinct else 0,
+        "rows": rows,
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+
+def markdown(section: dict[str, object], cpu: str, cores: int | None) -> str:
+    s = ModelShape(**section["shape"])  # type: ignore[arg-type]
+    rows: list[dict] = section["rows"]  # type: ignore[assignment]
+    threads = section["threads"]
+    by = {(r["tool"], r["batch"], r["beam"]): r for r in rows}
+    cases = sorted({(r["beam"], r["batch"]) for r in rows})
+    head = [f"{'greedy' if beam == 1 else f'beam {beam}'}, batch {b}" for beam, b in cases]
+    agreement: dict[str, dict[str, float]] = section["agreement"]  # type: ignore[assignment]
+    out = [
+        f"Same model, every tool: one random-weight Marian checkpoint (d_model {s.d_model}, {s.heads} heads, "
+        f"FFN {s.ffn}, {s.enc_layers}+{s.dec_layers} layers, vocabulary {s.vocab}) imported by this project, "
+        "converted by ct2-transformers-converter, exported by Optimum and run by transformers. Greedy tokens "
+        f"identical across {', '.join(section['greedy_identical'])} (checked before timing); "  # type: ignore[arg-type]
+        f"{section['src_len']} source and {section['new_tokens']} new tokens per sentence.",
+        f"Tokens/s (output tokens of the best hypothesis; in brackets this engine's tokens/s ÷ the tool's, at the "
+        f"same precision); {threads} threads per tool, each tool alone in a fresh process of its own, one after "
+        f"another, on {cores} cores ({cpu}); median of {section['rounds']} rounds.",
+        "",
+        "| tool | " + " | ".join(head) + " |",
+        "|---|" + "---:|" * len(head),
+    ]
+    for tool in (t for t in TOOLS if t in section["tools"]):  # type: ignore[operator]
+        ref_tool = "ours-int8" if tool in INT8 else "ours"
+        cells = []
+        for beam, b in cases:
+            r, ref = by.get((tool, b, beam)), by.get((ref_tool, b, beam))
+            if r is None:
+                cells.append("–")
+                continue
+            ratio = f" ({ref['tokens_per_s'] / r['tokens_per_s']:.2f}×)" if ref and tool != ref_tool else ""
+            dagger = " †" if any(x and (x.get("others_cpu") or 0) > CONTENDED for x in (r, ref)) else ""
+            cells.append(f"{r['tokens_per_s']:,.0f}{ratio}{dagger}")
+        out.append(f"| {LABELS[tool].format(t=threads)} | " + " | ".join(cells) + " |")
+    beams = sorted({beam for beam, _ in cases if beam > 1})
+    notes = []
+    for tool, per in agreement.items():
+        parts = [f"{k}: {v:.0%}" for k, v in per.items() if tool in INT8 or not k.endswith("beam 1")]
+        if parts and (tool in INT8 or beams):
+            notes.append(f"{tool} " + ", ".join(parts))
+    if notes:
+        out += ["", "Sentences decoded to this engine's fp32 tokens (beam; int8 all cases): " + "; ".join(notes) + "."]
+    threading: dict[str, str] = section["threading"]  # type: ignore[assignment]
+    out += ["", "Threads: " + "; ".join(f"{t}: {v}" for t, v in threading.items() if t in section["tools"]) + "."]  # type: ignore[operator]
+    if any((r.get("others_cpu") or 0) > CONTENDED for r in rows):
+        out += ["", f"† measured while other processes used over {CONTENDED:.0%} of the CPUs: not a clean number."]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench/same_model.py", description="internal: bench.engine's same-model mode")
+    p.add_argument("--run", choices=TOOLS, help="decode and time every case of --plan, answer JSON on stdout")
+    p.add_argument("--plan", type=Path)
+    p.add_argument("--export-optimum", type=Path, metavar="WORK", help="export WORK/hf with Optimum to WORK/onnx")
+    args = p.parse_args(argv)
+    if args.export_optimum:
+        export_optimum(args.export_optimum)
+        return 0
+    if not args.run or not args.plan:
+        p.error("--run TOOL --plan FILE, or --export-optimum WORK")
+    answer = os.fdopen(os.dup(1), "w")
+    os.dup2(2, 1)  # whatever the libraries print goes to stderr; stdout carries the JSON answer only
+    result = run_tool(args.run, Plan.load(args.plan))
+    answer.write(json.dumps(result))
+    answer.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

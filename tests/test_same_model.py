@@ -1,0 +1,60 @@
+"""bench.same_model's rules: the checkpoint's vocabulary layout, and that differing greedy tokens stop the
+report (a diff, no speed) while beam and int8 differences are only counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import same_model
+from bench.same_model import TokensDiffer, compare, vocabulary
+
+
+def test_vocabulary_is_marian_layout_of_exactly_the_size() -> None:
+    tokens = vocabulary(["<unk>", "▁the", "▁cat", "s"], 50)
+    assert len(tokens) == len(set(tokens)) == 50
+    assert tokens[same_model.EOS] == "</s>" and tokens[same_model.UNK] == "<unk>" and tokens[-1] == "<pad>"
+    assert tokens[2:5] == ["▁the", "▁cat", "s"]
+    with pytest.raises(ValueError, match="cannot hold"):
+        vocabulary([f"p{i}" for i in range(60)], 50)
+
+
+def test_source_ids_end_with_eos_and_avoid_special_tokens() -> None:
+    sources = same_model.source_ids(100, [1, 3], 6)
+    assert {b: len(rows) for b, rows in sources.items()} == {1: 1, 3: 3}
+    for rows in sources.values():
+        for row in rows:
+            assert len(row) == 6 and row[-1] == same_model.EOS
+            assert all(same_model.UNK < t < 99 for t in row[:-1])  # never </s>, <unk> or <pad> inside
+
+
+def _ids(greedy: list[list[int]], beam: list[list[int]]) -> dict[tuple[int, int], list[list[int]]]:
+    return {(2, 1): greedy, (2, 4): beam}
+
+
+def test_identical_greedy_passes_and_beam_or_int8_differences_are_counted() -> None:
+    ours = _ids([[5, 6, 7], [8, 9, 10]], [[5, 6, 7], [8, 9, 10]])
+    ids = {
+        "ours": ours,
+        "hf": _ids([[5, 6, 7], [8, 9, 10]], [[5, 6, 7], [8, 9, 11]]),  # beam differs in one sentence
+        "ct2-int8": _ids([[5, 6, 8], [8, 9, 10]], [[5, 6, 7], [8, 9, 10]]),  # int8: counted, not required
+    }
+    agreement = compare(ids, new_tokens=3)
+    assert agreement["hf"] == {"batch 2 beam 1": 1.0, "batch 2 beam 4": 0.5}
+    assert agreement["ct2-int8"] == {"batch 2 beam 1": 0.5, "batch 2 beam 4": 1.0}
+
+
+def test_a_differing_greedy_sentence_raises_with_the_diff() -> None:
+    ours = _ids([[5, 6, 7, 8], [8, 9, 10, 11]], [[5, 6, 7, 8], [8, 9, 10, 11]])
+    ids = {"ours": ours, "optimum": _ids([[5, 6, 7, 8], [8, 9, 12, 13]], ours[(2, 4)])}
+    with pytest.raises(TokensDiffer) as err:
+        compare(ids, new_tokens=4)
+    message = str(err.value)
+    assert "optimum batch 2 greedy: 1 of 2 sentences differ from ours;" in message
+    assert "sentence 1 from step 2: ours [10, 11], optimum [12, 13]" in message
+
+
+def test_a_wrong_length_raises_for_any_tool() -> None:
+    ours = _ids([[5, 6, 7], [8, 9, 10]], [[5, 6, 7], [8, 9, 10]])
+    ids = {"ours": ours, "ct2-int8": _ids([[5, 6], [8, 9, 10]], ours[(2, 4)])}  # stopped early (EOS)
+    with pytest.raises(TokensDiffer, match=r"ct2-int8 batch 2 beam 1: sentences \[0\] are not 3 tokens long"):
+        compare(ids, new_tokens=3)
