@@ -21,6 +21,11 @@ different positions, so sentences can join and leave a running batch at any step
 Attention weights are outputs of the serving graphs rather than of extra graphs: they are
 computed anyway, a caller fetches them only when asked, and extra graphs would carry a second
 copy of every weight (the bundled store has a size budget).
+Contract 4 (imported checkpoints) keeps contract 3's graphs and adds to the manifest what differs
+between models: special ids (`decoder_start_id`, the first step's input, defaults to `bos_id`),
+each source language's framing, each target language's forced first tokens, decoding defaults.
+Its log-probabilities may hold -inf: suppressed ids (Marian's pad), never renormalised, as in
+transformers' logits processors. A contract 3 version reads as contract 4 with the defaults.
 Contract 1 (before step-level batching) had no position_ids; contract 2 returned the grown
 cache (the past gathered by a row_index input, the new key appended), which copied every row's
 cache twice per step. The candidates of a beam are ranked by the caller, for all rows at once:
@@ -33,8 +38,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-IO_CONTRACT_VERSION = 3
+IO_CONTRACT_VERSION = 4
 """Bumped whenever a graph's inputs or outputs change meaning; the service refuses other versions."""
+READABLE_IO_CONTRACTS = (3, 4)  # 3: the bundled models' export, read with contract 4's defaults
 
 SPECIAL_IDS = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "mask_id": 4}
 """Fixed across every model of the project (the tokenizer trainer checks it)."""

@@ -45,6 +45,27 @@ class GraphSpec(BaseModel):
     outputs: list[TensorSpec]
 
 
+class Framing(BaseModel):
+    """The ids around a source's own ids: `prefix + text ids + suffix` (a BERT's [CLS] and [SEP], an
+    NLLB source's language token and EOS, a bundled translator's EOS)."""
+
+    model_config = ConfigDict(extra="forbid")
+    prefix: list[int] = Field(default_factory=list)
+    suffix: list[int] = Field(default_factory=list)
+
+
+class Generation(BaseModel):
+    """A translator's decoding defaults (an imported checkpoint's `generation_config.json`): what a
+    request gets for every option it leaves out."""
+
+    model_config = ConfigDict(extra="forbid")
+    beam_size: int = Field(default=4, ge=1, le=8)
+    length_penalty: float = Field(default=1.0, ge=0.0, le=2.0)
+    early_stopping: bool | Literal["never"] = True
+    no_repeat_ngram_size: int = Field(default=0, ge=0)
+    forced_eos: bool = False  # the last token a length limit allows is EOS
+
+
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     schema_version: int = SCHEMA_VERSION
@@ -66,8 +87,15 @@ class Manifest(BaseModel):
     labels: list[str] = Field(default_factory=list)
     max_source_tokens: int = Field(ge=1)
     max_new_tokens: int = Field(ge=0)
-    source_language: str | None = None  # BCP 47 ("en"); translators only
+    source_language: str | None = None  # BCP 47 ("en"); translators only; a multilingual model's default
     target_language: str | None = None
+    # IO contract 4. Source language ("": any) -> framing; none: a translator source ends with EOS.
+    sources: dict[str, Framing] = Field(default_factory=dict)
+    # Target language ("": the only one) -> the tokens a translation starts with (forced, score 0).
+    targets: dict[str, list[int]] = Field(default_factory=dict)
+    generation: Generation = Field(default_factory=Generation)
+    skip_ids: list[int] = Field(default_factory=list)  # ids left out of decoded text; none: the special ids
+    origin: dict[str, object] = Field(default_factory=dict)  # an imported checkpoint: family, config, licence
     metrics: dict[str, object] = Field(default_factory=dict)
     data_sources: list[dict[str, str]] = Field(default_factory=list)
     # figure name ("curves", "positions") -> PNG file: pictures of the training run kept with the version

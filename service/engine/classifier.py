@@ -36,13 +36,14 @@ class ClassifierEngine:
     ) -> None:
         self.manifest, self.session, self.codec, self.variant = manifest, session, codec, variant
         self.labels = list(manifest.labels)
+        self.pad_id = manifest.special_tokens.get("pad_id", SPECIAL_IDS["pad_id"])
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         return self.codec.encode(texts)
 
     def classify_ids(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
         """(N, C) probabilities for a batch of token id lists."""
-        ids, mask = pad(seqs, SPECIAL_IDS["pad_id"])
+        ids, mask = pad(seqs, self.pad_id)
         return softmax(runtime.run_classifier(self.session, ids, mask).astype(np.float64))
 
     def to_predictions(self, rows: Sequence[Sequence[float]]) -> list[Prediction]:
@@ -56,7 +57,7 @@ class ClassifierEngine:
     def attention(self, text: str) -> tuple[list[str], np.ndarray]:
         """The text's tokens and its last layer's self-attention (H, S, S): rows attend to columns."""
         [ids] = self.encode([text])
-        arr, mask = pad([ids], SPECIAL_IDS["pad_id"])
+        arr, mask = pad([ids], self.pad_id)
         return self.codec.tokens(ids), runtime.classifier_attention(self.session, arr, mask)[0]
 
     def predict(self, texts: Sequence[str]) -> list[Prediction]:
@@ -75,5 +76,5 @@ def load_classifier(entry: StoreEntry, options: runtime.LoadOptions | None = Non
     providers = runtime.resolve_providers(options.providers)
     threads = options.threads or runtime.cpu_quota()
     session = runtime.make_session(read_pinned(entry, m.variant_files(variant)["model"]), providers, threads)
-    codec = TextCodec(read_pinned(entry, m.tokenizer), m.max_source_tokens)
+    codec = TextCodec.of(m, read_pinned(entry, m.tokenizer))
     return ClassifierEngine(m, session, codec, variant)

@@ -49,6 +49,10 @@ class DecodeParams:
     seed: int = 0  # sampling: the same seed draws the same tokens
     repetition_penalty: float = 1.0  # > 0; a generated token's log-prob is multiplied by it
     no_repeat_ngram_size: int = 0  # 0: off; n: no n-gram occurs twice in a hypothesis
+    # When beam search stops (transformers' `early_stopping`): True once beam_size hypotheses
+    # ended; False (transformers' default) also once no live beam, at its current length, can beat
+    # the worst of them; "never" assumes a live beam could reach max_new_tokens first.
+    early_stopping: bool | Literal["never"] = True
 
     def __post_init__(self) -> None:
         _check_int("beam_size", self.beam_size, 1, MAX_BEAM_SIZE)
@@ -61,6 +65,8 @@ class DecodeParams:
         _check_float("temperature", self.temperature, 0.0, None, low_open=True)
         _check_float("top_p", self.top_p, 0.0, 1.0, low_open=True)
         _check_float("repetition_penalty", self.repetition_penalty, 0.0, None, low_open=True)
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError(f"early_stopping must be true, false or 'never', got {self.early_stopping!r}")
         if self.sample and self.beam_size != 1:
             raise ValueError(f"sampling draws independent hypotheses: beam_size must be 1, got {self.beam_size}")
 
@@ -97,9 +103,15 @@ class Search:
         eos_id: int,
         limit: int | None = None,
         *,
+        forced: Sequence[int] = (),
+        forced_eos: bool = False,
         strategy: Strategy | None = None,
     ) -> None:
         self.params, self.eos_id = params, eos_id
+        # Tokens the model must start with (a multilingual model's target-language token) and an
+        # EOS forced as the last token a limit allows: each taken with log-probability 0, as
+        # transformers' forced-BOS and forced-EOS logits processors do.
+        self.forced, self.forced_eos = tuple(forced), forced_eos
         self.limit = params.max_new_tokens if limit is None else min(limit, params.max_new_tokens)
         self.width = k = params.width
         self.t = 0  # steps taken
@@ -119,9 +131,19 @@ class Search:
 
     @property
     def penalised(self) -> bool:
-        """A repetition penalty or n-gram blocking: its steps need its rows' full log-probabilities."""
+        """A repetition penalty, n-gram blocking or a forced token: this step needs its rows' own
+        processed log-probabilities."""
         p = self.params
-        return p.repetition_penalty != 1.0 or p.no_repeat_ngram_size > 0
+        return p.repetition_penalty != 1.0 or p.no_repeat_ngram_size > 0 or self.forced_token() is not None
+
+    def forced_token(self, step: int | None = None) -> int | None:
+        """The token that step (0: the first generated token; default: the coming one) must take, if any."""
+        step = self.t if step is None else step
+        if step < len(self.forced):
+            return self.forced[step]
+        if self.forced_eos and step == self.limit - 1:
+            return self.eos_id
+        return None
 
     def advance(self, logp: np.ndarray) -> np.ndarray | None:
         """One step of this sentence alone from its (width, V) log-probabilities."""
@@ -132,8 +154,13 @@ class Search:
         return sorted(self.found, key=lambda h: -h.score)[: self.params.num_hypotheses]
 
     def penalised_logprobs(self, logp: NDArray[np.floating]) -> NDArray[np.floating]:
-        """Repetition penalty and n-gram blocking on the rows' own history (a copy when either is on)."""
+        """Repetition penalty and n-gram blocking on the rows' own history, or the forced token
+        alone at 0 (a copy when any applies); called after `t` counts this step."""
         p, done = self.params, self.t - 1  # tokens generated before this step
+        if (forced := self.forced_token(done)) is not None:
+            one = np.full(logp.shape, -np.inf)
+            one[:, forced] = 0.0
+            return one
         if (p.repetition_penalty == 1.0 and not p.no_repeat_ngram_size) or done == 0:
             return logp
         logp = np.array(logp, dtype=np.float64)
@@ -178,7 +205,11 @@ class Greedy(Strategy):
     def step(self, searches: Sequence[Search], logp: np.ndarray, starts: NDArray[np.int64]) -> list[np.ndarray | None]:
         best = logp.argmax(axis=1)[starts]
         best_lp = logp[starts, best].tolist()
-        return [_take(s, tok, lp) for s, tok, lp in zip(searches, best.tolist(), best_lp, strict=True)]
+        tokens = best.tolist()
+        for i, s in enumerate(searches):
+            if (forced := s.forced_token()) is not None:
+                tokens[i], best_lp[i] = forced, 0.0
+        return [_take(s, tok, lp) for s, tok, lp in zip(searches, tokens, best_lp, strict=True)]
 
 
 def _take(s: Search, tok: int, logprob: float) -> np.ndarray | None:
@@ -241,18 +272,21 @@ def _rows(starts: NDArray[np.int64], widths: NDArray[np.integer]) -> NDArray[np.
 
 def _continue(s: Search, score: np.ndarray, row: np.ndarray, tok: np.ndarray) -> np.ndarray | None:
     """A beam's step after ranking: (2K,) candidates best first (cumulative score, row, token)."""
-    k, t, lp = s.width, s.t, s.params.length_penalty
+    k, t, lp, stopping = s.width, s.t, s.params.length_penalty, s.params.early_stopping
     is_eos = tok == s.eos_id
-    # fairseq: an EOS among the K best candidates ends that hypothesis.
+    # fairseq: an EOS among the K best candidates ends that hypothesis. Stopping early, the first
+    # K are kept; otherwise the K best scores (transformers).
     for j in np.flatnonzero(is_eos[:k] & np.isfinite(score[:k])):
-        if len(s.found) < k:
+        if len(s.found) < k or stopping is not True:
             s.found.append(_hypothesis(s.hist[row[j], : t - 1], score[j], t, True, lp))
+    if stopping is not True and len(s.found) > k:
+        s.found = sorted(s.found, key=lambda h: -h.score)[:k]
     # Refill: the K best non-EOS candidates continue (stable sort keeps their rank order).
     pick = np.argsort(is_eos, kind="stable")[:k]
     live_score, live_row, live_tok = score[pick], row[pick], tok[pick]
     live_score[is_eos[pick]] = -np.inf  # too few candidates: dead rows, fed EOS, never finalised
     alive = np.isfinite(live_score)
-    if len(s.found) >= k or not alive.any():
+    if not alive.any() or (len(s.found) >= k and not _may_improve(s, float(live_score.max()))):
         s.done = True
         return None
     if t >= s.limit:
@@ -265,6 +299,17 @@ def _continue(s: Search, score: np.ndarray, row: np.ndarray, tok: np.ndarray) ->
     s.hist[:, t - 1] = live_tok
     s.tokens, s.cum = live_tok, live_score
     return live_row
+
+
+def _may_improve(s: Search, best_live: float) -> bool:
+    """With K hypotheses found: whether a live beam could still beat the worst of them
+    (transformers' early-stopping heuristic, which assumes the beam ends now, or at the limit
+    when `early_stopping` is "never" and longer is favoured)."""
+    p = s.params
+    if p.early_stopping is True:
+        return False
+    length = s.limit if p.early_stopping == "never" and p.length_penalty > 0 else s.t
+    return best_live / length**p.length_penalty > min(h.score for h in s.found)
 
 
 class Sampling(Strategy):

@@ -8,31 +8,51 @@ from tokenizers import Tokenizer
 
 from service.contract import spans
 from service.contract.graphs import SPECIAL_IDS
+from service.contract.manifest import Framing, Manifest
 from service.errors import InputTooLong
 
 
 class TextCodec:
-    """`max_tokens` counts the text's own tokens; the EOS a translator source ends with comes on top
-    (the manifest's `max_source_tokens` means the same)."""
+    """`max_tokens` counts the text's own tokens; the framing around them (a translator source's EOS,
+    a BERT's [CLS] and [SEP], a language token) comes on top (the manifest's `max_source_tokens`
+    means the same)."""
 
-    def __init__(self, tokenizer_json: bytes, max_tokens: int, eos_id: int | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer_json: bytes,
+        max_tokens: int,
+        framing: Framing | None = None,
+        unk_id: int = SPECIAL_IDS["unk_id"],
+        skip_ids: Sequence[int] = tuple(SPECIAL_IDS.values()),
+    ) -> None:
         self.tok = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
         self.max_tokens = max_tokens
-        self.suffix: list[int] = [] if eos_id is None else [eos_id]  # appended to translator sources
-        self.unk_id = SPECIAL_IDS["unk_id"]
-        self._special = frozenset(SPECIAL_IDS.values())
+        self.framing = framing or Framing()
+        self.unk_id = unk_id
+        self._skip = frozenset(skip_ids)
         self.alphabet = spans.alphabet(self.tok.get_vocab())  # what it spells without byte tokens
 
-    def encode(self, texts: Sequence[str], names: Sequence[str] | None = None) -> list[list[int]]:
-        """Token ids per text; an empty text becomes a single <unk> so every row has one real token.
-        `names` say which input each text is, for the error of one that is too long."""
+    @classmethod
+    def of(cls, manifest: Manifest, tokenizer_json: bytes, fallback: Framing | None = None) -> TextCodec:
+        """The codec a manifest describes; `fallback`: the framing of an export that states none."""
+        m, st = manifest, manifest.special_tokens
+        framing = m.sources.get("") or fallback
+        skip = m.skip_ids or [*st.values()]
+        return cls(tokenizer_json, m.max_source_tokens, framing, st.get("unk_id", SPECIAL_IDS["unk_id"]), skip)
+
+    def encode(
+        self, texts: Sequence[str], names: Sequence[str] | None = None, framing: Framing | None = None
+    ) -> list[list[int]]:
+        """Token ids per text, framed; an empty text becomes a single <unk> so every row has one
+        real token. `names` say which input each text is, for the error of one that is too long."""
+        f = framing or self.framing
         out = []
-        for i, enc in enumerate(self.tok.encode_batch_fast(list(texts))):  # no character offsets: a quarter faster
-            ids = enc.ids or [self.unk_id]
+        for i, enc in enumerate(self.tok.encode_batch_fast(list(texts), add_special_tokens=False)):
+            ids = enc.ids or [self.unk_id]  # no character offsets: a quarter faster
             if len(ids) > self.max_tokens:
                 name = names[i] if names is not None else f"texts[{i}]"
                 raise InputTooLong(f"{name} has {len(ids)} tokens; this model accepts at most {self.max_tokens}")
-            out.append(ids + self.suffix)
+            out.append([*f.prefix, *ids, *f.suffix])
         return out
 
     def has_tokens(self, pieces: Sequence[str]) -> bool:
@@ -40,11 +60,11 @@ class TextCodec:
         return all(self.tok.token_to_id(p) is not None for p in pieces)
 
     def count(self, text: str) -> int:
-        return len(self.tok.encode(text).ids)
+        return len(self.tok.encode(text, add_special_tokens=False).ids)
 
     def decode(self, ids: Sequence[int]) -> str:
-        """Special ids (a model may emit <unk> or <pad>) are left out; everything else is text."""
-        return str(self.tok.decode([i for i in ids if i not in self._special], skip_special_tokens=False))
+        """Special ids (a model may emit <unk>, <pad> or a language token) are left out; everything else is text."""
+        return str(self.tok.decode([i for i in ids if i not in self._skip], skip_special_tokens=False))
 
     def tokens(self, ids: Sequence[int]) -> list[str]:
         """The vocabulary pieces of `ids`, for display (attention maps)."""

@@ -13,8 +13,8 @@ from typing import Literal, TypeVar
 import numpy as np
 
 from service.contract import spans
-from service.contract.graphs import IO_CONTRACT_VERSION, pad
-from service.contract.manifest import Manifest, ManifestError
+from service.contract.graphs import IO_CONTRACT_VERSION, READABLE_IO_CONTRACTS, pad
+from service.contract.manifest import Framing, Manifest, ManifestError
 from service.engine import runtime, text
 from service.engine.decoding import DecodeParams, Hypothesis, Search
 from service.engine.running import RunningBatch, ShardedBatch
@@ -67,8 +67,10 @@ class TranslatorEngine:
         self.narrow, self.shards = narrow, shards  # one-thread decoder for sharded batches
         self._spare: list[RunningBatch[int] | ShardedBatch[int]] = []  # idle batches, buffers kept
         st = manifest.special_tokens
-        self.pad_id, self.bos_id, self.eos_id = st["pad_id"], st["bos_id"], st["eos_id"]
+        self.pad_id, self.eos_id = st["pad_id"], st["eos_id"]
+        self.bos_id = st.get("decoder_start_id", st["bos_id"])  # the first step's input
         self.max_new_tokens = manifest.max_new_tokens
+        self.generation = manifest.generation
         self.language = manifest.source_language or "en"
         # A model trained on masked text has one token per placeholder; an older one gets raw spans.
         self.protects_spans = codec.has_tokens(spans.PLACEHOLDERS)
@@ -77,15 +79,40 @@ class TranslatorEngine:
         """Source ids of whole texts (no line or sentence splitting: see `prepare`)."""
         return self.codec.encode(texts)
 
-    def prepare(self, texts: Sequence[str]) -> Prepared:
+    def languages(self) -> tuple[list[str], list[str]]:
+        """The source and target languages this model translates between (codes as it names them)."""
+        m = self.manifest
+        sources = [k for k in m.sources if k] or [m.source_language or ""]
+        targets = [k for k in m.targets if k] or [m.target_language or ""]
+        return [s for s in sources if s], [t for t in targets if t]
+
+    def source_framing(self, language: str | None) -> tuple[str, Framing | None]:
+        """The language sentences are split by and the ids around a source, for a requested source language."""
+        m = self.manifest
+        if not [k for k in m.sources if k]:
+            _check_language("source", language, [m.source_language] if m.source_language else [])
+            return self.language, None
+        code = _resolve("source", language or m.source_language, list(m.sources))
+        return code.split("_")[0].split("-")[0], m.sources[code]
+
+    def forced_prefix(self, language: str | None) -> tuple[int, ...]:
+        """The tokens a translation into `language` starts with (a multilingual model's language token)."""
+        m = self.manifest
+        if not [k for k in m.targets if k]:
+            _check_language("target", language, [m.target_language] if m.target_language else [])
+            return tuple(m.targets.get("", ()))
+        return tuple(m.targets[_resolve("target", language or m.target_language, list(m.targets))])
+
+    def prepare(self, texts: Sequence[str], source_language: str | None = None) -> Prepared:
         """Texts as sentences to translate: lines and sentences split, spans masked, ids encoded."""
-        layouts = [text.split(t, self.language, self.protects_spans, self.codec.alphabet) for t in texts]
+        language, framing = self.source_framing(source_language)
+        layouts = [text.split(t, language, self.protects_spans, self.codec.alphabet) for t in texts]
         owner = [i for i, layout in enumerate(layouts) for _ in layout.segments]
         names = [
             f"texts[{i}] sentence {j + 1}" for i, layout in enumerate(layouts) for j in range(len(layout.segments))
         ]
         sentences = [seg.text for layout in layouts for seg in layout.segments]
-        return Prepared(layouts, self.codec.encode(sentences, names), owner)
+        return Prepared(layouts, self.codec.encode(sentences, names, framing), owner)
 
     def assemble(
         self, prepared: Prepared, hyps: Sequence[Sequence[Hypothesis]], length_penalty: float
@@ -110,11 +137,11 @@ class TranslatorEngine:
             out.append(sorted(ranked, key=lambda t: -t.score))
         return out
 
-    def search(self, params: DecodeParams, limit: int | None = None) -> Search:
-        """A fresh search for one sentence of this model."""
+    def search(self, params: DecodeParams, limit: int | None = None, forced: Sequence[int] = ()) -> Search:
+        """A fresh search for one sentence of this model; `forced`: its first tokens (`forced_prefix`)."""
         if params.max_new_tokens > self.max_new_tokens:
             raise InvalidInput(f"max_new_tokens must be at most {self.max_new_tokens} for this model")
-        return Search(params, self.bos_id, self.eos_id, limit)
+        return Search(params, self.bos_id, self.eos_id, limit, forced=forced, forced_eos=self.generation.forced_eos)
 
     def translate_ids(
         self,
@@ -161,11 +188,19 @@ class TranslatorEngine:
             return ShardedBatch(self.narrow, self.rt, self.shards, self.pad_id, timer)
         return RunningBatch(self.rt, self.pad_id, timer)
 
-    def translate(self, texts: Sequence[str], params: DecodeParams | None = None) -> list[list[Translation]]:
+    def translate(
+        self,
+        texts: Sequence[str],
+        params: DecodeParams | None = None,
+        source_language: str | None = None,
+        target_language: str | None = None,
+    ) -> list[list[Translation]]:
         """Texts in, n-best translations out, exactly as the service answers (same sentence layout)."""
         params = params or DecodeParams()
-        prepared = self.prepare(texts)
-        return self.assemble(prepared, self.translate_ids(prepared.sources, params), params.length_penalty)
+        prepared = self.prepare(texts, source_language)
+        forced = self.forced_prefix(target_language)
+        searches = [self.search(params, forced=forced) for _ in prepared.sources]
+        return self.assemble(prepared, self.run(prepared.sources, searches), params.length_penalty)
 
     def attention(self, source: Sequence[int], hyp: Hypothesis) -> AttentionMap:
         """Cross-attention of one decoded sentence: the hypothesis is fed again, one cached step
@@ -199,7 +234,7 @@ def load_translator(entry: StoreEntry, options: runtime.LoadOptions | None = Non
     files = m.variant_files(variant)
     providers = runtime.resolve_providers(options.providers)
     threads = options.threads or runtime.cpu_quota()
-    if m.io_contract != IO_CONTRACT_VERSION:
+    if m.io_contract not in READABLE_IO_CONTRACTS:
         raise ManifestError(
             f"{entry.folder}: exported for IO contract {m.io_contract}, this service needs {IO_CONTRACT_VERSION} "
             f"(step-level batching); re-export the checkpoint: python -m export.publish CHECKPOINT --name {m.name}"
@@ -209,7 +244,8 @@ def load_translator(entry: StoreEntry, options: runtime.LoadOptions | None = Non
     decoder = read_pinned(entry, files["decoder"])
     dec = runtime.make_session(decoder, providers, threads)
     n_layers = int(m.architecture["n_dec_layers"])
-    codec = TextCodec(read_pinned(entry, m.tokenizer), m.max_source_tokens, eos_id=m.special_tokens["eos_id"])
+    eos_last = Framing(suffix=[m.special_tokens["eos_id"]])  # a source of a bundled export ends with EOS
+    codec = TextCodec.of(m, read_pinned(entry, m.tokenizer), eos_last)
     rt = runtime.TranslatorRuntime(enc, dec, n_layers)
     narrow = None
     if threads > 1 and not runtime.uses_cuda(dec):  # CPU: shard large batches over one-thread calls
@@ -219,3 +255,25 @@ def load_translator(entry: StoreEntry, options: runtime.LoadOptions | None = Non
             n_layers,
         )
     return TranslatorEngine(m, rt, codec, variant, narrow, threads)
+
+
+def _check_language(kind: str, asked: str | None, known: list[str]) -> None:
+    """A model of one language pair takes its own code or none."""
+    if asked is not None and known and _resolve(kind, asked, known) not in known:
+        raise InvalidInput(f"this model translates {kind} language {known[0]!r} only, got {asked!r}")
+
+
+def _resolve(kind: str, asked: str | None, known: list[str]) -> str:
+    """A language code as the model names it: exact, or by its primary subtag when that is unique
+    ("fr" for "fr_XX" or "fra" for "fra_Latn")."""
+    if asked is None:
+        raise InvalidInput(f"this model needs a {kind} language (one of {', '.join(sorted(k for k in known if k))})")
+    if asked in known:
+        return asked
+    primary = [k for k in known if k and k.split("_")[0].split("-")[0].lower() == asked.lower()]
+    if len(primary) == 1:
+        return primary[0]
+    shown = ", ".join(sorted(k for k in known if k)[:12])
+    raise InvalidInput(
+        f"unknown {kind} language {asked!r} for this model (it has {shown}{', …' if len(known) > 12 else ''})"
+    )

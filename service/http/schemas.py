@@ -50,6 +50,8 @@ class ModelInfo(ResponseModel):
     max_new_tokens: int | None = None
     source_language: str | None = None
     target_language: str | None = None
+    source_languages: list[str] | None = Field(default=None, description="translators: the `source_language` values")
+    target_languages: list[str] | None = Field(default=None, description="translators: the `target_language` values")
     figures: list[str] | None = Field(default=None, description="pictures at /v1/models/{name}/figures/{figure}")
     error: str | None = None
 

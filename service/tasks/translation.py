@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from service.contract.manifest import Generation
 from service.engine.decoding import MAX_BEAM_SIZE, DecodeParams, Hypothesis
 from service.engine.running import RunningBatch, ShardedBatch
 from service.engine.runtime import LoadOptions
@@ -30,6 +31,7 @@ from service.tasks.base import (
     ONE_TEXT_FOR_ATTENTION,
     AttentionRequest,
     Int,
+    LanguageCode,
     ModelName,
     OutputTensor,
     ResponseModel,
@@ -101,6 +103,12 @@ class DecodeOptions(StrictModel):
         default=1.0, gt=0.0, le=100.0, description="a generated token's log-probability is multiplied by it"
     )
     no_repeat_ngram_size: Int = Field(default=0, ge=0, le=16, description="no n-gram of this size occurs twice; 0: off")
+    source_language: LanguageCode | None = Field(
+        default=None, description="a multilingual model's source language (GET /v1/models lists them); default: its own"
+    )
+    target_language: LanguageCode | None = Field(
+        default=None, description="a multilingual model's target language; default: its own"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> DecodeOptions:
@@ -112,15 +120,20 @@ class DecodeOptions(StrictModel):
             raise ValueError(f"num_hypotheses must be between 1 and beam_size ({self.beam_size})")
         return self
 
-    def params(self, model_limit: int, sentence: int) -> DecodeParams:
-        """Decode parameters of the request's `sentence`-th sentence for a model allowing `model_limit` tokens."""
+    def params(self, model_limit: int, sentence: int, defaults: Generation | None = None) -> DecodeParams:
+        """Decode parameters of the request's `sentence`-th sentence for a model allowing
+        `model_limit` tokens; what the request leaves out comes from the model's `defaults`."""
         wanted = self.max_new_tokens if self.max_new_tokens is not None else model_limit
         if wanted > model_limit:
             raise InvalidInput(f"max_new_tokens must be between 1 and {model_limit} for this model, got {wanted}")
+        given, d = self.model_fields_set, defaults or Generation()
+        beam = self.beam_size if "beam_size" in given or self.decode != "beam" else d.beam_size
+        if self.decode == "beam" and self.num_hypotheses > beam:
+            raise InvalidInput(f"num_hypotheses must be between 1 and beam_size ({beam}, this model's default)")
         return DecodeParams(
-            beam_size=self.beam_size,
+            beam_size=beam,
             max_new_tokens=wanted,
-            length_penalty=self.length_penalty,
+            length_penalty=self.length_penalty if "length_penalty" in given else d.length_penalty,
             num_hypotheses=self.num_hypotheses,
             sample=self.decode == "sample",
             temperature=self.temperature,
@@ -128,7 +141,10 @@ class DecodeOptions(StrictModel):
             top_p=self.top_p,
             seed=_sentence_seed(self.seed, sentence),
             repetition_penalty=self.repetition_penalty,
-            no_repeat_ngram_size=self.no_repeat_ngram_size,
+            no_repeat_ngram_size=self.no_repeat_ngram_size
+            if "no_repeat_ngram_size" in given
+            else d.no_repeat_ngram_size,
+            early_stopping=d.early_stopping,
         )
 
 
@@ -232,11 +248,14 @@ class TranslationTask(Task):
 
     def describe(self) -> Mapping[str, object]:
         m = self.manifest
+        sources, targets = self.engine.languages()
         return {
             "max_source_tokens": m.max_source_tokens,
             "max_new_tokens": m.max_new_tokens,
             "source_language": m.source_language,
             "target_language": m.target_language,
+            "source_languages": sources,
+            "target_languages": targets,
         }
 
     def outputs(self) -> list[TensorSpec]:
@@ -247,10 +266,15 @@ class TranslationTask(Task):
     ) -> tuple[Prepared, list[list[Hypothesis]]]:
         """The texts' sentences and their hypotheses: lines and sentences decoded side by side."""
         self.queue.refuse_if_busy(deadline)
-        prepared = self.engine.prepare(texts)
-        limit = self.engine.max_new_tokens
-        options.params(limit, 0)  # the options hold for this model even when no text has a sentence
-        items = [(seq, self.engine.search(options.params(limit, k))) for k, seq in enumerate(prepared.sources)]
+        engine = self.engine
+        prepared = engine.prepare(texts, options.source_language)
+        forced = engine.forced_prefix(options.target_language)
+        limit, defaults = engine.max_new_tokens, engine.generation
+        options.params(limit, 0, defaults)  # the options hold for this model even when no text has a sentence
+        items = [
+            (seq, engine.search(options.params(limit, k, defaults), forced=forced))
+            for k, seq in enumerate(prepared.sources)
+        ]
         return prepared, (await self.queue.submit(items, deadline) if items else [])
 
     async def _attention(self, prepared: Prepared, hyps: list[list[Hypothesis]]) -> list[CrossAttention]:
@@ -273,7 +297,8 @@ class TranslationTask(Task):
         assert isinstance(options, DecodeOptions)
         prepared, hyps = await self._decode(work.texts, options, work.deadline)
         attention = await self._attention(prepared, hyps) if work.attention else None
-        return Translated(self.engine.assemble(prepared, hyps, options.length_penalty), attention)
+        penalty = options.params(self.engine.max_new_tokens, 0, self.engine.generation).length_penalty
+        return Translated(self.engine.assemble(prepared, hyps, penalty), attention)
 
     def tensors(self, result: Translated) -> list[OutputTensor]:
         return [OutputTensor("translation", "BYTES", [len(result.rows)], [row[0].text for row in result.rows])]

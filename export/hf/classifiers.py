@@ -1,0 +1,358 @@
+"""The classifier graph (`service.contract.graphs`) of a Hugging Face BERT-family sequence classifier.
+
+The forward is rebuilt from the checkpoint's own submodules instead of traced through the
+transformers forward: that forward returns attention weights only under the eager attention
+implementation (from_pretrained picks sdpa), builds its mask through control flow that tracing
+freezes, and hides each family's quirks. Here every family states its quirks once, in its loader:
+where positions start, which token type is added, what head sits on the first token. The result
+is checked against the transformers model (logits and last-layer attentions) and against ONNX
+Runtime before the file is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from export.graphs import _export
+from export.hf import ImportProblem
+from export.validate import FP32_TOL, ExportError, session
+from service.contract import graphs as io
+from service.contract.manifest import GraphSpec, TensorSpec
+
+
+class _Embeddings(nn.Module):
+    """Word (+ token type 0) + position embeddings, then LayerNorm, summed in transformers' order.
+    `pad` None: positions 0..T-1 (BERT, DistilBERT). Otherwise fairseq positions from the ids, as
+    transformers' `create_position_ids_from_input_ids`: pad + 1 + index for every id that is not the
+    pad id, pad for pad ids (RoBERTa, XLM-R); with right padding, real tokens get pad + 1 + index
+    whatever id fills the padding. The tables are read directly: an Embedding's padding_idx only
+    matters to gradients."""
+
+    def __init__(
+        self,
+        words: nn.Embedding,
+        positions: nn.Embedding,
+        norm: nn.LayerNorm,
+        types: nn.Embedding | None,
+        pad: int | None,
+    ) -> None:
+        super().__init__()
+        self.words, self.positions, self.norm, self.types, self.pad = words, positions, norm, types, pad
+
+    def forward(self, input_ids: Tensor) -> Tensor:
+        if self.pad is None:
+            pos = torch.cumsum(torch.ones_like(input_ids), dim=1) - 1  # (B, T): 0..T-1 for any T
+        else:
+            real = input_ids.ne(self.pad).long()
+            pos = torch.cumsum(real, dim=1) * real + self.pad  # (B, T)
+        x = F.embedding(input_ids, self.words.weight)  # (B, T, D)
+        if self.types is not None:
+            x = x + self.types.weight[0]  # no token_type_ids input: every token is in segment 0
+        return self.norm(x + F.embedding(pos, self.positions.weight))
+
+
+class _Block(nn.Module):
+    """One post-norm encoder layer over the checkpoint's linear and norm modules. The attention is
+    written out here so that its weights always come back, whatever implementation the model was
+    loaded with; dropout is left out (inference)."""
+
+    def __init__(
+        self,
+        qkv: tuple[nn.Linear, nn.Linear, nn.Linear],
+        out: nn.Linear,
+        norm1: nn.LayerNorm,
+        ffn: nn.Module,
+        norm2: nn.LayerNorm,
+        heads: int,
+    ) -> None:
+        super().__init__()
+        self.q, self.k, self.v = qkv
+        self.out, self.norm1, self.ffn, self.norm2, self.heads = out, norm1, ffn, norm2, heads
+        self.d_k = out.in_features // heads
+        self.scale = self.d_k**-0.5
+
+    def forward(self, x: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+        def split(lin: nn.Linear) -> Tensor:
+            return lin(x).view(x.shape[0], -1, self.heads, self.d_k).transpose(1, 2)  # (B, H, T, d_k)
+
+        scores = torch.matmul(split(self.q), split(self.k).transpose(2, 3)) * self.scale + bias  # (B, H, T, T)
+        weights = torch.softmax(scores, dim=-1)
+        context = torch.matmul(weights, split(self.v)).transpose(1, 2).reshape(x.shape)  # (B, T, D)
+        x = self.norm1(self.out(context) + x)
+        return self.norm2(self.ffn(x) + x), weights
+
+
+class HFClassifierGraph(nn.Module):
+    """forward(input_ids, attention_mask) -> (logits, last layer's attention weights), per the contract."""
+
+    def __init__(self, embeddings: _Embeddings, blocks: list[_Block], head: nn.Module) -> None:
+        super().__init__()
+        self.embeddings, self.blocks, self.head = embeddings, nn.ModuleList(blocks), head
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        x = self.embeddings(input_ids)  # (B, T, D)
+        keep = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+        # the additive mask transformers builds for eager attention: exp(min - max) is exactly 0
+        bias = torch.where(keep, 0.0, torch.finfo(torch.float32).min)
+        weights = x.new_zeros(())
+        for block in self.blocks:
+            x, weights = block(x, bias)
+        return self.head(x[:, 0]), weights  # every family classifies from the first token
+
+
+def _bert_block(layer: nn.Module, heads: int) -> _Block:
+    """BERT, RoBERTa and XLM-R layers: same module names, `intermediate` holds dense + activation."""
+    att = layer.attention
+    ffn = nn.Sequential(layer.intermediate, layer.output.dense)
+    return _Block(
+        (att.self.query, att.self.key, att.self.value),
+        att.output.dense,
+        att.output.LayerNorm,
+        ffn,
+        layer.output.LayerNorm,
+        heads,
+    )
+
+
+def _bert(model: nn.Module, heads: int) -> HFClassifierGraph:
+    """[CLS] -> tanh pooler -> classifier; token type 0 added; positions from 0."""
+    base, emb = model.bert, model.bert.embeddings
+    if base.pooler is None:
+        raise ImportProblem("bert: the model has no pooler, which the sequence classifier's head reads")
+    embeddings = _Embeddings(
+        emb.word_embeddings, emb.position_embeddings, emb.LayerNorm, emb.token_type_embeddings, None
+    )
+    head = nn.Sequential(base.pooler.dense, nn.Tanh(), model.classifier)
+    return HFClassifierGraph(embeddings, [_bert_block(layer, heads) for layer in base.encoder.layer], head)
+
+
+def _distilbert(model: nn.Module, heads: int) -> HFClassifierGraph:
+    """[CLS] -> pre_classifier -> ReLU -> classifier; no token types; positions from 0."""
+    emb = model.distilbert.embeddings
+    embeddings = _Embeddings(emb.word_embeddings, emb.position_embeddings, emb.LayerNorm, None, None)
+    blocks = [
+        _Block(
+            (b.attention.q_lin, b.attention.k_lin, b.attention.v_lin),
+            b.attention.out_lin,
+            b.sa_layer_norm,
+            nn.Sequential(b.ffn.lin1, b.ffn.activation, b.ffn.lin2),
+            b.output_layer_norm,
+            heads,
+        )
+        for b in model.distilbert.transformer.layer
+    ]
+    head = nn.Sequential(model.pre_classifier, nn.ReLU(), model.classifier)
+    return HFClassifierGraph(embeddings, blocks, head)
+
+
+def _roberta(model: nn.Module, heads: int) -> HFClassifierGraph:
+    """<s> -> dense -> tanh -> out_proj (no pooler); token type 0 added; positions from pad id + 1."""
+    emb = model.roberta.embeddings
+    embeddings = _Embeddings(
+        emb.word_embeddings, emb.position_embeddings, emb.LayerNorm, emb.token_type_embeddings, emb.padding_idx
+    )
+    head = nn.Sequential(model.classifier.dense, nn.Tanh(), model.classifier.out_proj)
+    return HFClassifierGraph(embeddings, [_bert_block(layer, heads) for layer in model.roberta.encoder.layer], head)
+
+
+_LOADERS: dict[str, Callable[[nn.Module, int], HFClassifierGraph]] = {
+    "bert": _bert,
+    "distilbert": _distilbert,
+    "roberta": _roberta,
+    "xlm-roberta": _roberta,
+}
+_CLASSES = {
+    "bert": "BertForSequenceClassification",
+    "distilbert": "DistilBertForSequenceClassification",
+    "roberta": "RobertaForSequenceClassification",
+    "xlm-roberta": "XLMRobertaForSequenceClassification",
+}
+FAMILIES: tuple[str, ...] = ("bert", "distilbert", "roberta", "xlm-roberta")
+"""`config.model_type` values this module exports."""
+
+
+def check_supported(config: transformers.PretrainedConfig) -> None:
+    """Refuses, naming every offending option, a config whose model the graph would not reproduce:
+    a graph that ran but answered differently from the checkpoint would be worse than none."""
+    family = getattr(config, "model_type", None)
+    if family not in FAMILIES:
+        raise ImportProblem(f"model_type={family!r} is not supported (supported: {', '.join(FAMILIES)})")
+    problems = []
+    position = getattr(config, "position_embedding_type", "absolute")
+    if position not in (None, "absolute"):
+        problems.append(f"position_embedding_type={position!r}: only absolute position embeddings are implemented")
+    for option in ("is_decoder", "add_cross_attention", "is_encoder_decoder"):
+        if getattr(config, option, False):
+            problems.append(f"{option}=True: the graph is a bidirectional encoder without cross-attention")
+    if config.problem_type not in (None, "single_label_classification"):
+        problems.append(
+            f"problem_type={config.problem_type!r}: the service reads logits as one softmax over the labels"
+        )
+    if (config.num_labels or 0) < 2:
+        problems.append(f"num_labels={config.num_labels}: a classifier needs 2 labels or more (1 means regression)")
+    if getattr(config, "pruned_heads", None):
+        problems.append(f"pruned_heads={config.pruned_heads}: every layer must keep all its heads")
+    if family in ("roberta", "xlm-roberta") and config.pad_token_id is None:
+        problems.append("pad_token_id=None: RoBERTa positions are counted from the pad id")
+    if problems:
+        raise ImportProblem(f"{family}: " + "; ".join(problems))
+
+
+def labels(config: transformers.PretrainedConfig) -> list[str]:
+    """The label names in id order, from `config.id2label`; refuses gaps and repeats, which would
+    make an answer's label ambiguous."""
+    id2label = getattr(config, "id2label", None) or {}
+    try:
+        by_id = {int(i): name for i, name in id2label.items()}
+    except (TypeError, ValueError) as e:
+        raise ImportProblem(f"id2label: label ids must be integers ({e})") from None
+    n = max(config.num_labels or 0, len(by_id))
+    if n == 0:
+        raise ImportProblem("id2label: no labels")
+    missing = [i for i in range(n) if not isinstance(by_id.get(i), str) or not by_id[i].strip()]
+    if missing or len(by_id) != n:
+        extra = sorted(set(by_id) - set(range(n)))
+        raise ImportProblem(
+            f"id2label: no label name for ids {missing} of 0..{n - 1}" + (f", stray ids {extra}" * bool(extra))
+        )
+    names = [by_id[i] for i in range(n)]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ImportProblem(f"id2label: label names used for more than one id: {repeated}")
+    return names
+
+
+def max_sequence_length(config: transformers.PretrainedConfig) -> int:
+    """The longest input the position table covers: RoBERTa-style positions start at pad id + 1."""
+    if config.model_type in ("roberta", "xlm-roberta"):
+        return config.max_position_embeddings - config.pad_token_id - 1
+    return config.max_position_embeddings
+
+
+def graph_spec(config: transformers.PretrainedConfig) -> GraphSpec:
+    """The classifier contract's IO, with this model's label and head counts."""
+    ids = [
+        TensorSpec(name=name, dtype="int64", shape=["batch", "sequence"]) for name in (io.INPUT_IDS, io.ATTENTION_MASK)
+    ]
+    out = [
+        TensorSpec(name=io.LOGITS, dtype="float32", shape=["batch", config.num_labels]),
+        TensorSpec(
+            name=io.ATTENTIONS, dtype="float32", shape=["batch", config.num_attention_heads, "sequence", "sequence"]
+        ),
+    ]
+    return GraphSpec(inputs=ids, outputs=out)
+
+
+def classifier_graph(model: transformers.PreTrainedModel) -> nn.Module:
+    """The contract's forward over `model`'s own weights (shared, not copied), in eval mode."""
+    check_supported(model.config)
+    family = model.config.model_type
+    if type(model).__name__ != _CLASSES[family]:
+        raise ImportProblem(f"{family}: expected a {_CLASSES[family]}, got {type(model).__name__}")
+    wrong = sorted({str(p.dtype) for p in model.parameters()} - {"torch.float32"})
+    if wrong:
+        raise ImportProblem(f"{family}: parameters in {wrong}; load the checkpoint with dtype=torch.float32")
+    return _LOADERS[family](model, model.config.num_attention_heads).eval()
+
+
+def probe_batches(config: transformers.PretrainedConfig, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Right-padded int64 batches of several sizes and lengths, one at the longest input: what an
+    export is checked on. Ids avoid the pad id, as a tokenizer's real tokens do."""
+    rng = np.random.default_rng(seed)
+    longest = max_sequence_length(config)
+    shapes = [[longest], [1, 5, 9], [7, 7], [3, min(40, longest), 2, 17], [1]]
+    pad = config.pad_token_id if config.pad_token_id is not None else 0
+    batches = []
+    for lengths in shapes:
+        seqs = []
+        for n in lengths:
+            ids = rng.integers(0, config.vocab_size - 1, size=n)
+            seqs.append([int(i) + (i >= pad) for i in ids])  # skip the pad id
+        batches.append(io.pad(seqs, pad_id=pad))
+    return batches
+
+
+@contextlib.contextmanager
+def _eager(model: transformers.PreTrainedModel) -> Iterator[None]:
+    """transformers returns attention weights only from its eager attention; the model is put back
+    as it was."""
+    before = model.config._attn_implementation
+    if before != "eager":
+        model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        if before != "eager":
+            model.set_attn_implementation(before)
+
+
+def real_diff(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
+    """Largest difference of two (B, H, T, T) attention tensors over real query and key positions."""
+    real = (mask[:, None, :, None] * mask[:, None, None, :]).astype(bool)  # (B, 1, T, T)
+    return float(np.abs(np.where(real, a - b, 0.0)).max())
+
+
+def _check(name: str, logits: float, attentions: float) -> None:
+    if logits > FP32_TOL or attentions > FP32_TOL:
+        raise ExportError(f"{name}: max abs diff logits {logits:.2e}, attentions {attentions:.2e} > {FP32_TOL:.0e}")
+
+
+SINGLE_FILE_BYTES = 2**31 - 2**26
+"""Protobuf's 2 GiB message limit less room for the graph: past it the exporter writes external
+tensor files, which the store refuses."""
+
+
+def export_classifier(model: transformers.PreTrainedModel, path: Path) -> None:
+    """Writes the fp32 classifier graph to `path` (the version's `model.onnx`), only once it matches
+    the transformers model and the graph module within FP32_TOL on every probe batch. Leaves the
+    model in eval mode, its attention implementation as it was."""
+    graph = classifier_graph(model)
+    size = sum(p.numel() * p.element_size() for p in graph.parameters())
+    if size > SINGLE_FILE_BYTES:
+        raise ImportProblem(
+            f"{model.config.model_type}: {size / 2**30:.2f} GiB of weights; one ONNX file holds < 2 GiB"
+        )
+    spec = graph_spec(model.config)
+    batches = probe_batches(model.config)
+    with torch.no_grad(), _eager(model):
+        model.eval()
+        expected = []
+        for ids, mask in batches:
+            t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
+            ref = model(input_ids=t_ids, attention_mask=t_mask, output_attentions=True)
+            logits, weights = graph(t_ids, t_mask)
+            _check(
+                "graph module vs transformers",
+                (logits - ref.logits).abs().max().item(),
+                real_diff(weights.numpy(), ref.attentions[-1].numpy(), mask),
+            )
+            expected.append((logits.numpy(), weights.numpy()))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        with torch.no_grad():
+            ids, mask = batches[1]
+            _export(graph, (torch.from_numpy(ids), torch.from_numpy(mask)), spec, tmp)
+        sess = session(tmp)
+        for (ids, mask), (logits, weights) in zip(batches, expected, strict=True):
+            got_logits, got_weights = sess.run(None, {io.INPUT_IDS: ids, io.ATTENTION_MASK: mask})
+            _check(
+                "ONNX Runtime vs graph module",
+                float(np.abs(got_logits - logits).max()),
+                real_diff(got_weights, weights, mask),
+            )
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
