@@ -924,7 +924,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 # Defaults of the options left unset: a measurement, or with --tiny a smoke run (seconds, numbers meaningless)
 MEASURE = {"min_runs": 5, "min_time": 1.0, "warmup": 2, "rounds": 3, "retries": 3, "same_batches": "1,8,32"}
-SMOKE = {"min_runs": 1, "min_time": 0.0, "warmup": 1, "rounds": 1, "retries": 0, "same_batches": "1,4"}
+SMOKE = {"min_runs": 1, "min_time": 0.0, "warmup": 0, "rounds": 1, "retries": 0, "same_batches": "1,4"}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:

@@ -7,8 +7,8 @@ One random-weight `MarianMTModel` of the bench's shape is saved with `save_pretr
 offline MarianTokenizer (a SentencePiece model trained here on a few words, a vocab.json of exactly
 `vocab` entries). Then each tool gets it the way its users would:
 
-- ours:       `python -m export.import_hf` (fp32 + int8 variants), TranslatorEngine.translate_ids.
-              `ours-int8`: the int8 variant.
+- ours:       `python -m export.import_hf` (fp32 + int8 variants, int8 calibrated on a few sentences of
+              the tokenizer's words), TranslatorEngine.translate_ids. `ours-int8`: the int8 variant.
 - ct2:        `ct2-transformers-converter`, Translator.translate_batch on the tokens' strings: one
               batch on `threads` threads; `ct2-workers`: `threads` sub-batches, one thread each (this
               engine's sentence shards); `ct2-int8`: compute type int8.
@@ -69,6 +69,14 @@ LABELS = {
 }
 
 
+HOW = {
+    "ours": "imported by this project",
+    "ct2": "converted by ct2-transformers-converter",
+    "optimum": "exported by Optimum",
+    "hf": "run by transformers",
+}
+
+
 class TokensDiffer(Exception):
     """The tools decoded the same model to different greedy tokens: no speed of theirs is comparable."""
 
@@ -97,14 +105,17 @@ def vocabulary(pieces: Sequence[str], size: int) -> list[str]:
     return tokens
 
 
+def sentences(words: Sequence[str], n: int) -> list[str]:
+    return [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(3 + i % 6)) for i in range(n)]
+
+
 def sentencepiece_model(words: Sequence[str]) -> bytes:
     """A tiny SentencePiece model trained in-process (the tokenizer files a Marian checkpoint ships)."""
     import sentencepiece as spm
 
-    texts = [" ".join(words[(i * 7 + j * 3) % len(words)] for j in range(3 + i % 6)) for i in range(64)]
     buf = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(texts),
+        sentence_iterator=iter(sentences(words, 64)),
         model_writer=buf,
         vocab_size=48,
         model_type="unigram",
@@ -402,9 +413,13 @@ def prepare(s: ModelShape, work: Path, tools: Sequence[str], optimum_path: Path 
     hf, families = str(work / "hf"), {t.split("-")[0] for t in tools}
     steps: dict[str, tuple[list[str], dict[str, str]]] = {}
     if "ours" in families:
-        variants = "fp32,int8" if "ours-int8" in tools else "fp32"
         cmd = [sys.executable, "-m", "export.import_hf", hf, "--name", NAME, "--store", str(work / "store")]
-        steps["export.import_hf"] = ([*cmd, "--version", "1", "--variants", variants], offline_env())
+        cmd += ["--version", "1", "--variants", "fp32"]
+        if "ours-int8" in tools:  # static int8: activation scales from a few sentences of the tokenizer's words
+            (work / "calibration.txt").write_text("\n".join(sentences(WORDS, 32)) + "\n")
+            cmd[-1] = "fp32,int8"
+            cmd += ["--calibration", str(work / "calibration.txt")]
+        steps["export.import_hf"] = (cmd, offline_env())
     if "ct2" in families:
         converter = str(Path(sys.executable).parent / "ct2-transformers-converter")
         out = ["--output_dir", str(work / "ct2"), "--quantization", "float32"]
@@ -446,14 +461,19 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
 
 
-def compare(ids: dict[str, dict[tuple[int, int], list[list[int]]]], new_tokens: int) -> dict[str, dict[str, float]]:
-    """Every tool's ids against this engine's fp32 ones (the first fp32 tool's without it): raises
-    TokensDiffer when an fp32 tool's greedy tokens differ or a tool's lengths are not new_tokens;
-    returns the share of sentences that agree, per tool and case."""
-    base = next(t for t in (*IDENTICAL, *ids) if t in ids)
+def reference(tools: Sequence[str]) -> str:
+    """The tool every other is compared with: this engine fp32, else the first fp32 tool there is."""
+    return next(t for t in (*IDENTICAL, *tools) if t in tools)
+
+
+def compare(ids: dict[str, dict[tuple[int, int], list[list[int]]]], new_tokens: int) -> list[dict[str, object]]:
+    """Every tool's ids against the reference tool's: raises TokensDiffer when an fp32 tool's greedy
+    tokens differ or a tool's lengths are not new_tokens; returns, per other tool and case, how
+    many sentences are identical."""
+    base = reference(list(ids))
     ref = ids[base]
     problems: list[str] = []
-    agreement: dict[str, dict[str, float]] = {}
+    agreement: list[dict[str, object]] = []
     for tool, cases in ids.items():
         for (b, beam), rows in cases.items():
             if bad := [i for i, r in enumerate(rows) if len(r) != new_tokens]:
@@ -461,7 +481,7 @@ def compare(ids: dict[str, dict[tuple[int, int], list[list[int]]]], new_tokens: 
             if tool == base:
                 continue
             same = [r == o for r, o in zip(rows, ref[(b, beam)], strict=True)]
-            agreement.setdefault(tool, {})[f"batch {b} beam {beam}"] = sum(same) / len(same)
+            agreement.append({"tool": tool, "batch": b, "beam": beam, "identical": sum(same), "sentences": len(same)})
             if beam == 1 and tool in IDENTICAL and not all(same):
                 i = same.index(False)
                 at = first_difference(rows[i], ref[(b, beam)][i])
@@ -496,7 +516,7 @@ def run(
     plan.save(work / "plan.json")
     samples: dict[tuple[str, int, int], list[dict[str, object]]] = {}
     versions: dict[str, dict[str, str]] = {}
-    agreement: dict[str, dict[str, float]] = {}
+    agreement: list[dict[str, object]] = []
     first: dict[str, dict[tuple[int, int], list[list[int]]]] = {}
     for r in range(rounds):
         print(f"same model, round {r + 1} of {rounds}", flush=True)
@@ -553,6 +573,7 @@ def run(
             "hf": f"torch.set_num_threads({threads})",
         },
         "versions": versions,
+        "reference": reference(tools),
         "greedy_identical": [t for t in tools if t in IDENTICAL],
         "agreement": agreement,
         "distinct_tokens_per_sentence": statistics.median(distinct) if distinct else 0,
@@ -572,11 +593,11 @@ def markdown(section: dict[str, object], cpu: str, cores: int | None) -> str:
     by = {(r["tool"], r["batch"], r["beam"]): r for r in rows}
     cases = sorted({(r["beam"], r["batch"]) for r in rows})
     head = [f"{'greedy' if beam == 1 else f'beam {beam}'}, batch {b}" for beam, b in cases]
-    agreement: dict[str, dict[str, float]] = section["agreement"]  # type: ignore[assignment]
+    tools: list[str] = section["tools"]  # type: ignore[assignment]
+    how = [v for k, v in HOW.items() if any(t.split("-")[0] == k for t in tools)]
     out = [
         f"Same model, every tool: one random-weight Marian checkpoint (d_model {s.d_model}, {s.heads} heads, "
-        f"FFN {s.ffn}, {s.enc_layers}+{s.dec_layers} layers, vocabulary {s.vocab}) imported by this project, "
-        "converted by ct2-transformers-converter, exported by Optimum and run by transformers. Greedy tokens "
+        f"FFN {s.ffn}, {s.enc_layers}+{s.dec_layers} layers, vocabulary {s.vocab}) {', '.join(how)}. Greedy tokens "
         f"identical across {', '.join(section['greedy_identical'])} (checked before timing); "  # type: ignore[arg-type]
         f"{section['src_len']} source and {section['new_tokens']} new tokens per sentence.",
         f"Tokens/s (output tokens of the best hypothesis; in brackets this engine's tokens/s ÷ the tool's, at the "
@@ -586,7 +607,7 @@ def markdown(section: dict[str, object], cpu: str, cores: int | None) -> str:
         "| tool | " + " | ".join(head) + " |",
         "|---|" + "---:|" * len(head),
     ]
-    for tool in (t for t in TOOLS if t in section["tools"]):  # type: ignore[operator]
+    for tool in (t for t in TOOLS if t in tools):
         ref_tool = "ours-int8" if tool in INT8 else "ours"
         cells = []
         for beam, b in cases:
@@ -598,19 +619,37 @@ def markdown(section: dict[str, object], cpu: str, cores: int | None) -> str:
             dagger = " †" if any(x and (x.get("others_cpu") or 0) > CONTENDED for x in (r, ref)) else ""
             cells.append(f"{r['tokens_per_s']:,.0f}{ratio}{dagger}")
         out.append(f"| {LABELS[tool].format(t=threads)} | " + " | ".join(cells) + " |")
-    beams = sorted({beam for beam, _ in cases if beam > 1})
-    notes = []
-    for tool, per in agreement.items():
-        parts = [f"{k}: {v:.0%}" for k, v in per.items() if tool in INT8 or not k.endswith("beam 1")]
-        if parts and (tool in INT8 or beams):
-            notes.append(f"{tool} " + ", ".join(parts))
-    if notes:
-        out += ["", "Sentences decoded to this engine's fp32 tokens (beam; int8 all cases): " + "; ".join(notes) + "."]
+    out += agreement_notes(section)
     threading: dict[str, str] = section["threading"]  # type: ignore[assignment]
-    out += ["", "Threads: " + "; ".join(f"{t}: {v}" for t, v in threading.items() if t in section["tools"]) + "."]  # type: ignore[operator]
+    out += ["", "Threads: " + "; ".join(f"{t}: {v}" for t, v in threading.items() if t in tools) + "."]
     if any((r.get("others_cpu") or 0) > CONTENDED for r in rows):
         out += ["", f"† measured while other processes used over {CONTENDED:.0%} of the CPUs: not a clean number."]
     return "\n".join(out)
+
+
+def agreement_notes(section: dict[str, object]) -> list[str]:
+    """Beam and int8 agreement with the reference tool, sentences counted over every batch size."""
+    base = section["reference"]
+    counts: dict[tuple[str, int], list[int]] = {}
+    for a in section["agreement"]:  # type: ignore[attr-defined]
+        n = counts.setdefault((a["tool"], a["beam"]), [0, 0])
+        n[0] += a["identical"]
+        n[1] += a["sentences"]
+    out = []
+    for beam in sorted({beam for _, beam in counts if beam > 1}):
+        fp32 = {t: n for (t, k), n in counts.items() if k == beam and t not in INT8}
+        same = [t for t, (i, n) in fp32.items() if i == n]
+        parts = [f"identical to {base} for {', '.join(same)}"] if same else []
+        parts += [f"{t} {i} of {n} sentences" for t, (i, n) in fp32.items() if i != n]
+        if parts:
+            out.append(f"Beam {beam}, best hypothesis: " + "; ".join(parts) + ".")
+    int8 = [f"{t} {i} of {n} ({'greedy' if k == 1 else f'beam {k}'})" for (t, k), (i, n) in counts.items() if t in INT8]
+    if int8:
+        out.append(
+            f"int8 rows, sentences whose tokens equal {base} fp32 (not required: quantization error against a "
+            "random model's small logit margins): " + ", ".join(int8) + "."
+        )
+    return ["", " ".join(out)] if out else []
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -39,8 +39,15 @@ def test_identical_greedy_passes_and_beam_or_int8_differences_are_counted() -> N
         "ct2-int8": _ids([[5, 6, 8], [8, 9, 10]], [[5, 6, 7], [8, 9, 10]]),  # int8: counted, not required
     }
     agreement = compare(ids, new_tokens=3)
-    assert agreement["hf"] == {"batch 2 beam 1": 1.0, "batch 2 beam 4": 0.5}
-    assert agreement["ct2-int8"] == {"batch 2 beam 1": 0.5, "batch 2 beam 4": 1.0}
+    assert {(a["tool"], a["beam"]): (a["identical"], a["sentences"]) for a in agreement} == {
+        ("hf", 1): (2, 2),
+        ("hf", 4): (1, 2),
+        ("ct2-int8", 1): (1, 2),
+        ("ct2-int8", 4): (2, 2),
+    }
+    notes = " ".join(same_model.agreement_notes({"reference": "ours", "agreement": agreement}))
+    assert "Beam 4, best hypothesis: hf 1 of 2 sentences." in notes
+    assert "ct2-int8 1 of 2 (greedy), ct2-int8 2 of 2 (beam 4)." in notes
 
 
 def test_a_differing_greedy_sentence_raises_with_the_diff() -> None:
