@@ -14,7 +14,8 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -75,6 +76,27 @@ def next_version(store: Path, name: str) -> int:
     return max(versions, default=0) + 1
 
 
+@contextmanager
+def staged_version(store: Path, name: str, version: int, force: bool) -> Iterator[Path]:
+    """A hidden folder in the store to build a version in; renamed into place when the block
+    finishes (the caller writes the manifest last), removed when it fails: a failed or interrupted
+    export never leaves a half-written version."""
+    final = store / name / str(version)
+    if final.exists() and not force:
+        raise ExportError(f"{final} exists; pass --force to overwrite it")
+    store.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=store))
+    try:
+        yield tmp
+        if final.exists():
+            shutil.rmtree(final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp.chmod(0o755)
+        tmp.rename(final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def export_model(
     model: Classifier | Translator,
     tok: Tokenizer,
@@ -88,9 +110,6 @@ def export_model(
     ship = options.shipped()
     figures_lib.check_extra(options.figures)
     version = options.version or next_version(store, options.name)
-    final = store / options.name / str(version)
-    if final.exists() and not options.force:
-        raise ExportError(f"{final} exists; pass --force to overwrite it")
     model = model.eval().cpu()
     is_clf = isinstance(model, Classifier)
     c = model.config
@@ -102,9 +121,7 @@ def export_model(
         seqs = encode_sources(tok, validation_texts, c.max_len)[0] if validation_texts else []
     report: dict[str, object] = {"train": dict(options.train_metrics)}
     t0 = time.perf_counter()
-    store.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{options.name}-", dir=store))
-    try:
+    with staged_version(store, options.name, version, options.force) as tmp:
         files = {"fp32": export_graphs(model, tmp)}
         with torch.no_grad():
             report |= _validate(model, tmp, files, "fp32", seqs)
@@ -171,14 +188,7 @@ def export_model(
         )
         # The manifest is written last: a folder without one is never served.
         (tmp / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n")
-        if final.exists():
-            shutil.rmtree(final)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp.chmod(0o755)
-        tmp.rename(final)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return store / options.name / str(version)
 
 
 def _validate(

@@ -22,6 +22,8 @@ from tests.tiny import LABELS, WORDS, expected_label, expected_translation, sent
 from tests.tiny import train_classifier as train_classifier_task
 from tests.tiny import train_translator as train_translator_task
 
+pytest_plugins = ["tests.hf_checkpoints"]  # tiny Hugging Face checkpoints' tokenizers
+
 __all__ = ["LABELS", "WORDS", "sentences", "CHECKED_TEXTS"]
 
 # Texts the fixtures prove their model right on before any test runs; tests that assert exact

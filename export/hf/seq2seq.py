@@ -13,13 +13,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import TypeVar
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from export.graphs import EncoderGraph, _export, graph_io
 from export.hf import ImportProblem
+from export.validate import ExportError, session
+from service.contract import graphs as io
+from service.contract.graphs import pad
 
 NEG_INF = -1e9  # as export.model: finite, so fully masked rows stay NaN-free in fp16
 KV = tuple[Tensor, Tensor]
@@ -265,3 +271,72 @@ class StepGraph(nn.Module):
         cross = [(kv[2 * n + 2 * i], kv[2 * n + 2 * i + 1]) for i in range(n)]
         logp, new_kv, weights = self.model.decode_step(input_ids, position_ids, cache, cross, encoder_attention_mask)
         return (logp, *[t for pair in new_kv for t in pair], weights)
+
+
+# -- export and the checks against transformers ------------------------------------------------
+
+
+def export_translator(model: Seq2Seq, folder: Path) -> dict[str, str]:
+    """Writes the fp32 encoder and decoder-step graphs; returns role -> file name."""
+    model.eval()
+    spec = graph_io(model)
+    with torch.no_grad():
+        ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, model.config.pad_id]])
+        mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+        _export(EncoderGraph(model), (ids, mask), spec["encoder"], folder / "encoder.onnx")
+        cross = [t for kv in model.cross_kv(model.encode(ids, mask)) for t in kv]
+        cache = [t for kv in model.empty_cache(2, 5) for t in kv]
+        args = (torch.tensor([[12], [13]]), torch.tensor([3, 1]), mask, *cache, *cross)
+        _export(StepGraph(model), args, spec["decoder"], folder / "decoder.onnx")
+    return {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}
+
+
+def check_against_transformers(
+    hf: nn.Module, model: Seq2Seq, folder: Path, roles: dict[str, str], sources: list[list[int]], tol: float
+) -> dict[str, object]:
+    """Teacher-forced log-probabilities of the ONNX graphs against transformers' forward, every row
+    of one running batch at its own position: row r joins at step r, so the cache holds rows of
+    different lengths and spare slots with junk. Targets are transformers' own greedy outputs, so
+    the positions checked are the ones decoding visits. Returns the figures; raises ExportError."""
+    c = model.config
+    enc, dec = session(folder / roles["encoder"]), session(folder / roles["decoder"])
+    ids, mask = pad(sources, c.pad_id)
+    t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
+    steps = 12
+    with torch.no_grad():
+        out = hf.generate(
+            input_ids=t_ids,
+            attention_mask=t_mask,
+            num_beams=1,
+            do_sample=False,
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+        )
+        tgt = out[:, :steps]  # decoder start + generated, each row as long as the longest
+        ref = torch.log_softmax(hf(input_ids=t_ids, attention_mask=t_mask, decoder_input_ids=tgt).logits, -1).numpy()
+    n, rows = len(model.layers), len(sources)
+    cross = enc.run([f for f in io.cross_names(n)], {io.INPUT_IDS: ids, io.ATTENTION_MASK: mask})
+    slots = steps + rows
+    junk = np.random.default_rng(0)
+    dk = c.d_model // c.n_heads
+    cache = [junk.normal(size=(rows, c.n_heads, slots, dk)).astype(np.float32) for _ in range(2 * n)]
+    live = ~np.isneginf(model.suppress.numpy())
+    worst = 0.0
+    for step in range(steps + rows - 1):
+        active = [r for r in range(rows) if 0 <= step - r < steps]
+        pos = np.array([step - r for r in active], dtype=np.int64)
+        feed = {
+            io.INPUT_IDS: tgt.numpy()[active, pos][:, None],
+            io.POSITION_IDS: pos,
+            io.ENCODER_ATTENTION_MASK: mask[active],
+            **dict(zip(io.cache_names(n), [b[active] for b in cache], strict=True)),
+            **dict(zip(io.cross_names(n), [x[active] for x in cross], strict=True)),
+        }
+        res = dec.run(None, feed)
+        got = res[0]
+        worst = max(worst, float(np.abs(got[:, live] - ref[active, pos][:, live]).max()))
+        for j, new in enumerate(res[1 : 1 + 2 * n]):
+            cache[j][active, :, pos] = new[:, :, 0]
+    if worst > tol:
+        raise ExportError(f"decoder log-probabilities differ from transformers by {worst:.2e} > {tol:.0e}")
+    return {"transformers_max_abs_diff": worst, "parity_sentences": rows, "parity_steps": steps}

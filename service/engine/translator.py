@@ -137,6 +137,17 @@ class TranslatorEngine:
             out.append(sorted(ranked, key=lambda t: -t.score))
         return out
 
+    def default_params(self) -> DecodeParams:
+        """What a request that sets nothing decodes with: the model's own generation defaults."""
+        g = self.generation
+        return DecodeParams(
+            beam_size=g.beam_size,
+            max_new_tokens=min(self.max_new_tokens, DecodeParams.max_new_tokens),
+            length_penalty=g.length_penalty,
+            no_repeat_ngram_size=g.no_repeat_ngram_size,
+            early_stopping=g.early_stopping,
+        )
+
     def search(self, params: DecodeParams, limit: int | None = None, forced: Sequence[int] = ()) -> Search:
         """A fresh search for one sentence of this model; `forced`: its first tokens (`forced_prefix`)."""
         if params.max_new_tokens > self.max_new_tokens:
@@ -196,7 +207,7 @@ class TranslatorEngine:
         target_language: str | None = None,
     ) -> list[list[Translation]]:
         """Texts in, n-best translations out, exactly as the service answers (same sentence layout)."""
-        params = params or DecodeParams()
+        params = params or self.default_params()
         prepared = self.prepare(texts, source_language)
         forced = self.forced_prefix(target_language)
         searches = [self.search(params, forced=forced) for _ in prepared.sources]

@@ -77,23 +77,26 @@ def _check_key(call: Call, params: Mapping[str, Any]) -> None:
         raise Forbidden("Invalid API key")
 
 
-def _translators(call: Call) -> list[Task]:
-    """Every serving model that declares the languages it translates between."""
+def _translators(call: Call) -> list[tuple[Task, list[tuple[str, str]]]]:
+    """Every serving model that declares the languages it translates between, with its pairs (a
+    multilingual model: every source language into every other of its target languages)."""
     out = []
     for v in call.state.models.snapshot().serving():
         if v.task is not None:
             d = v.task.describe()
-            if d.get("source_language") and d.get("target_language"):
-                out.append(v.task)
+            sources, targets = d.get("source_languages") or [], d.get("target_languages") or []
+            pairs = [(str(s), str(t)) for s in sources for t in targets if s != t]  # type: ignore[attr-defined]
+            if pairs:
+                out.append((v.task, pairs))
     return out
 
 
 def _pairs(call: Call) -> dict[str, set[str]]:
     pairs: dict[str, set[str]] = {}
-    for task in _translators(call):
-        d = task.describe()
-        pairs.setdefault(str(d["source_language"]), set()).add(str(d["target_language"]))
-        pairs.setdefault(str(d["target_language"]), set())
+    for _, offered in _translators(call):
+        for source, target in offered:
+            pairs.setdefault(source, set()).add(target)
+            pairs.setdefault(target, set())
     return pairs
 
 
@@ -154,13 +157,14 @@ async def translate(call: Call) -> ASGIApp:
     if fmt not in ("text", "html"):
         raise InvalidInput(f"Invalid request: format must be text or html, got {fmt!r}")
     alternatives = _alternatives(params.get("alternatives", 0))
-    task = _translator(call, source, target)
+    task, source = _translator(call, source, target)
     call.info.model = task.entry.name
     units = [html_text.split(t) if fmt == "html" else [t] for t in texts]
     pieces = [p for parts in units for p in (parts if fmt == "text" else parts[1::2])]
     translated: list[list[str]] = []
     if pieces:
         wanted = {"decode": "beam", "beam_size": max(4, alternatives + 1), "num_hypotheses": alternatives + 1}
+        wanted |= {"source_language": source, "target_language": target}
         result = await task.run(Work(pieces, task.Options.model_validate(wanted), deadline))
         assert isinstance(result, Translated)
         translated = [[h.text for h in row] for row in result.rows]
@@ -196,18 +200,19 @@ def _alternatives(value: object) -> int:
     return n
 
 
-def _translator(call: Call, source: str, target: str) -> Task:
-    pairs = [(t, t.describe()) for t in _translators(call)]
+def _translator(call: Call, source: str, target: str) -> tuple[Task, str]:
+    """The model translating `source` into `target`, and the source language (`auto` resolved)."""
+    offered = _translators(call)
     if source == "auto":
-        sources = {str(d["source_language"]) for _, d in pairs if d["target_language"] == target}
+        sources = {s for _, pairs in offered for s, t in pairs if t == target}
         if len(sources) != 1:
             raise InvalidInput("Language detection is disabled on this server: name the source language")
         source = sources.pop()
-    if not any(d["source_language"] == source for _, d in pairs):
+    if not any(s == source for _, pairs in offered for s, _ in pairs):
         raise InvalidInput(f"{source} is not supported")
-    for task, d in pairs:
-        if d["source_language"] == source and d["target_language"] == target:
-            return task
+    for task, pairs in offered:
+        if (source, target) in pairs:
+            return task, source
     raise InvalidInput(f"{target} is not supported")
 
 

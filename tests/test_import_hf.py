@@ -1,0 +1,296 @@
+"""Imported Hugging Face checkpoints against transformers (`python -m export.import_hf`).
+
+Each checkpoint is a tiny random model built from a config object, saved with save_pretrained beside
+the tokenizer files of `tests.hf_checkpoints` (nothing is downloaded). The importer checks its
+graphs' teacher-forced log-probabilities against transformers itself (`check_against_transformers`,
+max abs diff <= 1e-4, rows at different positions in one batch); here the served engine's greedy
+and beam-4 outputs are compared with `generate`, and a multilingual batch with rows of three
+target languages joining at different steps with each row decoded alone.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from export.import_hf import ImportOptions, import_checkpoint, main
+from service.engine.decoding import DecodeParams
+from service.engine.translator import TranslatorEngine, load_translator
+from service.store import scan
+from tests.hf_checkpoints import Checkpoint
+
+SMALL = {
+    "d_model": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 48,
+    "decoder_ffn_dim": 48,
+    "max_position_embeddings": 64,
+    "dropout": 0.0,
+    "attention_dropout": 0.0,
+    "activation_dropout": 0.0,
+}
+MODELS = {
+    "marian": transformers.MarianMTModel,
+    "bart": transformers.BartForConditionalGeneration,
+    "mbart": transformers.MBartForConditionalGeneration,
+    "m2m_100": transformers.M2M100ForConditionalGeneration,
+}
+SENTENCES = ["the cat sat on the mat", "привет мир", "a b c d e f g h", "¿qué tal?", "数字 123 and 456", "x"]
+
+
+def build(tokenizer: Checkpoint, folder: Path, generation: dict[str, object], seed: int = 0) -> Path:
+    """A save_pretrained folder: the tokenizer's files, a tiny random model over its vocabulary."""
+    shutil.copytree(tokenizer.folder, folder)
+    base = tokenizer.config
+    config = base.__class__(**{**base.to_diff_dict(), **SMALL})
+    config.decoder_start_token_id = base.decoder_start_token_id if base.decoder_start_token_id is not None else 2
+    torch.manual_seed(seed)
+    model = MODELS[config.model_type](config).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # well away from the initialisation, so no check passes by luck
+            p.add_(torch.randn_like(p) * 0.3)
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.normal_()
+    model.save_pretrained(folder)
+    transformers.GenerationConfig(
+        decoder_start_token_id=config.decoder_start_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        **generation,
+    ).save_pretrained(folder)
+    return folder
+
+
+def engine_of(store: Path, name: str) -> TranslatorEngine:
+    [entry] = [e for e in scan(store) if e.name == name]
+    return load_translator(entry)
+
+
+def generate(folder: Path, sources: list[list[int]], **kwargs: object) -> transformers.utils.ModelOutput:
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(folder, local_files_only=True).eval()
+    with torch.no_grad():
+        return [
+            model.generate(
+                input_ids=torch.tensor([s]),
+                attention_mask=torch.ones(1, len(s), dtype=torch.long),
+                return_dict_in_generate=True,
+                output_scores=True,
+                **kwargs,
+            )
+            for s in sources
+        ]
+
+
+FAMILY_CASES = {
+    # fixture, generation config (as checkpoints of the family ship it), target language
+    "marian": ("marian", {"num_beams": 4, "max_length": 20, "bad_words_ids": [[None]], "forced_eos_token_id": 0}, None),
+    "bart": ("bart", {"num_beams": 4, "max_length": 20, "early_stopping": True, "length_penalty": 2.0}, None),
+    "nllb": ("nllb", {"num_beams": 4, "max_length": 20}, "fra_Latn"),
+    "mbart50": ("mbart50", {"num_beams": 4, "max_length": 20, "early_stopping": "never"}, "de_DE"),
+}
+
+
+@pytest.fixture(scope="module")
+def imported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """Every family imported into one store: name -> (checkpoint folder, store)."""
+    store = tmp_path_factory.mktemp("store")
+    out = {}
+    for name, (fixture, generation, _) in FAMILY_CASES.items():
+        tok: Checkpoint = request.getfixturevalue(fixture)
+        gen = dict(generation)
+        if gen.get("bad_words_ids") == [[None]]:
+            gen["bad_words_ids"] = [[tok.config.pad_token_id]]  # Marian's pad is never generated
+        folder = build(tok, tmp_path_factory.mktemp(name) / "ckpt", gen)
+        import_checkpoint(folder, store, ImportOptions(name=name, variants=("fp32",)), log=lambda _: None)
+        out[name] = (folder, store)
+    return out
+
+
+@pytest.mark.parametrize("name", list(FAMILY_CASES))
+def test_greedy_and_beam_match_generate(imported: dict[str, tuple[Path, Path]], name: str) -> None:
+    folder, store = imported[name]
+    engine = engine_of(store, name)
+    target = FAMILY_CASES[name][2]
+    forced = engine.forced_prefix(target)
+    prepared = engine.prepare(SENTENCES, "eng_Latn" if name == "nllb" else "en_XX" if name == "mbart50" else None)
+    sources = prepared.sources
+    gen = engine.generation
+    extra: dict[str, object] = {"forced_bos_token_id": forced[0]} if forced else {}
+    limit = engine.max_new_tokens
+    assert limit == 19  # max_length 20 counts the decoder start
+    greedy = engine.run(
+        sources, [engine.search(DecodeParams(beam_size=1, max_new_tokens=limit), forced=forced) for _ in sources]
+    )
+    ref = generate(folder, sources, num_beams=1, do_sample=False, max_new_tokens=limit, **extra)
+    for hyps, r in zip(greedy, ref, strict=True):
+        want = r.sequences[0, 1:].tolist()
+        got = [*hyps[0].tokens, *([engine.eos_id] if hyps[0].finished else [])]
+        assert got == _strip(want, engine)
+    params = DecodeParams(
+        beam_size=4, max_new_tokens=limit, length_penalty=gen.length_penalty, early_stopping=gen.early_stopping
+    )
+    beams = engine.run(sources, [engine.search(params, forced=forced) for _ in sources])
+    ref = generate(
+        folder,
+        sources,
+        num_beams=4,
+        do_sample=False,
+        max_new_tokens=limit,
+        length_penalty=gen.length_penalty,
+        early_stopping=gen.early_stopping,
+        **extra,
+    )
+    assert max(len(h[0].tokens) for h in beams) >= 4  # real decoding, not an immediate EOS
+    for hyps, r in zip(beams, ref, strict=True):
+        best = hyps[0]
+        assert [*best.tokens, *([engine.eos_id] if best.finished else [])] == _strip(
+            r.sequences[0, 1:].tolist(), engine
+        )
+        assert abs(best.score - float(r.sequences_scores[0])) <= 1e-4
+
+
+def _strip(ids: list[int], engine: TranslatorEngine) -> list[int]:
+    """generate's output for one sentence: padding after its EOS left out."""
+    return ids[: ids.index(engine.eos_id) + 1] if engine.eos_id in ids else ids
+
+
+def test_rows_of_three_target_languages_decode_as_alone(imported: dict[str, tuple[Path, Path]]) -> None:
+    _, store = imported["nllb"]
+    engine = engine_of(store, "nllb")
+    languages = ["fra_Latn", "deu_Latn", "spa_Latn"]
+    rng = np.random.default_rng(0)
+    prepared = engine.prepare(SENTENCES * 2, "eng_Latn")
+    rows = [(src, languages[i % 3], [1, 4][i % 2]) for i, src in enumerate(prepared.sources)]
+    alone = [
+        engine.run(
+            [src], [engine.search(DecodeParams(beam_size=b, max_new_tokens=12), forced=engine.forced_prefix(lang))]
+        )[0]
+        for src, lang, b in rows
+    ]
+    batch = engine.new_batch()
+    order = rng.permutation(len(rows)).tolist()
+    got: dict[int, object] = {}
+    step = 0
+    while order or batch.blocks:
+        if order and (step % 2 == 0 or not batch.blocks):
+            i = order.pop()
+            src, lang, b = rows[i]
+            search = engine.search(DecodeParams(beam_size=b, max_new_tokens=12), forced=engine.forced_prefix(lang))
+            batch.join([src], [search], [i])
+        for i, hyps in batch.step():
+            got[i] = hyps
+        step += 1
+    assert [got[i] for i in range(len(rows))] == alone
+    assert {h[0].tokens[0] for h in alone} == {engine.forced_prefix(lang)[0] for lang in languages}
+
+
+@pytest.fixture(scope="module")
+def classifier_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random BERT sentiment classifier with its own label names."""
+    tok: Checkpoint = request.getfixturevalue("bert")
+    folder = shutil.copytree(tok.folder, tmp_path_factory.mktemp("bert-clf") / "ckpt")
+    config = transformers.BertConfig(
+        vocab_size=tok.config.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=37,
+        max_position_embeddings=64,
+        id2label={0: "sad", 1: "glad", 2: "meh"},
+        label2id={"sad": 0, "glad": 1, "meh": 2},
+    )
+    torch.manual_seed(1)
+    transformers.BertForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+def test_imported_models_answer_every_protocol(
+    imported: dict[str, tuple[Path, Path]], classifier_checkpoint: Path, tmp_path: Path
+) -> None:
+    """import -> a real server loads the store -> /translate, OIP infer, the LibreTranslate API and /predict."""
+    from tests.test_service_e2e import run_server
+
+    store = tmp_path / "store"
+    shutil.copytree(imported["nllb"][1] / "nllb", store / "nllb")
+    assert main([str(imported["marian"][0]), "--name", "opus", "--store", str(store), "--languages", "en,de"]) == 0
+    assert main([str(classifier_checkpoint), "--name", "bert", "--store", str(store)]) == 0
+    texts = ["the cat sat on the mat", "привет мир"]
+    nllb, opus = engine_of(store, "nllb"), engine_of(store, "opus")
+    want_fr = [t[0].text for t in nllb.translate(texts, None, "eng_Latn", "fra_Latn")]
+    want_de = [t[0].text for t in nllb.translate(texts, None, "eng_Latn", "deu_Latn")]
+    with run_server(store, tmp_path / "server.log") as server, httpx.Client(base_url=server.url, timeout=60) as c:
+        body = {"texts": texts, "model": "nllb", "source_language": "eng_Latn", "target_language": "fra_Latn"}
+        r = c.post("/translate", json=body)
+        assert r.status_code == 200, r.text
+        assert [t["text"] for t in r.json()["translations"]] == want_fr
+        bad = c.post("/translate", json=body | {"target_language": "xx_Yyyy"})
+        assert bad.status_code == 422 and "unknown target language" in bad.json()["error"]
+        infer = {
+            "inputs": [{"name": "text", "shape": [2], "datatype": "BYTES", "data": texts}],
+            "parameters": {"source_language": "eng_Latn", "target_language": "deu_Latn"},
+        }
+        r = c.post("/v2/models/nllb/infer", json=infer)
+        assert r.status_code == 200, r.text
+        assert r.json()["outputs"][0]["data"] == want_de
+        langs = {lang["code"]: lang["targets"] for lang in c.get("/libretranslate/languages").json()}
+        assert "fra_Latn" in langs["eng_Latn"] and langs["en"] == ["de"]
+        r = c.post("/libretranslate/translate", json={"q": texts[0], "source": "eng_Latn", "target": "fra_Latn"})
+        assert r.status_code == 200 and r.json()["translatedText"] == want_fr[0]
+        r = c.post("/libretranslate/translate", json={"q": texts[0], "source": "en", "target": "de"})
+        assert r.json()["translatedText"] == opus.translate([texts[0]])[0][0].text
+        r = c.post("/predict", json={"texts": ["great fun", "awful"], "model": "bert"})
+        assert r.status_code == 200, r.text
+        assert {p["label"] for p in r.json()["predictions"]} <= {"sad", "glad", "meh"}
+        assert set(r.json()["predictions"][0]["scores"]) == {"sad", "glad", "meh"}
+
+
+def _unsupported_option(folder: Path) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "is_decoder": True}))
+
+
+def _pickle_only(folder: Path) -> None:
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+
+
+def _foreign_tokenizer(folder: Path) -> None:
+    vocab = json.loads((folder / "vocab.json").read_text())
+    (folder / "vocab.json").write_text(json.dumps({**vocab, "extra-piece": 10**6}))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda f: (f / "model.safetensors").unlink(), "missing weights"),
+        (_pickle_only, "never unpickled"),
+        (_unsupported_option, "is_decoder"),
+        (lambda f: (f / "config.json").write_text(json.dumps({"model_type": "gpt2"})), "unsupported model family"),
+        (_foreign_tokenizer, "vocab"),
+    ],
+    ids=["missing-weights", "pickle-only", "unsupported-option", "unsupported-family", "tokenizer-mismatch"],
+)
+def test_a_bad_checkpoint_is_one_message_exit_2_and_nothing_written(
+    imported: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str], damage, message: str
+) -> None:
+    folder = shutil.copytree(imported["marian"][0], tmp_path / "ckpt")
+    damage(folder)
+    store = tmp_path / "store"
+    assert main([str(folder), "--name", "broken", "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("import failed:") and message in err[0], err
+    assert not store.exists() or list(store.rglob("*")) == []
+
+
+def test_a_hub_name_is_refused_without_downloading(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["Helsinki-NLP/opus-mt-en-de", "--name", "x", "--store", str(tmp_path)]) == 2
+    assert "never downloads" in capsys.readouterr().err
