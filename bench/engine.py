@@ -778,7 +778,7 @@ def markdown(results: dict[str, object]) -> str:
         return rest
     machine: dict[str, Any] = results["machine"]  # type: ignore[assignment]
     head = same_model.markdown(results["same_model"], machine["cpu"], machine["cores"])  # type: ignore[arg-type]
-    return head + ("\n\n" + rest if rest else "")
+    return head + ("\n\nEach tool on a model of its own, of the same shape.\n\n" + rest if rest else "")
 
 
 def tool_tables(results: dict[str, object]) -> str:
