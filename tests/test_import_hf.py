@@ -294,3 +294,24 @@ def test_a_bad_checkpoint_is_one_message_exit_2_and_nothing_written(
 def test_a_hub_name_is_refused_without_downloading(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     assert main(["Helsinki-NLP/opus-mt-en-de", "--name", "x", "--store", str(tmp_path)]) == 2
     assert "never downloads" in capsys.readouterr().err
+
+
+def test_fp16_and_int8_variants_pass_the_batch_invariance_gate(
+    imported: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    from service.engine.runtime import LoadOptions
+
+    folder, _ = imported["marian"]
+    store = tmp_path / "store"
+    options = ImportOptions(name="opus", variants=("fp32", "fp16", "int8"), calibration=tuple(SENTENCES * 4))
+    version = import_checkpoint(folder, store, options, log=lambda _: None)
+    manifest = json.loads((version / "manifest.json").read_text())
+    assert set(manifest["variants"]) == {"fp32", "fp16", "int8"}
+    assert {f"{v}_batch_invariant_sentences" for v in ("fp32", "fp16", "int8")} <= set(manifest["metrics"])
+    [entry] = scan(store)
+    reference = load_translator(entry).translate(SENTENCES)
+    for variant in ("fp16", "int8"):
+        got = load_translator(entry, LoadOptions(variant=variant)).translate(SENTENCES)
+        assert len(got) == len(SENTENCES) and all(row[0].finish_reason in ("eos", "length") for row in got)
+        # a quantized variant may pick other tokens where two are close; most sentences agree
+        assert sum(a[0].text == b[0].text for a, b in zip(got, reference, strict=True)) >= len(SENTENCES) // 2

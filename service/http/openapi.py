@@ -56,9 +56,12 @@ TITLE = "transformer-serve"
 _REF = "#/components/schemas/{model}"
 
 
-def document(
-    routes: tuple[Route, ...], settings: Settings, served: tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...]
-) -> dict[str, Any]:
+# Per serving model: its name, task, integer limits (`max_new_tokens`) and the values a request
+# field may take (`source_language` among its `source_languages`).
+Served = tuple[tuple[str, str, tuple[tuple[str, int], ...], tuple[tuple[str, tuple[str, ...]], ...]], ...]
+
+
+def document(routes: tuple[Route, ...], settings: Settings, served: Served) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the documented routes, for these settings and served models."""
     keys = bool(settings.api_key_list)
     shown = [r for r in routes if r.documented]
@@ -74,7 +77,7 @@ def document(
     paths: dict[str, dict[str, Any]] = {}
     for r in shown:
         for method in r.methods:
-            op = _operation(r, method, keys, names, [name for name, _, _ in served])
+            op = _operation(r, method, keys, names, [name for name, _, _, _ in served])
             paths.setdefault(r.path, {})[method.lower()] = op
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
@@ -137,13 +140,15 @@ def _limits(doc: dict[str, Any], settings: Settings) -> None:
             texts.setdefault("items", {})["maxLength"] = settings.max_text_chars
 
 
-def _models(doc: dict[str, Any], now: tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...]) -> None:
-    """Each task request names the models serving that task, and a field that is also one of the
-    models' limits (`max_new_tokens`) is bounded by the largest of them."""
+def _models(doc: dict[str, Any], now: Served) -> None:
+    """Each task request names the models serving that task; a field that is also one of the
+    models' limits (`max_new_tokens`) is bounded by the largest of them, and a field whose values
+    the models list (`source_language`) takes one of those they list."""
     schemas = doc["components"]["schemas"]
     for cls in registry.tasks():
         props = schemas.get(cls.Request.__name__, {}).get("properties", {})
-        mine = [(name, dict(limits)) for name, task, limits in now if task == cls.name]
+        mine = [(name, dict(limits)) for name, task, limits, _ in now if task == cls.name]
+        lists = [dict(choices) for _, task, _, choices in now if task == cls.name]
         if not mine:
             continue
         props["model"] = {
@@ -152,18 +157,23 @@ def _models(doc: dict[str, Any], now: tuple[tuple[str, str, tuple[tuple[str, int
         }
         for field, prop in props.items():
             bounds = [limits[field] for _, limits in mine if field in limits]
+            values = sorted({v for choices in lists for v in choices.get(f"{field}s", ())})
             for branch in prop.get("anyOf", [prop]):
                 if bounds and branch.get("type") == "integer":
                     branch["maximum"] = min(branch.get("maximum", max(bounds)), max(bounds))
+                if values and branch.get("type") == "string":
+                    branch["enum"] = values
 
 
-def served(models: ModelSet) -> tuple[tuple[str, str, tuple[tuple[str, int], ...]], ...]:
+def served(models: ModelSet) -> Served:
     """What the document says of the models: each serving model's name, task and integer limits."""
     out = []
     for v in models.snapshot().serving():
         if v.task is not None:
-            limits = tuple(sorted((k, x) for k, x in v.task.describe().items() if type(x) is int))
-            out.append((v.name, v.task.name, limits))
+            d = v.task.describe()
+            limits = tuple(sorted((k, x) for k, x in d.items() if type(x) is int))
+            lists = tuple(sorted((k, tuple(map(str, x))) for k, x in d.items() if isinstance(x, list) and x))
+            out.append((v.name, v.task.name, limits, lists))
     return tuple(sorted(out))
 
 

@@ -127,9 +127,9 @@ class DecodeOptions(StrictModel):
         if wanted > model_limit:
             raise InvalidInput(f"max_new_tokens must be between 1 and {model_limit} for this model, got {wanted}")
         given, d = self.model_fields_set, defaults or Generation()
-        beam = self.beam_size if "beam_size" in given or self.decode != "beam" else d.beam_size
-        if self.decode == "beam" and self.num_hypotheses > beam:
-            raise InvalidInput(f"num_hypotheses must be between 1 and beam_size ({beam}, this model's default)")
+        beam = self.beam_size
+        if "beam_size" not in given and self.decode == "beam":  # the model's, widened to the hypotheses asked
+            beam = max(d.beam_size, self.num_hypotheses)
         return DecodeParams(
             beam_size=beam,
             max_new_tokens=wanted,

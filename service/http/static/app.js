@@ -285,7 +285,33 @@ function decodeRequest(text) {
   const body = { texts: [text], decode, return_scores: true, return_attention: true };
   if (decode === "beam") body.beam_size = Number($("beam-size").value);
   if (decode !== "greedy") body.num_hypotheses = Number($("num-hypotheses").value);
+  if ($("translate-model").value) body.model = $("translate-model").value;
+  if (!$("language-box").hidden) {
+    body.source_language = $("source-language").value;
+    body.target_language = $("target-language").value;
+  }
   return body;
+}
+
+// The translators served and the languages of the one chosen: a multilingual model (NLLB,
+// M2M100, mBART-50) takes its source and target language per request.
+let translators = [];
+
+function showLanguages() {
+  const model = translators.find((m) => m.name === $("translate-model").value) || translators[0];
+  const sources = (model && model.source_languages) || [];
+  const targets = (model && model.target_languages) || [];
+  $("language-box").hidden = sources.length < 2 && targets.length < 2;
+  if ($("language-box").hidden) return;
+  fillSelect($("source-language"), sources.map((c) => [c, c]), true);
+  fillSelect($("target-language"), targets.map((c) => [c, c]), true);
+  if (model.source_language && !$("source-language").dataset.chosen) $("source-language").value = model.source_language;
+  if (model.target_language && !$("target-language").dataset.chosen) $("target-language").value = model.target_language;
+}
+
+$("translate-model").addEventListener("change", showLanguages);
+for (const id of ["source-language", "target-language"]) {
+  $(id).addEventListener("change", () => { $(id).dataset.chosen = "1"; });
 }
 
 function drawTranslationAttention() {
@@ -385,6 +411,9 @@ async function loadModels() {
     $("models").textContent = serving.length
       ? `Serving ${serving.map((m) => `${m.name} v${m.version} (${m.task || "?"}, ${m.status})`).join(" · ")}`
       : "No model is served.";
+    translators = serving.filter((m) => m.task === "translation" && m.status === "ready");
+    fillSelect($("translate-model"), [["", "the default"], ...translators.map((m) => [m.name, m.name])], true);
+    showLanguages();
     const withFigures = serving.filter((m) => m.figures && m.figures.length);
     $("figures").replaceChildren(...withFigures.map(figureBlock));
     if (!withFigures.length) {
