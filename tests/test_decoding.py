@@ -502,3 +502,43 @@ def test_a_strategy_refuses_parameters_it_cannot_decode() -> None:
         Search(DecodeParams(beam_size=1, sample=True), BOS, EOS, strategy=BEAM)
     assert Search(DecodeParams(beam_size=1, sample=True), BOS, EOS).strategy is SAMPLING
     assert Search(DecodeParams(beam_size=1, no_repeat_ngram_size=2), BOS, EOS).strategy is BEAM
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_forced_tokens_are_taken_with_log_probability_zero(beam: int) -> None:
+    """A forced first token (a target language) and a forced EOS at the limit, whatever the model
+    prefers: each adds nothing to the score, as transformers' forced-BOS/EOS processors."""
+    v, eos = 6, 2
+    table = np.log(np.full((beam, v), 1 / v))
+    table[:, 4] = np.log(0.5)  # token 4 is always the model's choice
+    table = table - np.logaddexp.reduce(table, axis=1, keepdims=True)
+    s = Search(DecodeParams(beam_size=beam, max_new_tokens=4), 0, eos, forced=(5,), forced_eos=True)
+    while not s.done:
+        s.advance(table)
+    best = s.hypotheses()[0]
+    assert best.tokens[0] == 5 and best.finished and len(best.tokens) == 3  # 5, two free tokens, forced EOS
+    assert best.tokens[1:] == (4, 4)
+    assert best.logprob == pytest.approx(2 * float(table[0, 4]))
+    assert best.score == pytest.approx(best.logprob / 4)
+
+
+def test_early_stopping_never_keeps_searching_for_a_better_hypothesis() -> None:
+    """With early_stopping true a beam of 1 ends at the first EOS; "never" (with a length penalty
+    favouring length) goes on while a live beam could still beat it at the length limit
+    (transformers' heuristic), and finds the better, longer one."""
+    eos = 1
+    steps = [
+        np.log([[0.05, 0.5, 0.45, 0.0001]]),  # EOS now scores log 0.5 / 1
+        np.log([[0.001, 0.001, 0.001, 0.997]]),
+        np.log([[0.001, 0.997, 0.001, 0.001]]),
+    ]
+    found: dict[object, Hypothesis] = {}
+    for stopping in (True, "never"):
+        s = Search(DecodeParams(beam_size=1, max_new_tokens=5, length_penalty=2.0, early_stopping=stopping), 0, eos)
+        s.strategy = BEAM  # the beam path at width 1 (greedy ends at the first EOS)
+        for logp in steps:
+            if not s.done:
+                s.advance(np.nan_to_num(logp, neginf=-1e9))
+        found[stopping] = s.hypotheses()[0]
+    assert found[True].tokens == () and found["never"].tokens == (2, 3)
+    assert found["never"].score > found[True].score
