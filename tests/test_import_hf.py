@@ -48,7 +48,9 @@ MODELS = {
 SENTENCES = ["the cat sat on the mat", "привет мир", "a b c d e f g h", "¿qué tal?", "数字 123 and 456", "x"]
 
 
-def build(tokenizer: Checkpoint, folder: Path, generation: dict[str, object], seed: int = 0) -> Path:
+def build(
+    tokenizer: Checkpoint, folder: Path, generation: dict[str, object], seed: int = 0, eos_bias: float = 6.0
+) -> Path:
     """A save_pretrained folder: the tokenizer's files, a tiny random model over its vocabulary."""
     shutil.copytree(tokenizer.folder, folder)
     base = tokenizer.config
@@ -59,8 +61,13 @@ def build(tokenizer: Checkpoint, folder: Path, generation: dict[str, object], se
     with torch.no_grad():
         for p in model.parameters():  # well away from the initialisation, so no check passes by luck
             p.add_(torch.randn_like(p) * 0.3)
+        # EOS made likelier, so sentences end at varied lengths and beam search's stopping rules matter
+        eos, output = config.eos_token_id, model.get_output_embeddings().weight
         if hasattr(model, "final_logits_bias"):
             model.final_logits_bias.normal_()
+            model.final_logits_bias[0, eos] += eos_bias
+        else:  # M2M100: through the decoder's final layer norm, along the EOS row of the output projection
+            model.get_decoder().layer_norm.bias.add_(eos_bias * output[eos] / output[eos].dot(output[eos]))
     model.save_pretrained(folder)
     transformers.GenerationConfig(
         decoder_start_token_id=config.decoder_start_token_id,
@@ -95,7 +102,7 @@ FAMILY_CASES = {
     # fixture, generation config (as checkpoints of the family ship it), target language
     "marian": ("marian", {"num_beams": 4, "max_length": 20, "bad_words_ids": [[None]], "forced_eos_token_id": 0}, None),
     "bart": ("bart", {"num_beams": 4, "max_length": 20, "early_stopping": True, "length_penalty": 2.0}, None),
-    "nllb": ("nllb", {"num_beams": 4, "max_length": 20}, "fra_Latn"),
+    "nllb": ("nllb", {"num_beams": 4, "max_length": 20, "length_penalty": 2.0}, "fra_Latn"),
     "mbart50": ("mbart50", {"num_beams": 4, "max_length": 20, "early_stopping": "never"}, "de_DE"),
 }
 
@@ -122,8 +129,13 @@ def test_greedy_and_beam_match_generate(imported: dict[str, tuple[Path, Path]], 
     engine = engine_of(store, name)
     target = FAMILY_CASES[name][2]
     forced = engine.forced_prefix(target)
-    prepared = engine.prepare(SENTENCES, "eng_Latn" if name == "nllb" else "en_XX" if name == "mbart50" else None)
-    sources = prepared.sources
+    source = "eng_Latn" if name == "nllb" else "en_XX" if name == "mbart50" else None
+    prepared = engine.prepare(SENTENCES, source)
+    frame = engine.source_framing(source)[1] or engine.codec.framing
+    pool = [i for i in range(4, 90) if i not in set(engine.manifest.skip_ids)]
+    rng = np.random.default_rng(1)  # and sources of random ordinary ids: more chances to differ
+    randoms = [[*frame.prefix, *rng.choice(pool, int(n)).tolist(), *frame.suffix] for n in rng.integers(2, 12, 24)]
+    sources = prepared.sources + randoms
     gen = engine.generation
     extra: dict[str, object] = {"forced_bos_token_id": forced[0]} if forced else {}
     limit = engine.max_new_tokens
