@@ -7,6 +7,7 @@ takes a cache with no used slot (position 0), so one decoder graph serves every 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 import torch
@@ -16,6 +17,9 @@ from export.model import Classifier, Translator
 from export.validate import ExportError
 from service.contract import graphs as io
 from service.contract.manifest import GraphSpec, TensorSpec
+
+if TYPE_CHECKING:
+    from export.hf.seq2seq import Seq2Seq
 
 OPSET = 17
 
@@ -56,20 +60,24 @@ class DecoderStepGraph(nn.Module):
         return (logprobs, *[t for kv_ in new_kv for t in kv_], weights)
 
 
-def graph_io(model: Classifier | Translator) -> dict[str, GraphSpec]:
-    """The documented IO contract, written into the manifest and checked against the ONNX files."""
+def classifier_io(model: Classifier) -> dict[str, GraphSpec]:
+    """The classifier's documented IO contract, written into the manifest and checked against the ONNX file."""
     c = model.config
-    if isinstance(model, Classifier):
-        ids = [
-            TensorSpec(name=io.INPUT_IDS, dtype="int64", shape=["batch", "sequence"]),
-            TensorSpec(name=io.ATTENTION_MASK, dtype="int64", shape=["batch", "sequence"]),
-        ]
-        h = model.config.n_heads
-        out = [
-            TensorSpec(name=io.LOGITS, dtype="float32", shape=["batch", model.config.num_labels]),
-            TensorSpec(name=io.ATTENTIONS, dtype="float32", shape=["batch", h, "sequence", "sequence"]),
-        ]
-        return {"model": GraphSpec(inputs=ids, outputs=out)}
+    ids = [
+        TensorSpec(name=io.INPUT_IDS, dtype="int64", shape=["batch", "sequence"]),
+        TensorSpec(name=io.ATTENTION_MASK, dtype="int64", shape=["batch", "sequence"]),
+    ]
+    out = [
+        TensorSpec(name=io.LOGITS, dtype="float32", shape=["batch", c.num_labels]),
+        TensorSpec(name=io.ATTENTIONS, dtype="float32", shape=["batch", c.n_heads, "sequence", "sequence"]),
+    ]
+    return {"model": GraphSpec(inputs=ids, outputs=out)}
+
+
+def translator_io(model: Translator | Seq2Seq) -> dict[str, GraphSpec]:
+    """The encoder's and the decoder step's documented IO contract, from what any translator states
+    of itself (`config` and its decoder `layers`): the bundled one and an imported one alike."""
+    c = model.config
     n, h, dk = len(model.layers), c.n_heads, c.d_model // c.n_heads
 
     def kv(names: list[str], length: str | int) -> list[TensorSpec]:
@@ -138,16 +146,22 @@ def _export(module: nn.Module, args: tuple[Tensor, ...], spec: GraphSpec, path: 
         raise ExportError(f"{path.name}: external tensor data; the store accepts single-file models only")
 
 
-def export_graphs(model: Classifier | Translator, folder: Path) -> dict[str, str]:
-    """Writes the fp32 graphs; returns role -> file name."""
+def write_classifier(model: Classifier, folder: Path) -> dict[str, str]:
+    """Writes the fp32 classifier graph; returns role -> file name."""
     model.eval()
-    spec = graph_io(model)
+    with torch.no_grad():
+        ids = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
+        _export(ClassifierGraph(model), (ids, (ids != 0).long()), classifier_io(model)["model"], folder / "model.onnx")
+    return {"model": "model.onnx"}
+
+
+def write_translator(model: Translator, folder: Path) -> dict[str, str]:
+    """Writes the fp32 encoder and decoder-step graphs; returns role -> file name."""
+    model.eval()
+    spec = translator_io(model)
     with torch.no_grad():
         ids = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
         mask = (ids != 0).long()
-        if isinstance(model, Classifier):
-            _export(ClassifierGraph(model), (ids, mask), spec["model"], folder / "model.onnx")
-            return {"model": "model.onnx"}
         _export(EncoderGraph(model), (ids, mask), spec["encoder"], folder / "encoder.onnx")
         cross_kv = model.cross_kv(model.encode(ids, mask))
         _, past = model.decode(torch.tensor([[1, 11, 12], [1, 13, 14]]), model.empty_past(2), cross_kv, mask)

@@ -127,3 +127,5 @@ def make_fp16(src: Path, dst: Path, calibration: Feeds) -> None:
 
 MAKERS: dict[str, Callable[[Path, Path, Feeds], None]] = {"int8": make_int8, "fp16": make_fp16}
 """Variant name -> how its graph is made from the fp32 one (and calibration feeds of that graph)."""
+CALIBRATED = {"int8"}
+"""Variants whose maker reads calibration feeds (real sentences through the fp32 graph)."""

@@ -138,19 +138,32 @@ def check_batch_invariance(
     return sum(not (a == b == c) for a, b, c in zip(alone, together, staggered, strict=True))
 
 
-def calibration_feeds(
-    model: Classifier | Translator, folder: Path, roles: dict[str, str], seqs: Sequence[list[int]]
-) -> dict[str, list[dict[str, np.ndarray]]]:
-    """Per graph role, inputs of real sentences as the fp32 graphs see them when serving."""
+def require_batch_invariance(
+    variant: str, folder: Path, roles: dict[str, str], model: Translator, seqs: Sequence[Sequence[int]], max_new: int
+) -> dict[str, object]:
+    """`check_batch_invariance` as a gate: ExportError unless every sentence decodes alike."""
+    differ = check_batch_invariance(folder / roles["encoder"], folder / roles["decoder"], model, seqs, max_new)
+    if differ:
+        raise ExportError(f"{variant}: {differ} of {len(seqs)} sentences decode differently alone and in a batch")
+    return {f"{variant}_batch_invariant_sentences": len(seqs)}
+
+
+def source_feeds(seqs: Sequence[list[int]]) -> list[dict[str, np.ndarray]]:
+    """Inputs of real sentences as a classifier or an encoder graph sees them when serving (batches of 16)."""
     batches = [pad(list(seqs[s : s + 16])) for s in range(0, len(seqs), 16)]
-    source = [{io.INPUT_IDS: ids, io.ATTENTION_MASK: mask} for ids, mask in batches]
-    if isinstance(model, Classifier):
-        return {"model": source}
+    return [{io.INPUT_IDS: ids, io.ATTENTION_MASK: mask} for ids, mask in batches]
+
+
+def translator_feeds(
+    model: Translator, folder: Path, roles: dict[str, str], seqs: Sequence[list[int]]
+) -> dict[str, list[dict[str, np.ndarray]]]:
+    """Per graph role, inputs of real sentences as the fp32 translator graphs see them when serving:
+    the decoder's at every step of greedy decoding, sentences joining a running batch a step apart."""
     decoder: list[dict[str, np.ndarray]] = []
     enc, dec = session(folder / roles["encoder"]), session(folder / roles["decoder"])
     for s in range(0, len(seqs), 16):
         ort_greedy(enc, dec, model, seqs[s : s + 16], model.config.max_len, join_every=1, record=decoder)
-    return {"encoder": source, "decoder": decoder}
+    return {"encoder": source_feeds(seqs), "decoder": decoder}
 
 
 def _cases(seqs: Sequence[list[int]]) -> list[list[list[int]]]:

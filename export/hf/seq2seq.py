@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from export.graphs import EncoderGraph, _export, graph_io
+from export.graphs import EncoderGraph, _export, translator_io
 from export.hf import ImportProblem
 from export.validate import ExportError, session
 from service.contract import graphs as io
@@ -279,7 +279,7 @@ class StepGraph(nn.Module):
 def export_translator(model: Seq2Seq, folder: Path) -> dict[str, str]:
     """Writes the fp32 encoder and decoder-step graphs; returns role -> file name."""
     model.eval()
-    spec = graph_io(model)
+    spec = translator_io(model)
     with torch.no_grad():
         ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, model.config.pad_id]])
         mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])

@@ -1,0 +1,361 @@
+"""Imported Hugging Face checkpoints as specs: a Bart-family translator, a BERT-family classifier.
+
+The graphs are checked against transformers itself (`export.hf`), on synthetic inputs: an import
+needs no data. The manifest states what the checkpoint says of itself: its framing of a source per
+language and the tokens a translation starts with per target language (`export.hf.tokenizer`),
+its special ids, its decoding defaults (`generation_config.json`, refused where the engine would
+decode otherwise), its labels, its position limit, its origin. `spec_for` picks the spec by
+`config.model_type` from the families `export.hf` implements.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+import numpy as np
+import torch
+import transformers
+from torch import nn
+
+from export import validate
+from export.graphs import translator_io
+from export.hf import ImportProblem, classifiers, seq2seq
+from export.hf.tokenizer import ImportedTokenizer
+from export.quantize import MAKERS
+from export.specs import CALIBRATION_SENTENCES, MAX_NEW_TOKENS, Description, Feeds, ModelSpec
+from export.validate import ExportError
+from service.contract.manifest import Framing, Generation
+
+if TYPE_CHECKING:
+    from export.import_hf import ImportOptions
+
+# generation_config.json options the engine does not implement, with the values that mean "off"
+_OFF: dict[str, tuple[object, ...]] = {
+    "do_sample": (False, None),
+    "num_beam_groups": (1, None),
+    "diversity_penalty": (0.0, None),
+    "min_length": (0, None),
+    "min_new_tokens": (0, None),
+    "repetition_penalty": (1.0, None),
+    "encoder_no_repeat_ngram_size": (0, None),
+    "forced_decoder_ids": (None,),
+    "begin_suppress_tokens": (None,),
+    "exponential_decay_length_penalty": (None,),
+    "sequence_bias": (None,),
+    "constraints": (None,),
+    "force_words_ids": (None,),
+}
+
+
+class ImportedSpec(ModelSpec):
+    """A local save_pretrained folder: its config, its serving tokenizer, its weights."""
+
+    seconds_metric = "import_seconds"
+    auto_class: ClassVar[type]  # the transformers class that loads the family's weights
+    made_variants: ClassVar[tuple[str, ...]] = ("fp32", *MAKERS)  # the variants this kind is published in
+
+    def __init__(
+        self,
+        folder: Path,
+        config: transformers.PretrainedConfig,
+        tok: ImportedTokenizer,
+        hf: nn.Module,
+        options: ImportOptions,
+    ) -> None:
+        self.folder, self.config, self.tok, self.hf = folder, config, tok, hf
+        self.calibration = options.calibration
+        self.raw_generation: dict[str, object] = {}
+
+    # ImportProblem naming what of a config the family's graphs would not reproduce
+    check_supported: ClassVar[Callable[[transformers.PretrainedConfig], object]]
+
+    @classmethod
+    def load(
+        cls, folder: Path, config: transformers.PretrainedConfig, tok: ImportedTokenizer, options: ImportOptions
+    ) -> ImportedSpec:
+        """The checkpoint's weights (safetensors only, fp32) under this spec."""
+        try:
+            hf = cls.auto_class.from_pretrained(  # type: ignore[attr-defined]
+                folder, local_files_only=True, use_safetensors=True, dtype=torch.float32
+            ).eval()
+        except (ValueError, OSError, RuntimeError) as exc:
+            raise ImportProblem(f"{folder}: weights do not load: {exc}") from exc
+        return cls(folder, config, tok, hf, options)
+
+    def framed(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
+        """Text ids as a source of the first source language (any language, for a multilingual model)."""
+        frame = self.tok.sources[next(iter(self.tok.sources))]
+        return [[*frame.prefix, *i, *frame.suffix] for i in ids]
+
+    def write_tokenizer(self, folder: Path) -> str:
+        self.tok.tokenizer.save(str(folder / "tokenizer.json"))
+        return "tokenizer.json"
+
+    def origin(self) -> dict[str, object]:
+        return {
+            "family": self.config.model_type,
+            "architectures": list(self.config.architectures or []),
+            "licence": _licence(self.folder),
+            "config": self.config.to_diff_dict(),
+            "generation_config": self.raw_generation,
+        }
+
+    def write_extras(self, folder: Path, name: str, version: int, metrics: dict[str, object]) -> dict[str, str]:
+        (folder / "CARD.md").write_text(_card(name, version, self.origin(), metrics))
+        return {}
+
+    def _description(self, **fields: object) -> Description:
+        sources = self.tok.sources
+        return Description(
+            sources={code: Framing(prefix=list(f.prefix), suffix=list(f.suffix)) for code, f in sources.items()},
+            skip_ids=list(self.tok.special_ids),
+            origin=self.origin(),
+            **fields,  # type: ignore[arg-type]
+        )
+
+
+class ImportedTranslator(ImportedSpec):
+    """Marian, BART, mBART, M2M100/NLLB (`export.hf.seq2seq.Seq2Seq`): the bundled translator's
+    graphs, with the checkpoint's decoder start, suppressed ids, framing and decoding defaults."""
+
+    task = "translation"
+    output = "logprobs"
+    auto_class = transformers.AutoModelForSeq2SeqLM
+    check_supported = staticmethod(seq2seq.check_supported)
+
+    def __init__(
+        self,
+        folder: Path,
+        config: transformers.PretrainedConfig,
+        tok: ImportedTokenizer,
+        hf: nn.Module,
+        options: ImportOptions,
+    ) -> None:
+        super().__init__(folder, config, tok, hf, options)
+        self.generation, self.raw_generation = generation_of(hf.generation_config)
+        start = hf.generation_config.decoder_start_token_id
+        if start is None:
+            start = config.decoder_start_token_id
+        if start is None:
+            raise ImportProblem("no decoder_start_token_id in generation_config.json or config.json")
+        self.start = int(start)
+        self.model = seq2seq.Seq2Seq(hf, self.start, _suppressed(self.raw_generation))
+        self.probes = self.framed(_probe_sources(self.model.config.vocab_size, set(tok.special_ids), 8))
+        self.languages = {
+            "source_language": _default_language(folder, "src_lang", tok.sources),
+            "target_language": _default_target(self.raw_generation, tok.targets),
+        } | _named_pair(options.languages, tok.sources)
+
+    def write_graphs(self, folder: Path) -> dict[str, str]:
+        return seq2seq.export_translator(self.model, folder)
+
+    def check_reference(self, folder: Path, roles: dict[str, str]) -> dict[str, object]:
+        """Teacher-forced log-probabilities against transformers, rows at different positions."""
+        tol = validate.TOLERANCES["fp32"]
+        return seq2seq.check_against_transformers(self.hf, self.model, folder, roles, self.probes, tol)
+
+    def check_variant(self, variant: str, folder: Path, files: dict[str, dict[str, str]]) -> dict[str, object]:
+        """No tolerance against fp32 is measured for an imported translator's fp16 and int8 graphs:
+        the gate they pass is batch invariance (`check_batches`)."""
+        return {}
+
+    def check_batches(self, variant: str, folder: Path, roles: dict[str, str]) -> dict[str, object]:
+        return validate.require_batch_invariance(variant, folder, roles, self.model, self.probes[:8], 16)
+
+    def calibration_feeds(self, folder: Path, roles: dict[str, str]) -> Feeds:
+        texts = list(self.calibration[:CALIBRATION_SENTENCES])
+        seqs = self.framed([e.ids for e in self.tok.tokenizer.encode_batch(texts)])
+        return validate.translator_feeds(self.model, folder, roles, seqs)
+
+    def describe(self) -> Description:
+        c, tok, raw = self.config, self.tok, self.raw_generation
+        positions = self.model.config.max_len
+        framing = max(len(f.prefix) + len(f.suffix) for f in tok.sources.values())
+        return self._description(
+            architecture={
+                "family": c.model_type,
+                "d_model": c.d_model,
+                "n_heads": c.decoder_attention_heads,
+                "n_layers": c.encoder_layers,
+                "n_dec_layers": c.decoder_layers,
+                "vocab_size": c.vocab_size,
+            },
+            graphs=translator_io(self.model),
+            special_tokens={
+                "pad_id": tok.pad_id,
+                "unk_id": tok.unk_id,
+                "bos_id": self.start,
+                "eos_id": int(c.eos_token_id),
+                "decoder_start_id": self.start,
+            },
+            max_source_tokens=positions - framing,
+            max_new_tokens=min(MAX_NEW_TOKENS, positions - 1, int(raw.get("max_length") or 10**6) - 1),
+            targets={code: list(ids) for code, ids in _targets(raw, tok.targets).items()},
+            generation=self.generation,
+            **self.languages,
+        )
+
+
+class ImportedClassifier(ImportedSpec):
+    """BERT, DistilBERT, RoBERTa, XLM-R sequence classifiers (`export.hf.classifiers`): the graph is
+    checked against transformers as it is written. Published in fp32 only: no fp16 or int8 graph of
+    an imported classifier is made or checked (`--variants` asks for them in vain)."""
+
+    task = "classification"
+    output = "logits"
+    auto_class = transformers.AutoModelForSequenceClassification
+    made_variants = ("fp32",)
+    check_supported = staticmethod(classifiers.check_supported)
+
+    def __init__(
+        self,
+        folder: Path,
+        config: transformers.PretrainedConfig,
+        tok: ImportedTokenizer,
+        hf: nn.Module,
+        options: ImportOptions,
+    ) -> None:
+        super().__init__(folder, config, tok, hf, options)
+        self.labels = classifiers.labels(config)
+
+    def write_graphs(self, folder: Path) -> dict[str, str]:
+        classifiers.export_classifier(self.hf, folder / "model.onnx")  # type: ignore[arg-type]
+        return {"model": "model.onnx"}
+
+    def check_reference(self, folder: Path, roles: dict[str, str]) -> dict[str, object]:
+        # export_classifier writes the file only once it matches transformers and the graph module
+        return {"transformers_checked": "logits and attentions on 5 padded batches, max abs diff <= 1e-4"}
+
+    def check_variant(self, variant: str, folder: Path, files: dict[str, dict[str, str]]) -> dict[str, object]:
+        raise ExportError(f"{variant}: an imported classifier is published in fp32 only")
+
+    def calibration_feeds(self, folder: Path, roles: dict[str, str]) -> Feeds:
+        raise ExportError("an imported classifier is published in fp32 only: nothing to calibrate")
+
+    def describe(self) -> Description:
+        frame = self.tok.sources[""]
+        return self._description(
+            architecture={"family": self.config.model_type, "vocab_size": self.config.vocab_size},
+            graphs={"model": classifiers.graph_spec(self.config)},
+            special_tokens={"pad_id": self.tok.pad_id, "unk_id": self.tok.unk_id},
+            labels=self.labels,
+            max_source_tokens=classifiers.max_sequence_length(self.config) - len(frame.prefix) - len(frame.suffix),
+        )
+
+
+FAMILIES: dict[str, type[ImportedSpec]] = {
+    **{family: ImportedTranslator for family in seq2seq.FAMILIES},
+    **{family: ImportedClassifier for family in classifiers.FAMILIES},
+}
+
+
+def spec_for(config: transformers.PretrainedConfig) -> type[ImportedSpec]:
+    """The spec of a checkpoint's family (`config.model_type`): the one place an import's kind is chosen."""
+    kind = config.model_type
+    if kind not in FAMILIES:
+        raise ImportProblem(f"unsupported model family {kind!r} (supported: {', '.join(sorted(FAMILIES))})")
+    return FAMILIES[kind]
+
+
+def generation_of(gen: object) -> tuple[Generation, dict[str, object]]:
+    """The decoding defaults of the model's generation config (what `generate` uses: its
+    generation_config.json, else its config.json) and the raw options kept."""
+    for option, off in _OFF.items():
+        value = getattr(gen, option, None)
+        if value not in off:
+            raise ImportProblem(f"generation_config: {option}={value!r} is not supported by the engine")
+    for words in gen.bad_words_ids or []:
+        if len(words) != 1:
+            raise ImportProblem(f"generation_config: bad_words_ids {words} of several tokens are not supported")
+    stopping = False if gen.early_stopping is None else gen.early_stopping  # None: transformers' default
+    if stopping not in (True, False, "never"):
+        raise ImportProblem(f"generation_config: early_stopping={gen.early_stopping!r} is not supported")
+    if (gen.num_beams or 1) > 8:
+        raise ImportProblem(f"generation_config: num_beams={gen.num_beams} (the engine's beams are at most 8)")
+    defaults = Generation(
+        beam_size=int(gen.num_beams or 1),
+        length_penalty=float(gen.length_penalty if gen.length_penalty is not None else 1.0),
+        early_stopping=stopping,
+        no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),
+        forced_eos=gen.forced_eos_token_id is not None,
+    )
+    return defaults, gen.to_diff_dict()  # type: ignore[attr-defined]
+
+
+def _suppressed(gen: dict[str, object]) -> tuple[int, ...]:
+    ids = [w[0] for w in gen.get("bad_words_ids") or []]  # type: ignore[union-attr]
+    ids += list(gen.get("suppress_tokens") or [])  # type: ignore[arg-type]
+    return tuple(sorted(set(ids)))
+
+
+def _probe_sources(vocab: int, skip: set[int], count: int, seed: int = 0) -> list[list[int]]:
+    """Synthetic sources of mixed lengths from the vocabulary's ordinary ids (no data is needed)."""
+    rng = np.random.default_rng(seed)
+    pool = np.array([i for i in range(vocab) if i not in skip])
+    return [rng.choice(pool, size=int(n)).tolist() for n in rng.integers(3, 24, size=count)]
+
+
+def _named_pair(languages: tuple[str, str] | None, sources: dict[str, object]) -> dict[str, str]:
+    """--languages for a model that does not name its languages (Marian, BART)."""
+    if languages is None:
+        return {}
+    if [k for k in sources if k]:
+        raise ImportProblem("--languages is for models of one language pair; this one names its own languages")
+    return {"source_language": languages[0], "target_language": languages[1]}
+
+
+def _targets(raw: dict[str, object], targets: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """Per target language the forced first tokens, as `generate` forces them: a multilingual model's
+    language token; a monolingual model's `forced_bos_token_id` when its generation config sets one."""
+    if [k for k in targets if k]:
+        return targets
+    forced = raw.get("forced_bos_token_id")
+    return {"": (int(forced),) if forced is not None else ()}  # type: ignore[call-overload]
+
+
+def _default_target(raw: dict[str, object], targets: dict[str, tuple[int, ...]]) -> str | None:
+    """The language whose token the generation config forces, if any: a request may leave it out."""
+    forced = raw.get("forced_bos_token_id")
+    return next((k for k, ids in targets.items() if k and ids and ids[0] == forced), None)
+
+
+def _default_language(folder: Path, attribute: str, sources: dict[str, object]) -> str | None:
+    cfg = folder / "tokenizer_config.json"
+    value = json.loads(cfg.read_text()).get(attribute) if cfg.is_file() else None
+    return value if value in sources else None
+
+
+def _licence(folder: Path) -> str | None:
+    """The model card's `license:` front-matter field, when the folder has a README.md."""
+    card = folder / "README.md"
+    if not card.is_file():
+        return None
+    match = re.search(r"^---\n(.*?)\n---", card.read_text(errors="replace"), re.S)
+    field = re.search(r"^license:\s*(\S+)", match.group(1), re.M) if match else None
+    return field.group(1) if field else None
+
+
+def _card(name: str, version: int, origin: dict[str, object], report: dict[str, object]) -> str:
+    lines = [
+        f"# {name} version {version}",
+        "",
+        f"Imported from a `{origin['family']}` checkpoint ({', '.join(origin['architectures']) or '-'}) "  # type: ignore[arg-type]
+        "by `python -m export.import_hf`.",
+        f"Licence: {origin['licence'] or 'not stated in the source model card'}.",
+        "",
+        "## Validation against transformers",
+        "",
+        *[f"- {k}: {v}" for k, v in report.items()],
+        "",
+        "## Source config.json (as it differs from the defaults)",
+        "",
+        "```json",
+        json.dumps(origin["config"], indent=2, sort_keys=True, default=str),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
