@@ -327,3 +327,17 @@ def test_fp16_and_int8_variants_pass_the_batch_invariance_gate(
         assert len(got) == len(SENTENCES) and all(row[0].finish_reason in ("eos", "length") for row in got)
         # a quantized variant may pick other tokens where two are close; most sentences agree
         assert sum(a[0].text == b[0].text for a, b in zip(got, reference, strict=True)) >= len(SENTENCES) // 2
+
+
+def test_an_imported_translator_gives_its_cross_attention(imported: dict[str, tuple[Path, Path]]) -> None:
+    """The attention map replays the hypothesis from the decoder start, forced language token included."""
+    _, store = imported["nllb"]
+    engine = engine_of(store, "nllb")
+    prepared = engine.prepare(["the cat sat on the mat"], "eng_Latn")
+    search = engine.search(DecodeParams(beam_size=1, max_new_tokens=8), forced=engine.forced_prefix("deu_Latn"))
+    [[hyp]] = engine.run(prepared.sources, [search])
+    m = engine.attention(prepared.sources[0], hyp)
+    steps = len(hyp.tokens) + hyp.finished
+    assert m.weights.shape == (2, 4, steps, len(prepared.sources[0]))
+    assert np.allclose(m.weights.sum(-1), 1.0, atol=1e-5)
+    assert m.target_tokens[0] == "deu_Latn" and m.source_tokens[0] == "eng_Latn"
