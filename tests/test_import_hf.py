@@ -341,3 +341,17 @@ def test_an_imported_translator_gives_its_cross_attention(imported: dict[str, tu
     assert m.weights.shape == (2, 4, steps, len(prepared.sources[0]))
     assert np.allclose(m.weights.sum(-1), 1.0, atol=1e-5)
     assert m.target_tokens[0] == "deu_Latn" and m.source_tokens[0] == "eng_Latn"
+
+
+def test_language_codes_as_the_checkpoint_names_them_or_as_clients_send_them(
+    imported: dict[str, tuple[Path, Path]],
+) -> None:
+    from service.errors import InvalidInput
+
+    engine = engine_of(imported["nllb"][1], "nllb")
+    french = engine.forced_prefix("fra_Latn")
+    assert engine.forced_prefix("fra") == engine.forced_prefix("fr") == engine.forced_prefix("FR") == french
+    assert engine.source_framing("en")[1] == engine.source_framing("eng_Latn")[1]
+    for bad in ("zh", "xx", "fra_Cyrl"):  # two Chinese scripts; no such language; no such script
+        with pytest.raises(InvalidInput, match="unknown target language"):
+            engine.forced_prefix(bad)

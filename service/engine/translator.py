@@ -15,7 +15,7 @@ import numpy as np
 from service.contract import spans
 from service.contract.graphs import IO_CONTRACT_VERSION, READABLE_IO_CONTRACTS, pad
 from service.contract.manifest import Framing, Manifest, ManifestError
-from service.engine import runtime, text
+from service.engine import languages, runtime, text
 from service.engine.decoding import DecodeParams, Hypothesis, Search
 from service.engine.running import RunningBatch, ShardedBatch
 from service.engine.tokenizer import TextCodec
@@ -90,18 +90,18 @@ class TranslatorEngine:
         """The language sentences are split by and the ids around a source, for a requested source language."""
         m = self.manifest
         if not [k for k in m.sources if k]:
-            _check_language("source", language, [m.source_language] if m.source_language else [])
+            languages.check("source", language, [m.source_language] if m.source_language else [])
             return self.language, None
-        code = _resolve("source", language or m.source_language, list(m.sources))
+        code = languages.resolve("source", language or m.source_language, list(m.sources))
         return code.split("_")[0].split("-")[0], m.sources[code]
 
     def forced_prefix(self, language: str | None) -> tuple[int, ...]:
         """The tokens a translation into `language` starts with (a multilingual model's language token)."""
         m = self.manifest
         if not [k for k in m.targets if k]:
-            _check_language("target", language, [m.target_language] if m.target_language else [])
+            languages.check("target", language, [m.target_language] if m.target_language else [])
             return tuple(m.targets.get("", ()))
-        return tuple(m.targets[_resolve("target", language or m.target_language, list(m.targets))])
+        return tuple(m.targets[languages.resolve("target", language or m.target_language, list(m.targets))])
 
     def prepare(self, texts: Sequence[str], source_language: str | None = None) -> Prepared:
         """Texts as sentences to translate: lines and sentences split, spans masked, ids encoded."""
@@ -266,25 +266,3 @@ def load_translator(entry: StoreEntry, options: runtime.LoadOptions | None = Non
             n_layers,
         )
     return TranslatorEngine(m, rt, codec, variant, narrow, threads)
-
-
-def _check_language(kind: str, asked: str | None, known: list[str]) -> None:
-    """A model of one language pair takes its own code or none."""
-    if asked is not None and known and _resolve(kind, asked, known) not in known:
-        raise InvalidInput(f"this model translates {kind} language {known[0]!r} only, got {asked!r}")
-
-
-def _resolve(kind: str, asked: str | None, known: list[str]) -> str:
-    """A language code as the model names it: exact, or by its primary subtag when that is unique
-    ("fr" for "fr_XX" or "fra" for "fra_Latn")."""
-    if asked is None:
-        raise InvalidInput(f"this model needs a {kind} language (one of {', '.join(sorted(k for k in known if k))})")
-    if asked in known:
-        return asked
-    primary = [k for k in known if k and k.split("_")[0].split("-")[0].lower() == asked.lower()]
-    if len(primary) == 1:
-        return primary[0]
-    shown = ", ".join(sorted(k for k in known if k)[:12])
-    raise InvalidInput(
-        f"unknown {kind} language {asked!r} for this model (it has {shown}{', …' if len(known) > 12 else ''})"
-    )
