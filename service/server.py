@@ -171,6 +171,12 @@ def listen(host: str, port: int) -> socket.socket:
     return sock
 
 
+def listen_url(sock: socket.socket) -> str:
+    """The URL the bound socket serves (IPv6 hosts in brackets)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def store_problem(store: Path) -> str | None:
     """Why the model store cannot be read, or None: checked before the port is bound, so an
     unreadable store is one clear line and a non-zero exit rather than a server never ready."""
@@ -194,6 +200,7 @@ def serve(settings: Settings) -> int:
     except OSError as exc:
         log.error("cannot listen on %s:%d: %s", settings.host, settings.port, exc.strerror or exc)
         return 1
+    log.info("listening on %s", listen_url(sock))  # the bound port, also when SERVE_PORT=0 picked one
     # The event loop shares the GIL with the model threads, whose Python (search, scheduling)
     # holds it between ONNX Runtime calls. At the default 5 ms switch interval the loop waits up
     # to 5 ms after every socket call it makes, so under overload it reads requests too slowly to

@@ -128,3 +128,25 @@ def test_an_unreadable_store_is_one_clear_line_and_exit_1(tiny_store: Path) -> N
     assert done.returncode == 1
     lines = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]
     assert [x["msg"] for x in lines] == [f"cannot read the model store {tiny_store}: Permission denied"]
+
+
+def test_the_start_up_log_names_the_bound_url_when_the_port_is_0(tiny_store: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_")}
+    env |= {"SERVE_MODEL_STORE": str(tiny_store), "SERVE_PORT": "0", "SERVE_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service"], cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert proc.stderr is not None
+        url = None
+        for line in proc.stderr:  # the line comes before the models load
+            msg = json.loads(line)["msg"] if line.startswith("{") else ""
+            if msg.startswith("listening on "):
+                url = msg.removeprefix("listening on ")
+                break
+        assert url is not None and not url.endswith(":0")
+        with httpx.Client(timeout=10) as c:
+            assert c.get(f"{url}/healthz").status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
