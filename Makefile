@@ -8,6 +8,7 @@ RUNS    ?= runs
 STORE   ?= model_store
 DEVICE  ?= cpu
 # All three variants are validated and measured; int8 (CPU default) and fp16 (GPU) are shipped.
+# These are the bundled store's choices, not export.publish's defaults (fp32,int8 serving fp32).
 EXPORT_FLAGS ?= --variants fp32,int8,fp16 --ship int8,fp16 --default-variant int8
 
 .PHONY: install data train train-classifier train-translator models browser test lint bench bench-engine clean k8s-check image-check

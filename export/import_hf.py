@@ -1,6 +1,6 @@
 """A local Hugging Face checkpoint -> a validated model version in the store (`python -m export.import_hf`).
 
-    python -m export.import_hf DIR --name NAME [--store model_store] [--version N] [--variants fp32,fp16]
+    python -m export.import_hf DIR --name NAME [--store model_store] [--version N] [--variants fp32,fp16] [--verbose]
 
 DIR is a `save_pretrained` folder: config.json, safetensors weights, tokenizer files and, for a
 translator, generation_config.json. Nothing is downloaded (a hub name is refused) and pickle
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from export.cli import HelpFormatter, quiet, summary
 from export.hf import ImportProblem
 from export.publish import PublishOptions, publish
 from export.quantize import MAKERS
@@ -90,17 +91,24 @@ def import_checkpoint(folder: Path, store: Path, options: ImportOptions, log=pri
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m export.import_hf", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m export.import_hf", description=__doc__.split("\n")[0], formatter_class=HelpFormatter
+    )
     p.add_argument("checkpoint", type=Path, help="a local save_pretrained folder")
     p.add_argument("--name", required=True, help="model name in the store")
-    p.add_argument("--store", type=Path, default=Path("model_store"))
-    p.add_argument("--version", type=int, default=None, help="integer version (default: next free)")
+    p.add_argument("--store", type=Path, default=Path("model_store"), help="the model store folder")
+    p.add_argument("--version", type=int, default=None, help="integer version (default: the next free one)")
     p.add_argument("--force", action="store_true", help="overwrite an existing version")
     p.add_argument("--variants", default="fp32", help="comma list of fp32,fp16,int8 (int8 needs --calibration)")
-    p.add_argument("--default-variant", default="fp32")
-    p.add_argument("--calibration", type=Path, default=None, help="a text file, one sentence per line (int8)")
-    p.add_argument("--languages", default="", help="a one-pair translator's source,target codes, e.g. en,de")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--default-variant", default="fp32", help="the variant served unless SERVE_VARIANT says otherwise")
+    p.add_argument(
+        "--calibration", type=Path, default=None, help="a text file, one sentence per line (int8; default: none)"
+    )
+    p.add_argument(
+        "--languages", default="", help="a one-pair translator's source,target, e.g. en,de (default: the checkpoint's)"
+    )
+    p.add_argument("--threads", type=int, default=2, help="PyTorch and ONNX Runtime threads")
+    p.add_argument("--verbose", action="store_true", help="progress, third-party warnings and every metric")
     return p
 
 
@@ -118,13 +126,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             calibration=texts,
             languages=_pair(args.languages),
         )
-        folder = import_checkpoint(args.checkpoint, args.store, options)
+        with quiet(args.verbose):
+            folder = import_checkpoint(args.checkpoint, args.store, options, print if args.verbose else _silent)
     except (ImportProblem, ExportError, OSError) as exc:
         print(f"import failed: {exc}", file=sys.stderr)
         return 2
     manifest = json.loads((folder / MANIFEST).read_text())
-    print(json.dumps({"folder": str(folder), "metrics": manifest["metrics"]}, indent=2))
+    if args.verbose:  # every metric, as scripts have read it
+        print(json.dumps({"folder": str(folder), "metrics": manifest["metrics"]}, indent=2))
+    else:
+        print("\n".join(summary(folder, manifest)))
     return 0
+
+
+def _silent(_: str) -> None:
+    pass
 
 
 def _pair(value: str) -> tuple[str, str] | None:

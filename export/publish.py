@@ -25,6 +25,7 @@ import torch
 from tokenizers import Tokenizer
 from torch import nn
 
+from export.cli import HelpFormatter, data_file, quiet, summary
 from export.graphs import OPSET
 from export.quantize import CALIBRATED, MAKERS
 from export.specs import ModelSpec
@@ -181,29 +182,36 @@ def export_model(
     return publish(spec, store, options, log)
 
 
-def data_sources_of(card: Path, dataset: str) -> tuple[dict[str, str], ...]:
+def data_sources_of(data_dir: Path, dataset: str) -> tuple[dict[str, str], ...]:
     """Package, version and licence of every source of one dataset, from the data build's card."""
-    if not card.is_file():
-        raise ExportError(f"{card} not found: run `make data` first (the manifest records the data sources)")
+    card = data_file(data_dir, "datacard.json", why="run `make data` first (the manifest records the data sources)")
     sources = json.loads(card.read_text()).get(dataset, {}).get("sources", [])
     return tuple({"package": s["name"], "version": s["version"], "license": s.get("licence", "")} for s in sources)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m export.publish", description="Export a trained checkpoint into the model store."
+        prog="python -m export.publish",
+        description="Export a trained checkpoint into the model store.",
+        formatter_class=HelpFormatter,
     )
     p.add_argument("checkpoint", type=Path, help="folder with model.safetensors, config.json, tokenizer.json")
     p.add_argument("--name", required=True, help="model name in the store, e.g. sentiment or en-de")
-    p.add_argument("--store", type=Path, default=Path("model_store"))
-    p.add_argument("--version", type=int, default=None, help="integer version (default: next free)")
+    p.add_argument("--store", type=Path, default=Path("model_store"), help="the model store folder")
+    p.add_argument("--version", type=int, default=None, help="integer version (default: the next free one)")
     p.add_argument("--force", action="store_true", help="overwrite an existing version")
-    p.add_argument("--variants", default="fp32,int8", help=f"comma list of {','.join(VARIANTS)}")
+    p.add_argument("--variants", default="fp32,int8", help=f"variants exported and checked, from {','.join(VARIANTS)}")
     p.add_argument("--default-variant", default="fp32", help="the variant served unless SERVE_VARIANT says otherwise")
     p.add_argument("--ship", default="", help="variants written to the store (default: all exported)")
-    p.add_argument("--data-dir", type=Path, default=Path("data"), help="the validation and test splits come from here")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("data"),
+        help="the built datasets (`make data`: splits, datacard.json), relative to the working directory",
+    )
     p.add_argument("--languages", default="en,de", help="translators: source,target language codes")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=2, help="PyTorch and ONNX Runtime threads")
+    p.add_argument("--verbose", action="store_true", help="progress, third-party warnings and the whole manifest")
     return p
 
 
@@ -221,10 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         model, tok = load_checkpoint(args.checkpoint)
         kind = spec_for(model)
         sub = kind.dataset
-        test_file, valid_file = args.data_dir / sub / "test.jsonl", args.data_dir / sub / "valid.jsonl"
-        for f in (test_file, valid_file):
-            if not f.is_file():
-                raise ExportError(f"{f} not found: run `make data` first (validation uses real sentences)")
+        why = "run `make data` first (validation uses real sentences)"
+        test_file, valid_file = (data_file(args.data_dir, sub, f"{s}.jsonl", why=why) for s in ("test", "valid"))
         test_rows = load_jsonl(test_file)
         # parity, batch invariance and int8 calibration on the validation split; the figures of
         # every variant on the test split, which nothing else has seen
@@ -244,16 +250,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             source_language=source,
             target_language=target,
             train_metrics={k: v for k, v in train_report.items() if k not in ("curves", "examples", "args")},
-            data_sources=data_sources_of(args.data_dir / "datacard.json", sub),
+            data_sources=data_sources_of(args.data_dir, sub),
             figures=(curves,) if curves.is_file() else (),
         )
-        folder = export_model(model, tok, args.store, options, validation_texts=texts[:200], test_rows=test_rows)
+        log = print if args.verbose else _silent
+        with quiet(args.verbose):
+            folder = export_model(model, tok, args.store, options, texts[:200], test_rows, log)
     except (ExportError, FileNotFoundError, ValueError) as exc:
         print(f"export failed: {exc}", file=sys.stderr)
         return 1
     manifest = json.loads((folder / MANIFEST).read_text())
-    print(json.dumps({"folder": str(folder), "files": manifest["files"], "metrics": manifest["metrics"]}, indent=2))
+    if args.verbose:  # the whole report, as scripts have read it
+        print(json.dumps({"folder": str(folder), "files": manifest["files"], "metrics": manifest["metrics"]}, indent=2))
+    else:
+        print("\n".join(summary(folder, manifest)))
     return 0
+
+
+def _silent(_: str) -> None:
+    pass
 
 
 if __name__ == "__main__":

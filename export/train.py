@@ -38,6 +38,7 @@ from tqdm import tqdm
 from export import metrics
 from export import tokenizer as tokenizer_lib
 from export.batches import EpochBatches, in_length_order, pad
+from export.cli import HelpFormatter, data_file
 from export.model import (
     Classifier,
     ClassifierConfig,
@@ -539,10 +540,10 @@ def run_classifier(args: argparse.Namespace) -> dict:
 
     data = Path(args.data_dir)
     out = Path(args.out)
-    split = {s: load_jsonl(data / "sentiment" / f"{s}.jsonl") for s in ("train", "valid", "test")}
+    split = {s: load_jsonl(data_file(data, "sentiment", f"{s}.jsonl")) for s in ("train", "valid", "test")}
     unlabelled = [r["text"] for r in split["train"]]
-    if args.pretrain_steps:
-        unlabelled += [r["en"] for r in load_jsonl(data / "translation" / "train.jsonl")]
+    if args.pretrain_steps:  # the English side of the translation pairs is unlabelled text too
+        unlabelled += [r["en"] for r in load_jsonl(data_file(data, "translation", "train.jsonl"))]
     seed_everything(args.seed, args.threads)
     tok = run_tokenizer(out, lambda: unlabelled, args.vocab_size)
     mc = ClassifierConfig(
@@ -611,7 +612,7 @@ def run_translator(args: argparse.Namespace) -> dict:
 
     data = Path(args.data_dir)
     out = Path(args.out)
-    split = {s: load_jsonl(data / "translation" / f"{s}.jsonl") for s in ("train", "valid", "test")}
+    split = {s: load_jsonl(data_file(data, "translation", f"{s}.jsonl")) for s in ("train", "valid", "test")}
     seed_everything(args.seed, args.threads)
     masked = {s: [mask_training_pair(r["en"], r["de"]) for r in rows] for s, rows in split.items()}
     tok = run_tokenizer(out, lambda: [t for en, de in masked["train"] for t in (en, de)], args.vocab_size)
@@ -661,35 +662,50 @@ def run_translator(args: argparse.Namespace) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m export.train", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m export.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="kind", required=True)
     for kind in ("classifier", "translator"):
-        s = sub.add_parser(kind)
-        s.add_argument("--data-dir", default="data")
-        s.add_argument("--out", default=f"runs/{'sentiment' if kind == 'classifier' else 'en-de'}")
-        s.add_argument("--device", default="cpu")
-        s.add_argument("--threads", type=int, default=2)
-        s.add_argument("--seed", type=int, default=1234)
-        s.add_argument("--vocab-size", type=int, default=8000)
-        s.add_argument("--d-model", type=int, default=256)
-        s.add_argument("--heads", type=int, default=4)
-        s.add_argument("--d-ff", type=int, default=1024)
-        s.add_argument("--layers", type=int, default=3)
-        s.add_argument("--max-len", type=int, default=128)
-        s.add_argument("--label-smoothing", type=float, default=0.1)
-        s.add_argument("--eval-every", type=int, default=500)
-        s.add_argument("--patience", type=int, default=4)
-        s.add_argument("--no-amp", dest="amp", action="store_false", help="train in fp32 instead of bf16 autocast")
+        s = sub.add_parser(kind, formatter_class=HelpFormatter, help=f"train the {kind}")
+        s.add_argument(
+            "--data-dir", default="data", help="the built datasets (`make data`), relative to the working directory"
+        )
+        s.add_argument(
+            "--out",
+            default=f"runs/{'sentiment' if kind == 'classifier' else 'en-de'}",
+            help="run folder: checkpoint, tokenizer, report, curves and resumable states",
+        )
+        s.add_argument("--device", default="cpu", help="torch device for training (evaluation runs on the CPU)")
+        s.add_argument("--threads", type=int, default=2, help="PyTorch CPU threads")
+        s.add_argument("--seed", type=int, default=1234, help="seed of the weights and of the batch stream")
+        s.add_argument("--vocab-size", type=int, default=8000, help="tokenizer vocabulary size")
+        s.add_argument("--d-model", type=int, default=256, help="model width")
+        s.add_argument("--heads", type=int, default=4, help="attention heads")
+        s.add_argument("--d-ff", type=int, default=1024, help="feed-forward width")
+        s.add_argument("--layers", type=int, default=3, help="encoder layers")
+        s.add_argument("--max-len", type=int, default=128, help="longest sequence in tokens")
+        s.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing of the training loss")
+        s.add_argument("--eval-every", type=int, default=500, help="steps between evaluations")
+        s.add_argument("--patience", type=int, default=4, help="evaluations without improvement before stopping early")
+        s.add_argument(
+            "--no-amp",
+            dest="amp",
+            action="store_false",
+            help="train in fp32 instead of bf16 autocast (default: bf16 autocast)",
+        )
     c = sub.choices["classifier"]
-    c.add_argument("--dropout", type=float, default=0.2)
-    c.add_argument("--steps", type=int, default=4000)
-    c.add_argument("--lr", type=float, default=3e-4)
-    c.add_argument("--warmup", dest="warmup_steps", type=int, default=300)
-    c.add_argument("--batch-tokens", type=int, default=3000)
-    c.add_argument("--pretrain-steps", type=int, default=4000, help="0 disables masked-token pre-training")
-    c.add_argument("--pretrain-lr", type=float, default=1e-3)
-    c.add_argument("--pretrain-warmup", dest="pretrain_warmup_steps", type=int, default=400)
-    c.add_argument("--pretrain-eval-every", type=int, default=500)
+    c.add_argument("--dropout", type=float, default=0.2, help="dropout rate")
+    c.add_argument("--steps", type=int, default=4000, help="fine-tuning steps")
+    c.add_argument("--lr", type=float, default=3e-4, help="fine-tuning peak learning rate")
+    c.add_argument("--warmup", dest="warmup_steps", type=int, default=300, help="fine-tuning warm-up steps")
+    c.add_argument("--batch-tokens", type=int, default=3000, help="tokens per batch")
+    c.add_argument("--pretrain-steps", type=int, default=4000, help="masked-token pre-training steps (0 skips it)")
+    c.add_argument("--pretrain-lr", type=float, default=1e-3, help="pre-training peak learning rate")
+    c.add_argument(
+        "--pretrain-warmup", dest="pretrain_warmup_steps", type=int, default=400, help="pre-training warm-up steps"
+    )
+    c.add_argument("--pretrain-eval-every", type=int, default=500, help="pre-training steps between evaluations")
     c.add_argument(
         "--pretrain-only",
         action="store_true",
@@ -697,14 +713,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     c.set_defaults(pretrain_patience=100, pretrain_label_smoothing=0.0)
     t = sub.choices["translator"]
-    t.add_argument("--dec-layers", type=int, default=0, help="decoder layers (default: --layers)")
-    t.add_argument("--dropout", type=float, default=0.1)
-    t.add_argument("--steps", type=int, default=12000)
-    t.add_argument("--lr", type=float, default=1e-3)
-    t.add_argument("--warmup", dest="warmup_steps", type=int, default=400)
-    t.add_argument("--batch-tokens", type=int, default=2500)
-    t.add_argument("--average-last", type=int, default=5)
-    t.add_argument("--stop-at", type=int, default=0, help="exit at this evaluation step, resumable (see run_loop)")
+    t.add_argument("--dec-layers", type=int, default=0, help="decoder layers (default: 0, as many as --layers)")
+    t.add_argument("--dropout", type=float, default=0.1, help="dropout rate")
+    t.add_argument("--steps", type=int, default=12000, help="training steps")
+    t.add_argument("--lr", type=float, default=1e-3, help="peak learning rate")
+    t.add_argument("--warmup", dest="warmup_steps", type=int, default=400, help="warm-up steps")
+    t.add_argument("--batch-tokens", type=int, default=2500, help="tokens per batch")
+    t.add_argument("--average-last", type=int, default=5, help="last checkpoints averaged into the final model")
+    t.add_argument(
+        "--stop-at", type=int, default=0, help="exit at this evaluation step, resumable (see run_loop; 0: never)"
+    )
     return p
 
 
@@ -712,7 +730,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     for name in ("batch_tokens", "seed", "device", "amp"):  # shared by both classifier phases
         setattr(args, "pretrain_" + name, getattr(args, name))
-    report = run_classifier(args) if args.kind == "classifier" else run_translator(args)
+    try:
+        report = run_classifier(args) if args.kind == "classifier" else run_translator(args)
+    except FileNotFoundError as exc:
+        raise SystemExit(f"train failed: {exc}") from exc
     summary = {k: v for k, v in report.items() if k in ("test", "vader_test", "test_greedy", "train_seconds", "counts")}
     print(json.dumps(summary, indent=2))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -247,7 +248,7 @@ def test_too_few_parity_sentences_is_an_error(
 
 
 def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
-    tmp_path: Path, tiny_translator: Translator, tiny_tokenizer: Tokenizer
+    tmp_path: Path, tiny_translator: Translator, tiny_tokenizer: Tokenizer, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ckpt = tmp_path / "ckpt"
     save_checkpoint(tiny_translator, tiny_translator.config, tiny_tokenizer, ckpt)
@@ -270,12 +271,27 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
         "--variants",
         "fp32",
     ]
-    assert exporter.main(args) == 0
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert exporter.main(args) == 0
+    assert not caught, [str(w.message) for w in caught]  # torch.onnx's warnings only with --verbose
     m = verify_folder(store / "mt" / "1")
     assert "bleu" in m.metrics["test_fp32_greedy"]
     assert m.data_sources == [{"package": "trans-de-en", "version": "1.9-6", "license": "GPL-2+"}]
+    # the default output is a short summary: the folder, the variants, the checks with their figures
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) <= 20 and out[0] == f"published {store / 'mt' / '1'}", out
+    assert "variants shipped: fp32; default variant: fp32" in out
+    assert f"  greedy_identical_rate: {m.metrics['greedy_identical_rate']:.3g}" in out
+    assert any(line.startswith("  test_fp32_greedy: ") and "bleu" in line for line in out)
     assert exporter.main([*args, "--version", "1"]) == 1  # exists, no --force
-    assert exporter.main([*args, "--version", "1", "--force"]) == 0
+    assert f"{store / 'mt' / '1'} exists" in capsys.readouterr().err
+    assert exporter.main([*args, "--version", "1", "--force", "--verbose"]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(printed[printed.index("{\n") :])  # progress lines, then the whole report
+    m = verify_folder(store / "mt" / "1")
+    assert report["folder"] == str(store / "mt" / "1") and report["metrics"] == m.metrics
+    assert set(report["files"]) == set(m.files)
     # the reloaded checkpoint is the same model: same weights, same greedy output
     from export.train import load_checkpoint
 

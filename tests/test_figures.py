@@ -81,7 +81,9 @@ def test_extra_figures_are_checked_before_the_export(tmp_path: Path) -> None:
         figures_lib.check_extra([upper])
 
 
-def test_cli_keeps_the_runs_curves(tmp_path: Path, tiny_classifier: Classifier, tiny_tokenizer: Tokenizer) -> None:
+def test_cli_keeps_the_runs_curves(
+    tmp_path: Path, tiny_classifier: Classifier, tiny_tokenizer: Tokenizer, capsys: pytest.CaptureFixture[str]
+) -> None:
     ckpt = tmp_path / "ckpt"
     save_checkpoint(tiny_classifier, tiny_classifier.config, tiny_tokenizer, ckpt)
     (ckpt / "curves.png").write_bytes(PNG + b"curves of the run")
@@ -96,6 +98,9 @@ def test_cli_keeps_the_runs_curves(tmp_path: Path, tiny_classifier: Classifier, 
     folder = tmp_path / "store" / "clf" / "1"
     m = verify_folder(folder)
     assert m.figures == {"curves": "curves.png", "positions": "positions.png"}
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) <= 20 and out[0] == f"published {folder}"
+    assert f"  fp32_max_abs_diff: {m.metrics['fp32_max_abs_diff']:.3g}" in out
     assert (folder / "curves.png").read_bytes() == PNG + b"curves of the run"
 
 

@@ -1,0 +1,99 @@
+"""The export CLIs explain themselves: every option has help stating its default; data paths are named absolutely."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from export import cli, import_hf, publish, train
+from export.model import Classifier, ClassifierConfig
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """Every parser a user meets: publish, import_hf, and each train subcommand."""
+    found = {"export.publish": publish.build_parser(), "export.import_hf": import_hf.build_parser()}
+    for action in train.build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            found |= {f"export.train {name}": sub for name, sub in action.choices.items()}
+    assert len(found) == 4
+    return found
+
+
+PROGS = ["export.publish", "export.import_hf", "export.train classifier", "export.train translator"]
+
+
+@pytest.mark.parametrize("prog", PROGS)
+def test_every_option_has_help_and_shows_its_default(prog: str) -> None:
+    parser = parsers()[prog]
+    formatter = parser._get_formatter()
+    missing = []
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        name = "/".join(action.option_strings) or action.dest
+        if not action.help:
+            missing.append(f"{name}: no help")
+            continue
+        if action.option_strings:
+            text = formatter._expand_help(action)
+            if "default" not in text and "(required)" not in text:
+                missing.append(f"{name}: no default in {text!r}")
+    assert not missing, missing
+    assert "(default: " in parser.format_help()
+
+
+def test_publish_help_states_the_real_variant_defaults() -> None:
+    text = " ".join(publish.build_parser().format_help().split())
+    assert "(default: fp32,int8)" in text
+    assert "otherwise (default: fp32)" in text
+
+
+def test_a_missing_data_file_names_the_absolute_path_and_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as err:
+        cli.data_file(Path("data"), "sentiment", "test.jsonl")
+    message = str(err.value)
+    assert str(tmp_path / "data" / "sentiment" / "test.jsonl") in message
+    assert "relative to the working directory" in message and str(tmp_path) in message
+    (tmp_path / "data" / "sentiment").mkdir(parents=True)
+    (tmp_path / "data" / "sentiment" / "test.jsonl").write_text("{}\n")
+    assert cli.data_file(Path("data"), "sentiment", "test.jsonl") == Path("data/sentiment/test.jsonl")
+
+
+def test_publish_from_another_directory_names_where_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tiny_tokenizer: Tokenizer
+) -> None:
+    cfg = ClassifierConfig(vocab_size=tiny_tokenizer.get_vocab_size(), d_model=16, n_heads=2, d_ff=32, n_layers=1)
+    model = Classifier(cfg)
+    train.save_checkpoint(model, cfg, tiny_tokenizer, tmp_path / "ckpt")
+    monkeypatch.chdir(tmp_path)
+    assert publish.main([str(tmp_path / "ckpt"), "--name", "x", "--store", str(tmp_path / "store")]) == 1
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'data' / 'sentiment' / 'test.jsonl'} not found" in err
+    assert "relative to the working directory" in err
+    assert not (tmp_path / "store" / "x").exists()
+
+
+def test_train_names_the_absolute_path_it_looked_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="relative to the working directory") as err:
+        train.main(["translator", "--out", str(tmp_path / "run")])
+    assert str(tmp_path / "data" / "translation" / "train.jsonl") in str(err.value)
+
+
+def test_the_summary_is_short_even_for_a_long_report(tmp_path: Path) -> None:
+    manifest = {
+        "variants": {"fp32": {}, "int8": {}},
+        "default_variant": "int8",
+        "metrics": {f"check_{i}": 0.001 * i for i in range(40)} | {"test_int8": {"accuracy": 0.75, "by": {}}},
+    }
+    lines = cli.summary(tmp_path / "m" / "1", manifest)
+    assert len(lines) == cli.SUMMARY_LINES
+    assert lines[0] == f"published {tmp_path / 'm' / '1'}"
+    assert "default variant: int8" in lines[1]
+    assert "manifest.json" in lines[-1]
