@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from export.cli import HelpFormatter
 from export.publish import staged_version
 from export.validate import ExportError
 from service.contract.manifest import MANIFEST, ManifestError, file_entry, verify_folder
@@ -40,6 +41,7 @@ def promote(source: Path, store: Path, version: int, name: str | None = None, fo
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m export.promote",
+        formatter_class=HelpFormatter,
         description="Ship a validated model version again under a new version number (no re-export).",
     )
     p.add_argument("source", type=Path, help="the version folder to copy, e.g. model_store/en-de/1")

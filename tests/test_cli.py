@@ -8,21 +8,22 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from export import cli, import_hf, publish, train
+from export import cli, import_hf, promote, publish, train
 from export.model import Classifier, ClassifierConfig
 
 
 def parsers() -> dict[str, argparse.ArgumentParser]:
-    """Every parser a user meets: publish, import_hf, and each train subcommand."""
+    """Every parser a user meets: publish, import_hf, promote, and each train subcommand."""
     found = {"export.publish": publish.build_parser(), "export.import_hf": import_hf.build_parser()}
+    found["export.promote"] = promote.build_parser()
     for action in train.build_parser()._actions:
         if isinstance(action, argparse._SubParsersAction):
             found |= {f"export.train {name}": sub for name, sub in action.choices.items()}
-    assert len(found) == 4
+    assert len(found) == 5
     return found
 
 
-PROGS = ["export.publish", "export.import_hf", "export.train classifier", "export.train translator"]
+PROGS = ["export.publish", "export.import_hf", "export.promote", "export.train classifier", "export.train translator"]
 
 
 @pytest.mark.parametrize("prog", PROGS)
