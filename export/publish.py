@@ -91,15 +91,26 @@ def staged_version(store: Path, name: str, version: int, force: bool) -> Iterato
         raise ExportError(f"{final} exists; pass --force to overwrite it")
     store.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=store))
+    old: Path | None = None
     try:
         yield tmp
-        if final.exists():
-            shutil.rmtree(final)
         final.parent.mkdir(parents=True, exist_ok=True)
         tmp.chmod(0o755)
-        tmp.rename(final)
+        # the old folder is renamed aside, not removed in place: a watching server never scans a
+        # half-deleted version, only the old folder or the new one (or, between two renames, none)
+        old = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=store)) if final.exists() else None
+        if old is not None:
+            final.rename(old / "version")
+        try:
+            tmp.rename(final)
+        except OSError:
+            if old is not None:  # the old version stays published
+                (old / "version").rename(final)
+            raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def publish(

@@ -6,8 +6,10 @@ that serves: the newest complete and intact version, or the one a setting pins
 the current one keeps serving; then new requests switch to it at once (one assignment on the
 event loop), and the old version finishes its admitted work before it is dropped. A version
 whose files do not match its manifest is refused (logged, counted) and never replaces a
-working one. `refresh()` does this on demand (the repository API) and every
-`SERVE_WATCH_INTERVAL_S` seconds when the watcher is on.
+working one. A serving version whose folder changed on disk since it was checked (a `--force`
+republish) is loaded again like a new version, or refused while the files it loaded keep serving.
+`refresh()` does this on demand (the repository API) and every `SERVE_WATCH_INTERVAL_S` seconds
+when the watcher is on.
 
 Each version's life is one `VersionState`, changed only through its record's transition methods
 (`ModelVersion`); `ModelSet.snapshot()` is what every listing and readiness probe renders.
@@ -41,7 +43,8 @@ log = logging.getLogger(__name__)
 class VersionState(enum.StrEnum):
     """Where one version of a model is in its life.
 
-    LOADING -> READY -> DRAINING (a newer version took over) -> dropped once its work is done;
+    LOADING -> READY -> DRAINING (a newer version, or a new load of its republished folder, took
+    over) -> dropped once its work is done;
     LOADING, READY or DRAINING -> UNLOADED (the repository API); LOADING -> FAILED (it could not be
     loaded and nothing else serves) or REFUSED (its files do not match its manifest, or it could not
     be loaded while another version kept serving). FAILED -> UNLOADED. REFUSED is final: trying a
@@ -175,6 +178,15 @@ class ServedModel:
     name: str
     versions: dict[int, ModelVersion] = field(default_factory=dict)
     current: int | None = None
+    # A new load of the serving version's folder, changed on disk (a `--force` republish): LOADING
+    # beside the serving record, or REFUSED (tried again only when the folder changes again).
+    republished: ModelVersion | None = None
+    # serving records that such a new load replaced in `versions`: draining, dropped when done
+    replaced: list[ModelVersion] = field(default_factory=list)
+
+    def records(self) -> list[ModelVersion]:
+        """Every record that may hold a task: the listed versions and the replaced ones."""
+        return [*self.versions.values(), *self.replaced]
 
     @property
     def unloaded(self) -> bool:
@@ -347,6 +359,7 @@ class ModelSet:
         try:
             t0 = time.perf_counter()
             task = cls.load(entry, options, TaskContext(s, self.metrics.observer(name)))
+            task.figures = store.read_figures(entry)
         except Exception as exc:
             log.exception("model %s version %d failed to load", name, entry.version)
             first_line = (str(exc).strip().splitlines() or [""])[0][:300]
@@ -373,9 +386,11 @@ class ModelSet:
                 log.exception("model store refresh failed")
 
     async def refresh(self, only: str | None = None) -> None:
-        """Switches every model (or `only` one) to the version its policy picks, when that changed.
+        """Switches every model (or `only` one) to the version its policy picks, when that changed,
+        or loads the serving version again when its folder changed on disk since it was checked.
 
-        A version refused or failed is tried again when its files changed, or when `only` names it."""
+        A version refused or failed is tried again when its files changed, or when `only` names it;
+        with `only`, a republished serving version that cannot be loaded is an InvalidInput."""
         if not self.loaded:
             raise NotReady("models are still loading")
         async with self._lock:
@@ -395,19 +410,58 @@ class ModelSet:
                 tried = rejected and v is not None and v.entry == wanted and only is None
                 if wanted.version != model.current and wanted.manifest is not None and not tried:
                     await self._switch(model, wanted)
+                elif self._republished(model, wanted, once=only is None):
+                    reason = await self._switch(model, wanted)
+                    if reason is not None and only is not None:
+                        raise InvalidInput(
+                            f"model {name} version {wanted.version} changed on disk and could not be loaded "
+                            f"({reason}); it keeps serving the files it loaded"
+                        )
 
-    async def _switch(self, model: ServedModel, entry: store.StoreEntry) -> None:
-        v = model.versions[entry.version] = ModelVersion(entry, _task_name(entry))  # a new try, a new record
+    @staticmethod
+    def _republished(model: ServedModel, on_disk: store.StoreEntry, once: bool) -> bool:
+        """The serving version's folder changed since it was checked: load it again (`once`: unless
+        this very change was already refused)."""
+        serving, tried = model.serving, model.republished
+        if serving is None or serving.version != on_disk.version or serving.state is not VersionState.READY:
+            return False
+        if serving.entry.same_files(on_disk):
+            return False
+        return not (once and tried is not None and tried.state is VersionState.REFUSED and tried.entry == on_disk)
+
+    async def _switch(self, model: ServedModel, entry: store.StoreEntry) -> str | None:
+        """Loads `entry` and makes it the serving version; the reason when it could not be loaded.
+
+        The serving version's own number (its folder was republished) is a new load too: its record
+        stays in place, serving, until the new one is ready, and is refused beside it when not."""
+        old = model.serving
+        reload = old is not None and old.version == entry.version
+        v = ModelVersion(entry, _task_name(entry))  # a new try, a new record
+        if reload:
+            model.republished = v
+            log.info("model %s version %d changed on disk: loading it again", model.name, entry.version)
+        else:
+            model.versions[entry.version] = v
         try:
             task = await asyncio.get_running_loop().run_in_executor(self.executor, self._build, model.name, entry)
         except LoadFailed as exc:
+            if reload:
+                v.refuse(str(exc))
+                log.error(
+                    "model %s version %d changed on disk and is refused (the files it loaded keep serving): %s",
+                    model.name,
+                    entry.version,
+                    exc,
+                )
+                self.metrics.model_loads.labels(model=model.name, result="refused").inc()
+                return str(exc)
             del model.versions[entry.version]  # `_reject` records it: refused beside a serving version
             self._reject(model, entry, str(exc), VersionState.FAILED if model.current is None else VersionState.REFUSED)
-            return
+            return str(exc)
         v.loaded(task)
         task.start()
         v.begin_serving()
-        old = model.serving
+        model.versions[entry.version], model.republished = v, None
         model.current = entry.version  # from now on new requests go to the new version
         for n, done in list(model.versions.items()):
             if done.state is VersionState.UNLOADED and done.task is None:
@@ -416,7 +470,10 @@ class ModelSet:
         log.info("model %s now serves version %d", model.name, entry.version)
         if old is not None and old is not v:
             old.drain()
+            if reload:
+                model.replaced.append(old)
             self._retire(model, old)
+        return None
 
     def _retire(self, model: ServedModel, old: ModelVersion) -> None:
         """The old version (draining or unloaded) finishes its admitted work in the background; then
@@ -426,6 +483,7 @@ class ModelSet:
             if old.task is not None:
                 await old.task.close(self.settings.drain_timeout_s)
             old.release()
+            model.replaced = [r for r in model.replaced if r is not old]
             if model.versions.get(old.version) is old and (
                 old.state is VersionState.DRAINING or model.current is not None
             ):
@@ -463,7 +521,7 @@ class ModelSet:
                 elif v.state in (VersionState.LOADING, VersionState.READY, VersionState.FAILED):
                     v.unload()
                     self._retire(model, v)
-            model.current = None
+            model.current, model.republished = None, None
 
     # -- state -------------------------------------------------------------------------------
 
@@ -493,7 +551,7 @@ class ModelSet:
 
     @property
     def in_flight(self) -> int:
-        return sum(v.task.in_flight for m in self.models.values() for v in m.versions.values() if v.task is not None)
+        return sum(v.task.in_flight for m in self.models.values() for v in m.records() if v.task is not None)
 
     def get(self, name: str) -> ServedModel:
         found = self.models.get(name)
@@ -530,7 +588,7 @@ class ModelSet:
         """Lets admitted work finish (up to `timeout` s in all), then stops every queue."""
         deadline = time.monotonic() + timeout
         for model in self.models.values():
-            for v in list(model.versions.values()):
+            for v in model.records():
                 if v.task is not None:
                     await v.task.close(max(0.0, deadline - time.monotonic()))
         for task in list(self._draining):

@@ -8,9 +8,36 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.contract.manifest import Manifest, ManifestError, verify_folder
+from service.contract.manifest import MANIFEST, Manifest, ManifestError, verify_folder
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Fingerprint:
+    """A version folder as it was when it was checked, cheap to take again (one small hash and a
+    stat per file): a scan tells a folder that changed since (a `--force` republish renames a new
+    folder into place) from the same one without hashing its graphs again."""
+
+    manifest_sha256: str  # "" when there is no manifest
+    files: tuple[tuple[str, int, int, int], ...]  # (name, size, mtime_ns, inode) of every file, sorted
+
+
+def fingerprint(folder: Path) -> Fingerprint:
+    """Taken before the folder is verified, so a change during the check shows at the next scan."""
+    stats = []
+    for path in sorted(folder.iterdir()) if folder.is_dir() else ():
+        try:
+            st = path.stat()
+        except FileNotFoundError:  # removed while listed: the next scan sees the folder settled
+            continue
+        if path.is_file():
+            stats.append((path.name, st.st_size, st.st_mtime_ns, st.st_ino))
+    try:
+        manifest_sha256 = hashlib.sha256((folder / MANIFEST).read_bytes()).hexdigest()
+    except OSError:
+        manifest_sha256 = ""
+    return Fingerprint(manifest_sha256, tuple(stats))
 
 
 @dataclass(frozen=True)
@@ -20,6 +47,14 @@ class StoreEntry:
     folder: Path
     manifest: Manifest | None
     error: str | None = None  # set when the version must not be served
+    fingerprint: Fingerprint | None = None  # the folder when it was checked; None: not taken
+
+    def same_files(self, other: StoreEntry) -> bool:
+        """The same folder, unchanged between the two checks (an entry without a fingerprint is
+        taken as unchanged)."""
+        if self.folder != other.folder:
+            return False
+        return self.fingerprint is None or other.fingerprint is None or self.fingerprint == other.fingerprint
 
     def require_manifest(self) -> Manifest:
         """The verified manifest; a broken version raises its reason."""
@@ -37,14 +72,15 @@ def scan(store: Path) -> list[StoreEntry]:
         for folder in sorted(
             (p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
         ):
+            seen = fingerprint(folder)
             try:
                 manifest = verify_folder(folder)
                 if manifest.name != model_dir.name:
                     raise ManifestError(f"{folder}: manifest names the model {manifest.name!r}")
-                entries.append(StoreEntry(model_dir.name, int(folder.name), folder, manifest))
+                entries.append(StoreEntry(model_dir.name, int(folder.name), folder, manifest, fingerprint=seen))
             except ManifestError as exc:
                 log.error("model version not served: %s", exc)
-                entries.append(StoreEntry(model_dir.name, int(folder.name), folder, None, str(exc)))
+                entries.append(StoreEntry(model_dir.name, int(folder.name), folder, None, str(exc), seen))
     return entries
 
 
@@ -55,3 +91,9 @@ def read_pinned(entry: StoreEntry, file_name: str) -> bytes:
     if hashlib.sha256(data).hexdigest() != manifest.files[file_name].sha256:
         raise ManifestError(f"{entry.folder}: {file_name} changed after it was checked")
     return data
+
+
+def read_figures(entry: StoreEntry) -> dict[str, bytes]:
+    """Every figure of a version (small PNGs), read and checked once when it loads: what is served
+    is what was checked, whatever happens to the folder afterwards."""
+    return {name: read_pinned(entry, file_name) for name, file_name in entry.require_manifest().figures.items()}

@@ -110,7 +110,9 @@ def test_a_life_from_loading_to_unloaded() -> None:
 def test_the_state_is_the_enum_and_nothing_beside_it() -> None:
     """No status string, `unloaded` flag or refused/failed dicts: a model is its version records."""
     assert [f.name for f in fields(ModelVersion)] == ["entry", "task_name", "state", "error", "task"]
-    assert [f.name for f in fields(ServedModel)] == ["name", "versions", "current"]
+    # besides its versions, a model holds only records of the same kind: a new load of its republished
+    # serving version, and the records such a load replaced while they drain
+    assert [f.name for f in fields(ServedModel)] == ["name", "versions", "current", "republished", "replaced"]
 
 
 # -- the snapshot of a ModelSet over the tiny store ----------------------------------------------

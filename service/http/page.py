@@ -2,8 +2,9 @@
 training pictures (GET /v1/models/{name}/figures/{figure}).
 
 Only the files named in ASSETS are served (no path from a request ever reaches the file system),
-under a Content-Security-Policy that allows nothing but this origin. A figure's bytes are read
-with `store.read_pinned`, so the picture sent is the one the manifest pins.
+under a Content-Security-Policy that allows nothing but this origin. A figure's bytes were read
+and checked against the manifest when its version loaded (`store.read_figures`): the picture sent
+is the one the serving version pins, even after its folder is republished on disk.
 """
 
 from __future__ import annotations
@@ -11,11 +12,9 @@ from __future__ import annotations
 from functools import cache
 from pathlib import Path
 
-from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from service import store
 from service.http.dispatch import Call
 from service.http.errors import NotFound
 from service.http.table import Route
@@ -61,14 +60,14 @@ async def asset(call: Call) -> ASGIApp:
 
 async def figure(call: Call) -> ASGIApp:
     """A PNG kept with the serving version (`figures` in /v1/models): training curves, positions.
-    Reading and hashing the file runs in the thread pool, off the event loop."""
+    The bytes are the ones checked when the version loaded, kept in memory."""
     name, wanted = call.params["name"], call.params["figure"]
     task = call.state.models.get(name).ready_task()
     file_name = task.manifest.figures.get(wanted)
-    if file_name is None:
-        kept = ", ".join(sorted(task.manifest.figures)) or "none"
+    data = task.figures.get(wanted)
+    if file_name is None or data is None:
+        kept = ", ".join(sorted(task.figures)) or "none"
         raise NotFound(f"model {name} version {task.entry.version} has no such figure (it has: {kept})")
-    data = await run_in_threadpool(store.read_pinned, task.entry, file_name)
     etag = f'"{task.manifest.files[file_name].sha256}"'
     return Response(data, media_type="image/png", headers={**HEADERS, "ETag": etag})
 

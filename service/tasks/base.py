@@ -136,6 +136,8 @@ class Task(ABC):
     def __init__(self, entry: StoreEntry, variant: str) -> None:
         self.entry, self.variant = entry, variant
         self.manifest = entry.require_manifest()
+        # figure name -> PNG bytes, read and checked against the manifest when the version loaded
+        self.figures: dict[str, bytes] = {}
 
     @classmethod
     @abstractmethod
