@@ -145,8 +145,15 @@ def test_the_start_up_log_names_the_bound_url_when_the_port_is_0(tiny_store: Pat
                 url = msg.removeprefix("listening on ")
                 break
         assert url is not None and not url.endswith(":0")
-        with httpx.Client(timeout=10) as c:
-            assert c.get(f"{url}/healthz").status_code == 200
+        deadline = time.monotonic() + 60  # the port is bound first; uvicorn accepts once it has started
+        while True:
+            try:
+                with httpx.Client(timeout=10) as c:
+                    assert c.get(f"{url}/healthz").status_code == 200
+                break
+            except httpx.ConnectError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.2)
     finally:
         proc.terminate()
         proc.wait(30)
