@@ -81,11 +81,14 @@ def import_checkpoint(folder: Path, store: Path, options: ImportOptions, log=pri
     except (ValueError, OSError, KeyError) as exc:
         raise ImportProblem(f"{folder}/config.json: {exc}") from exc
     kind = spec_for(config)
+    # fp32 is always made (the reference); the rest as asked, when the kind is published in them
+    variants = tuple(dict.fromkeys(("fp32", *options.variants)))
+    if unmade := [v for v in variants if v not in kind.made_variants]:
+        made = ", ".join(kind.made_variants)
+        raise ImportProblem(f"a {config.model_type} checkpoint is published in {made} only, not {', '.join(unmade)}")
     kind.check_supported(config)
     tok = import_tokenizer(folder, config)
     spec = kind.load(folder, config, tok, options)
-    # fp32 is always made (the reference); the rest as asked, where the kind is published in them
-    variants = tuple(v for v in dict.fromkeys(("fp32", *options.variants)) if v in kind.made_variants)
     target = PublishOptions(options.name, options.version, options.force, variants, options.default_variant)
     return publish(spec, store, target, log, started=t0)
 

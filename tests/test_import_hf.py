@@ -235,6 +235,8 @@ def test_imported_models_answer_every_protocol(
     store = tmp_path / "store"
     shutil.copytree(imported["nllb"][1] / "nllb", store / "nllb")
     assert main([str(imported["marian"][0]), "--name", "opus", "--store", str(store), "--languages", "en,de"]) == 0
+    refused = [str(classifier_checkpoint), "--name", "bert", "--store", str(store), "--variants", "fp32,fp16"]
+    assert main(refused) == 2 and not (store / "bert").exists()  # a classifier is published in fp32 only
     assert main([str(classifier_checkpoint), "--name", "bert", "--store", str(store)]) == 0
     texts = ["the cat sat on the mat", "привет мир"]
     nllb, opus = engine_of(store, "nllb"), engine_of(store, "opus")

@@ -315,7 +315,7 @@ def check_against_transformers(
         tgt = out[:, :steps]  # decoder start + generated, each row as long as the longest
         ref = torch.log_softmax(hf(input_ids=t_ids, attention_mask=t_mask, decoder_input_ids=tgt).logits, -1).numpy()
     n, rows = len(model.layers), len(sources)
-    cross = enc.run([f for f in io.cross_names(n)], {io.INPUT_IDS: ids, io.ATTENTION_MASK: mask})
+    cross = enc.run(io.cross_names(n), {io.INPUT_IDS: ids, io.ATTENTION_MASK: mask})
     slots = steps + rows
     junk = np.random.default_rng(0)
     dk = c.d_model // c.n_heads

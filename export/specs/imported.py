@@ -69,6 +69,11 @@ class ImportedSpec(ModelSpec):
         self.folder, self.config, self.tok, self.hf = folder, config, tok, hf
         self.calibration = options.calibration
         self.raw_generation: dict[str, object] = {}
+        self.options = options
+        self.setup()
+
+    def setup(self) -> None:
+        """What the kind derives from the checkpoint once it is loaded (a translator's graph module)."""
 
     # ImportProblem naming what of a config the family's graphs would not reproduce
     check_supported: ClassVar[Callable[[transformers.PretrainedConfig], object]]
@@ -127,15 +132,8 @@ class ImportedTranslator(ImportedSpec):
     auto_class = transformers.AutoModelForSeq2SeqLM
     check_supported = staticmethod(seq2seq.check_supported)
 
-    def __init__(
-        self,
-        folder: Path,
-        config: transformers.PretrainedConfig,
-        tok: ImportedTokenizer,
-        hf: nn.Module,
-        options: ImportOptions,
-    ) -> None:
-        super().__init__(folder, config, tok, hf, options)
+    def setup(self) -> None:
+        hf, config, tok, folder, options = self.hf, self.config, self.tok, self.folder, self.options
         self.generation, self.raw_generation = generation_of(hf.generation_config)
         start = hf.generation_config.decoder_start_token_id
         if start is None:
@@ -203,7 +201,7 @@ class ImportedTranslator(ImportedSpec):
 class ImportedClassifier(ImportedSpec):
     """BERT, DistilBERT, RoBERTa, XLM-R sequence classifiers (`export.hf.classifiers`): the graph is
     checked against transformers as it is written. Published in fp32 only: no fp16 or int8 graph of
-    an imported classifier is made or checked (`--variants` asks for them in vain)."""
+    an imported classifier is made or checked (`--variants` asking for them is refused)."""
 
     task = "classification"
     output = "logits"
@@ -211,16 +209,8 @@ class ImportedClassifier(ImportedSpec):
     made_variants = ("fp32",)
     check_supported = staticmethod(classifiers.check_supported)
 
-    def __init__(
-        self,
-        folder: Path,
-        config: transformers.PretrainedConfig,
-        tok: ImportedTokenizer,
-        hf: nn.Module,
-        options: ImportOptions,
-    ) -> None:
-        super().__init__(folder, config, tok, hf, options)
-        self.labels = classifiers.labels(config)
+    def setup(self) -> None:
+        self.labels = classifiers.labels(self.config)
 
     def write_graphs(self, folder: Path) -> dict[str, str]:
         classifiers.export_classifier(self.hf, folder / "model.onnx")  # type: ignore[arg-type]

@@ -205,15 +205,14 @@ class Greedy(Strategy):
     def step(self, searches: Sequence[Search], logp: np.ndarray, starts: NDArray[np.int64]) -> list[np.ndarray | None]:
         best = logp.argmax(axis=1)[starts]
         best_lp = logp[starts, best].tolist()
-        tokens = best.tolist()
-        for i, s in enumerate(searches):
-            if (forced := s.forced_token()) is not None:
-                tokens[i], best_lp[i] = forced, 0.0
-        return [_take(s, tok, lp) for s, tok, lp in zip(searches, tokens, best_lp, strict=True)]
+        return [_take(s, tok, lp) for s, tok, lp in zip(searches, best.tolist(), best_lp, strict=True)]
 
 
 def _take(s: Search, tok: int, logprob: float) -> np.ndarray | None:
-    """A greedy sentence's step from its row's best token and that token's log-probability."""
+    """A greedy sentence's step from its row's best token and that token's log-probability (or the
+    token it is forced to take, at log-probability 0)."""
+    if (forced := s.forced_token()) is not None:
+        tok, logprob = forced, 0.0
     s.t += 1
     t, lp, score = s.t, s.params.length_penalty, float(s.cum[0]) + logprob
     if tok == s.eos_id:

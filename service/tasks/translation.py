@@ -263,19 +263,20 @@ class TranslationTask(Task):
 
     async def _decode(
         self, texts: Sequence[str], options: DecodeOptions, deadline: float
-    ) -> tuple[Prepared, list[list[Hypothesis]]]:
-        """The texts' sentences and their hypotheses: lines and sentences decoded side by side."""
+    ) -> tuple[Prepared, list[list[Hypothesis]], float]:
+        """The texts' sentences, their hypotheses (lines and sentences decoded side by side) and the
+        length penalty they were scored with."""
         self.queue.refuse_if_busy(deadline)
         engine = self.engine
         prepared = engine.prepare(texts, options.source_language)
         forced = engine.forced_prefix(options.target_language)
         limit, defaults = engine.max_new_tokens, engine.generation
-        options.params(limit, 0, defaults)  # the options hold for this model even when no text has a sentence
+        first = options.params(limit, 0, defaults)  # the options hold for this model even when no text has a sentence
         items = [
             (seq, engine.search(options.params(limit, k, defaults), forced=forced))
             for k, seq in enumerate(prepared.sources)
         ]
-        return prepared, (await self.queue.submit(items, deadline) if items else [])
+        return prepared, (await self.queue.submit(items, deadline) if items else []), first.length_penalty
 
     async def _attention(self, prepared: Prepared, hyps: list[list[Hypothesis]]) -> list[CrossAttention]:
         """Replays each sentence's best hypothesis for its attention, off the scheduler's thread."""
@@ -295,9 +296,8 @@ class TranslationTask(Task):
     async def run(self, work: Work) -> Translated:
         options = work.options
         assert isinstance(options, DecodeOptions)
-        prepared, hyps = await self._decode(work.texts, options, work.deadline)
+        prepared, hyps, penalty = await self._decode(work.texts, options, work.deadline)
         attention = await self._attention(prepared, hyps) if work.attention else None
-        penalty = options.params(self.engine.max_new_tokens, 0, self.engine.generation).length_penalty
         return Translated(self.engine.assemble(prepared, hyps, penalty), attention)
 
     def tensors(self, result: Translated) -> list[OutputTensor]:
