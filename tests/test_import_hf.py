@@ -247,6 +247,10 @@ def test_imported_models_answer_every_protocol(
         r = c.post("/translate", json=body)
         assert r.status_code == 200, r.text
         assert [t["text"] for t in r.json()["translations"]] == want_fr
+        # the API document allows only the served languages (a client generating requests from it meets no 422)
+        props = c.get("/openapi.json").json()["components"]["schemas"]["TranslateRequest"]["properties"]
+        [codes] = [b["enum"] for b in props["target_language"]["anyOf"] if b.get("type") == "string"]
+        assert "fra_Latn" in codes and "de" in codes and "xx_Yyyy" not in codes
         bad = c.post("/translate", json=body | {"target_language": "xx_Yyyy"})
         assert bad.status_code == 422 and "unknown target language" in bad.json()["error"]
         infer = {

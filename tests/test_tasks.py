@@ -175,3 +175,16 @@ def test_an_unknown_task_fails_its_version_only(tiny_store: Path, tiny_tokenizer
         assert models["counter"]["status"] == "failed" and "unknown task" in models["counter"]["error"]
         assert c.get("/readyz").status_code == 503
         assert c.post("/predict", json={"texts": ["fine"]}).status_code == 200
+
+
+def test_a_request_takes_the_models_decoding_defaults_for_what_it_leaves_out() -> None:
+    from service.contract.manifest import Generation
+    from service.tasks.translation import DecodeOptions
+
+    model = Generation(beam_size=1, length_penalty=2.0, early_stopping="never", no_repeat_ngram_size=3)
+    p = DecodeOptions().params(50, 0, model)
+    assert (p.beam_size, p.length_penalty, p.early_stopping, p.no_repeat_ngram_size) == (1, 2.0, "never", 3)
+    # asking for more hypotheses than the model's default beams widens them (the API document allows it)
+    assert DecodeOptions(num_hypotheses=3).params(50, 0, model).beam_size == 3
+    given = DecodeOptions(beam_size=2, length_penalty=0.5, no_repeat_ngram_size=0).params(50, 0, model)
+    assert (given.beam_size, given.length_penalty, given.no_repeat_ngram_size) == (2, 0.5, 0)
