@@ -40,6 +40,13 @@ class QueueFull(ServiceError):
     kind = "queue_full"
 
 
+class LoadRefused(ServiceError):
+    """A model `load` found nothing it could serve: the store's state is at fault, not the request
+    (409: the same request may succeed once the folder is fixed)."""
+
+    kind = "load_refused"
+
+
 class NotReady(ServiceError):
     kind = "not_ready"
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from service import store
 from service.contract.manifest import MANIFEST, ManifestError, read_manifest
 from service.engine.runtime import LoadOptions, cpu_quota
-from service.errors import InvalidInput, ModelNotFound, NotReady
+from service.errors import InvalidInput, LoadRefused, ModelNotFound, NotReady
 from service.metrics import Metrics
 from service.settings import Settings
 from service.tasks import registry
@@ -225,6 +225,10 @@ class ServedModel:
     def _held(self) -> dict[int, ModelVersion]:
         return {n: v for n, v in self.versions.items() if v.held}
 
+    def was(self, task_name: str) -> bool:
+        """Any of its versions is (or was, before an unload) a model of this task."""
+        return any(v.task_name == task_name for v in self.records())
+
     def ready_task(self, version: int | None = None) -> Task:
         """The task of `version` (default: the serving one) when it serves; NotReady otherwise."""
         if self.unloaded:
@@ -266,6 +270,8 @@ class ModelSet:
         self._threads: dict[str, int] = {}
         self._draining: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()  # one refresh or unload at a time
+        # the last scan's entries by folder: unchanged folders are not hashed (or reported) again
+        self.checked: dict[Path, store.StoreEntry] = {}
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -273,7 +279,7 @@ class ModelSet:
         """Scans the store and loads the version each model serves (blocking: the loader thread)."""
         s = self.settings
         try:
-            found = versions_in(s.model_store)
+            found = self._scan()
         except Exception as exc:
             self.problems.append(f"model store {s.model_store}: {exc}")
             log.error("model store not usable: %s", exc)
@@ -390,12 +396,12 @@ class ModelSet:
         or loads the serving version again when its folder changed on disk since it was checked.
 
         A version refused or failed is tried again when its files changed, or when `only` names it;
-        with `only`, a republished serving version that cannot be loaded is an InvalidInput."""
+        with `only`, a version that cannot be loaded is a LoadRefused."""
         if not self.loaded:
             raise NotReady("models are still loading")
         async with self._lock:
             loop = asyncio.get_running_loop()
-            found = await loop.run_in_executor(self.executor, versions_in, self.settings.model_store)
+            found = await loop.run_in_executor(self.executor, self._scan)
             if only is not None and only not in found:
                 raise ModelNotFound(f"no model named {only!r} in the store")
             for name, entries in sorted(found.items()):
@@ -408,15 +414,36 @@ class ModelSet:
                 v = model.versions.get(wanted.version)
                 rejected = v is not None and v.state in (VersionState.REFUSED, VersionState.FAILED)
                 tried = rejected and v is not None and v.entry == wanted and only is None
+                reason = None
                 if wanted.version != model.current and wanted.manifest is not None and not tried:
-                    await self._switch(model, wanted)
+                    reason = await self._switch(model, wanted)
                 elif self._republished(model, wanted, once=only is None):
                     reason = await self._switch(model, wanted)
-                    if reason is not None and only is not None:
-                        raise InvalidInput(
-                            f"model {name} version {wanted.version} changed on disk and could not be loaded "
-                            f"({reason}); it keeps serving the files it loaded"
-                        )
+                    if reason is not None:
+                        reason = f"it changed on disk and could not be loaded ({reason})"
+                elif wanted.manifest is None and model.current is None:
+                    reason = wanted.error or "broken"
+                if reason is not None and only is not None:
+                    serving = "; it keeps serving the files it loaded" if model.current is not None else ""
+                    raise LoadRefused(f"model {name} version {wanted.version}: {reason}{serving}")
+
+    def _scan(self) -> dict[str, list[store.StoreEntry]]:
+        entries = store.scan(self.settings.model_store, self.checked)
+        self.checked = {e.folder: e for e in entries}  # replaced whole: readers never see it half-built
+        return versions_in(entries)
+
+    def on_disk(self) -> list[store.StoreEntry]:
+        """Every version folder in the store now, as the last scan checked it (a folder it has not
+        seen yet, or that changed since, is listed unchecked: no manifest, its reason says so)."""
+        try:
+            listed = store.listing(self.settings.model_store)
+        except OSError:
+            return []
+        out = []
+        for name, version, folder in listed:
+            known = self.checked.get(folder)
+            out.append(known or store.StoreEntry(name, version, folder, None, "not checked yet"))
+        return out
 
     @staticmethod
     def _republished(model: ServedModel, on_disk: store.StoreEntry, once: bool) -> bool:
@@ -577,6 +604,9 @@ class ModelSet:
         candidates = [m for m in self.models.values() if m.task_name == task_name and not m.unloaded]
         if not candidates and not self.loaded:
             raise NotReady("models are still loading")
+        unloaded = [m.name for m in self.models.values() if m.unloaded and m.was(task_name)]
+        if not candidates and unloaded:  # the same answer as naming it
+            raise NotReady(f"model {', '.join(unloaded)} is unloaded")
         if not candidates:
             raise ModelNotFound(f"no {task_name} model is served")
         if len(candidates) > 1:
@@ -615,11 +645,11 @@ def refreeze_heap() -> None:
     freeze_heap()
 
 
-def versions_in(folder: Path) -> dict[str, list[store.StoreEntry]]:
+def versions_in(entries: Sequence[store.StoreEntry]) -> dict[str, list[store.StoreEntry]]:
     """Every version of every model whose manifest is written (an unfinished copy has none yet),
     checked against it, oldest first."""
     out: dict[str, list[store.StoreEntry]] = {}
-    for e in store.scan(folder):
+    for e in entries:
         if e.manifest is None and not (e.folder / MANIFEST).is_file():
             continue
         out.setdefault(e.name, []).append(e)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,25 +64,43 @@ class StoreEntry:
         return self.manifest
 
 
-def scan(store: Path) -> list[StoreEntry]:
-    """Every integer version folder of every model; broken ones carry the reason."""
+def listing(store: Path) -> list[tuple[str, int, Path]]:
+    """(model, version, folder) of every integer version folder, unchecked: cheap enough for every
+    call of the repository index."""
+    return [
+        (model_dir.name, int(folder.name), folder)
+        for model_dir in sorted(p for p in store.iterdir() if p.is_dir() and not p.name.startswith("."))
+        for folder in sorted(
+            (p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
+        )
+    ]
+
+
+def scan(store: Path, checked: Mapping[Path, StoreEntry] | None = None) -> list[StoreEntry]:
+    """Every integer version folder of every model; broken ones carry the reason.
+
+    With `checked` (the entries of the caller's last scan) a folder whose fingerprint
+    has not changed is not hashed again, and its problem is not logged again: a watcher scanning
+    every few seconds hashes and reports each folder once per change."""
     if not store.is_dir():
         raise ManifestError(f"model store {store} does not exist")
     entries = []
-    for model_dir in sorted(p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        for folder in sorted(
-            (p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
-        ):
-            seen = fingerprint(folder)
-            try:
-                manifest = verify_folder(folder)
-                if manifest.name != model_dir.name:
-                    raise ManifestError(f"{folder}: manifest names the model {manifest.name!r}")
-                entries.append(StoreEntry(model_dir.name, int(folder.name), folder, manifest, fingerprint=seen))
-            except ManifestError as exc:
-                log.error("model version not served: %s", exc)
-                entries.append(StoreEntry(model_dir.name, int(folder.name), folder, None, str(exc), seen))
+    for name, _, folder in listing(store):
+        seen = fingerprint(folder)
+        known = checked.get(folder) if checked is not None else None
+        entries.append(known if known is not None and known.fingerprint == seen else _check(name, folder, seen))
     return entries
+
+
+def _check(name: str, folder: Path, seen: Fingerprint) -> StoreEntry:
+    try:
+        manifest = verify_folder(folder)
+        if manifest.name != name:
+            raise ManifestError(f"{folder}: manifest names the model {manifest.name!r}")
+        return StoreEntry(name, int(folder.name), folder, manifest, fingerprint=seen)
+    except ManifestError as exc:
+        log.error("model version not served: %s", exc)
+        return StoreEntry(name, int(folder.name), folder, None, str(exc), seen)
 
 
 def read_pinned(entry: StoreEntry, file_name: str) -> bytes:

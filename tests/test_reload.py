@@ -124,3 +124,40 @@ def test_version_policy_and_repository_api(tiny_store: Path, tmp_path: Path, pin
         assert c.post("/predict", json={"texts": ["fine"]}).json()["version"] == want
         r = c.post("/v2/repository/models/nope/load")
         assert r.status_code == 404 and set(r.json()) == {"error"}
+
+
+def test_lifecycle_answers_agree(tiny_store: Path, tmp_path: Path) -> None:
+    """Unloaded: the same 503 named or not, gone from /readyz; the index lists every folder on disk with
+    its state and reason; a broken folder is reported once with all its problems, not at every scan."""
+    store = tmp_path / "store"
+    shutil.copytree(tiny_store, store)
+    add_version(store / "tiny-clf", 1, 2)
+    log = tmp_path / "server.log"
+    with run_server(store, log, watch_interval_s="0.2") as server, httpx.Client(base_url=server.url) as c:
+
+        def index() -> dict[tuple[str, str], tuple[str, str]]:
+            r = c.post("/v2/repository/index")
+            return {(m["name"], m["version"]): (m["state"], m["reason"]) for m in r.json()}
+
+        assert index()[("tiny-clf", "1")] == ("UNAVAILABLE", "not loaded: version 2 serves")
+        assert index()[("tiny-clf", "2")] == ("READY", "")
+        assert c.post("/v2/repository/models/tiny-clf/unload").status_code == 200
+        named = c.post("/predict", json={"texts": ["fine"], "model": "tiny-clf"})
+        unnamed = c.post("/predict", json={"texts": ["fine"]})
+        assert named.status_code == unnamed.status_code == 503
+        assert named.json() == unnamed.json() == {"error": "model tiny-clf is unloaded", "type": "not_ready"}
+        ready = c.get("/readyz")
+        assert ready.status_code == 200 and ready.json()["models"] == ["tiny-mt"]
+        assert {v for (n, _), v in index().items() if n == "tiny-clf"} == {
+            ("UNAVAILABLE", "not loaded: the model is unloaded")
+        }
+        copy = store / "tiny-clf" / "3"  # copied by hand: wrong number, and a file lost on the way
+        shutil.copytree(store / "tiny-clf" / "2", copy)
+        (copy / "tokenizer.json").unlink()
+        assert c.post("/v2/repository/models/tiny-clf/load").status_code == 200
+        assert c.post("/predict", json={"texts": ["fine"]}).json()["version"] == 2
+        state, reason = index()[("tiny-clf", "3")]
+        assert state == "UNAVAILABLE" and "manifest says version 2" in reason and "missing file tokenizer.json" in reason
+        time.sleep(1.5)  # several watcher scans
+        lines = [line for line in log.read_text().splitlines() if "not served" in line and "tiny-clf/3" in line]
+        assert len(lines) == 1, lines

@@ -134,32 +134,40 @@ def verify_folder(folder: Path) -> Manifest:
     """Check that every listed file exists with its size and sha256, and that nothing refers outside.
 
     File names must be plain names inside the folder: the store never follows paths out of it.
+    Every problem is reported at once (a copied folder may have the wrong number and a missing file).
     """
     manifest = read_manifest(folder)
+    problems = []
     if manifest.version != _folder_version(folder):
-        raise ManifestError(f"{folder}: manifest says version {manifest.version}")
+        problems.append(
+            f"manifest says version {manifest.version} (a copied version? `python -m export.promote` "
+            "ships a version under a new number)"
+        )
     referenced = {manifest.tokenizer} | {f for v in manifest.variants.values() for f in v.values()}
     referenced |= set(manifest.figures.values())
-    unlisted = referenced - set(manifest.files)
-    if unlisted:
-        raise ManifestError(f"{folder}: files used but not pinned in the manifest: {sorted(unlisted)}")
+    if unlisted := referenced - set(manifest.files):
+        problems.append(f"files used but not pinned in the manifest: {sorted(unlisted)}")
     for name, entry in manifest.files.items():
-        if "/" in name or "\\" in name or name in ("", ".", ".."):
-            raise ManifestError(f"{folder}: file name {name!r} is not a plain name")
-        path = folder / name
-        if not path.is_file():
-            raise ManifestError(f"{folder}: missing file {name}")
-        size = path.stat().st_size
-        if size != entry.size:
-            raise ManifestError(
-                f"{folder}: {name} has {size} bytes, manifest says {entry.size} (truncated or replaced)"
-            )
-        digest = sha256_file(path)
-        if digest != entry.sha256:
-            raise ManifestError(
-                f"{folder}: {name} sha256 {digest[:12]}… does not match the manifest ({entry.sha256[:12]}…)"
-            )
+        if problem := _file_problem(folder, name, entry):
+            problems.append(problem)
+    if problems:
+        raise ManifestError(f"{folder}: {'; '.join(problems)}")
     return manifest
+
+
+def _file_problem(folder: Path, name: str, entry: FileEntry) -> str | None:
+    if "/" in name or "\\" in name or name in ("", ".", ".."):
+        return f"file name {name!r} is not a plain name"
+    path = folder / name
+    if not path.is_file():
+        return f"missing file {name}"
+    size = path.stat().st_size
+    if size != entry.size:
+        return f"{name} has {size} bytes, manifest says {entry.size} (truncated or replaced)"
+    digest = sha256_file(path)
+    if digest != entry.sha256:
+        return f"{name} sha256 {digest[:12]}… does not match the manifest ({entry.sha256[:12]}…)"
+    return None
 
 
 def _folder_version(folder: Path) -> int:

@@ -9,6 +9,7 @@ repository extension lists, loads and unloads models. Errors: ``{"error": ...}``
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Mapping
@@ -19,12 +20,13 @@ from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from service.errors import InvalidInput, InvalidJson, ModelNotFound, NotReady
+from service.errors import InvalidInput, InvalidJson, LoadRefused, ModelNotFound, NotReady
 from service.http import binary, schemas
 from service.http.dispatch import Call, json_answer
 from service.http.errors import AsciiJSONResponse
 from service.http.table import Auth, Protocol, Route
-from service.serving import VersionState, VersionView
+from service.serving import Snapshot, VersionState, VersionView
+from service.store import StoreEntry
 from service.tasks.base import OutputTensor, Task, Work
 from service.validation import describe_validation, field_rules
 
@@ -235,20 +237,41 @@ INDEX_STATES = {VersionState.READY: "READY", VersionState.LOADING: "LOADING"}  #
 
 
 async def repository_index(call: Call) -> ASGIApp:
-    """Every version of every model: READY, LOADING, UNAVAILABLE (with the reason)."""
-    out = []
-    for v in call.state.models.snapshot().versions:
+    """Every version of every model, in the service or on disk: READY, LOADING, UNAVAILABLE (with the reason)."""
+    models = call.state.models
+    snapshot = models.snapshot()
+    rows: dict[tuple[str, int], dict[str, str]] = {}
+    for v in snapshot.versions:
         if v.state is VersionState.UNLOADED and not v.held:
-            continue  # an unloaded model with no version left lists none
+            continue  # an unloaded model with no version left lists none (its folders are listed below)
         state = INDEX_STATES.get(v.state, "UNAVAILABLE")
         unloaded = v.state is VersionState.UNLOADED
         reason = "unloaded" if unloaded else v.error or ("" if state == "READY" else v.state.value)
-        out.append({"name": v.name, "version": str(v.version), "state": state, "reason": reason})
-    return json_answer(out)
+        rows[(v.name, v.version)] = {"name": v.name, "version": str(v.version), "state": state, "reason": reason}
+    entries = await asyncio.get_running_loop().run_in_executor(models.executor, models.on_disk)
+    for e in entries:
+        if (e.name, e.version) not in rows:
+            rows[(e.name, e.version)] = {
+                "name": e.name,
+                "version": str(e.version),
+                "state": "UNAVAILABLE",
+                "reason": _not_served(e, snapshot),
+            }
+    return json_answer([rows[k] for k in sorted(rows)])
+
+
+def _not_served(entry: StoreEntry, snapshot: Snapshot) -> str:
+    if entry.error is not None:
+        return entry.error
+    serving = [v.version for v in snapshot.serving() if v.name == entry.name]
+    if serving:
+        return f"not loaded: version {serving[0]} serves"
+    return "not loaded: the model is unloaded" if snapshot.model(entry.name) else "not loaded"
 
 
 async def repository_load(call: Call) -> ASGIApp:
-    """Loads the version the model's policy picks (the newest intact one, or the pinned one)."""
+    """Loads the version the model's policy picks (the newest intact one, or the pinned one); 409
+    with the reason when the store holds nothing it can serve."""
     name = call.params["name"]
     models = call.state.models
     await models.refresh(only=name)
@@ -256,7 +279,7 @@ async def repository_load(call: Call) -> ASGIApp:
     views = models.snapshot().model(name)
     if not any(v.current for v in views):
         reasons = [v.error for v in views if v.state in (VersionState.REFUSED, VersionState.FAILED) and v.error]
-        raise InvalidInput(f"model {name} could not be loaded: {'; '.join(reasons) or 'no intact version'}")
+        raise LoadRefused(f"model {name} could not be loaded: {'; '.join(reasons) or 'no intact version'}")
     return json_answer({})
 
 
@@ -351,7 +374,7 @@ def routes() -> list[Route]:
             summary="Load a model",
             description=repository_load.__doc__ or "",
             auth=Auth.BEARER,
-            errors=(404, 422),
+            errors=(404, 409),
         ),
         Route(
             "/v2/repository/models/{name}/unload",

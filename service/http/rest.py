@@ -27,14 +27,15 @@ async def healthz(call: Call) -> ASGIApp:
 
 
 async def readyz(call: Call) -> ASGIApp:
-    """200 only when every model is loaded and warmed up and the service is not shutting down."""
+    """200 only when every model is loaded and warmed up and the service is not shutting down; lists the
+    models served (not those unloaded)."""
     state = call.state
     if state.draining:
         raise ShuttingDown(state.not_ready_reason())
     snapshot = state.models.snapshot()
     if not snapshot.ready:
         raise NotReady(state.not_ready_reason())
-    return json_answer({"status": "ready", "models": sorted({v.name for v in snapshot.versions})})
+    return json_answer({"status": "ready", "models": sorted({v.name for v in snapshot.serving()})})
 
 
 async def metrics(call: Call) -> ASGIApp:
