@@ -726,6 +726,14 @@ def load_jsonl(path: str | Path) -> list[dict]:
         return [json.loads(line) for line in fh if line.strip()]
 
 
+def spread(rows: Sequence[dict], count: int) -> list[dict]:
+    """`count` rows evenly spread over `rows` (all when count is 0 or more than there are): a split is
+    ordered by source, so its first rows would hold one source only."""
+    if not count or count >= len(rows):
+        return list(rows)
+    return [rows[i * len(rows) // count] for i in range(count)]
+
+
 def jsonl_text(rows: Iterable[dict[str, str]]) -> str:
     """One compact JSON object a line, non-ASCII kept literal so the files stay readable."""
     return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows)

@@ -536,14 +536,16 @@ def run_tokenizer(out: Path, texts: Callable[[], list[str]], vocab_size: int) ->
 
 
 def run_classifier(args: argparse.Namespace) -> dict:
-    from export.data import SENTIMENT_LABELS, load_jsonl
+    from export.data import SENTIMENT_LABELS, load_jsonl, spread
 
     data = Path(args.data_dir)
     out = Path(args.out)
     split = {s: load_jsonl(data_file(data, "sentiment", f"{s}.jsonl")) for s in ("train", "valid", "test")}
+    split["train"] = spread(split["train"], args.train_rows)
     unlabelled = [r["text"] for r in split["train"]]
     if args.pretrain_steps:  # the English side of the translation pairs is unlabelled text too
-        unlabelled += [r["en"] for r in load_jsonl(data_file(data, "translation", "train.jsonl"))]
+        pairs = load_jsonl(data_file(data, "translation", "train.jsonl"))
+        unlabelled += [r["en"] for r in spread(pairs, args.train_rows)]
     seed_everything(args.seed, args.threads)
     tok = run_tokenizer(out, lambda: unlabelled, args.vocab_size)
     mc = ClassifierConfig(
@@ -608,11 +610,12 @@ def run_classifier(args: argparse.Namespace) -> dict:
 
 
 def run_translator(args: argparse.Namespace) -> dict:
-    from export.data import load_jsonl
+    from export.data import load_jsonl, spread
 
     data = Path(args.data_dir)
     out = Path(args.out)
     split = {s: load_jsonl(data_file(data, "translation", f"{s}.jsonl")) for s in ("train", "valid", "test")}
+    split["train"] = spread(split["train"], args.train_rows)
     seed_everything(args.seed, args.threads)
     masked = {s: [mask_training_pair(r["en"], r["de"]) for r in rows] for s, rows in split.items()}
     tok = run_tokenizer(out, lambda: [t for en, de in masked["train"] for t in (en, de)], args.vocab_size)
@@ -661,7 +664,56 @@ def run_translator(args: argparse.Namespace) -> dict:
     return report
 
 
-def build_parser() -> argparse.ArgumentParser:
+# `--tiny`: the smallest models that train and publish in seconds, for trying the whole path (data ->
+# run -> store -> service); they learn little. Options given explicitly still win.
+TINY: dict[str, dict[str, object]] = {  # by option, as on the command line
+    "classifier": {
+        "--out": "runs/tiny-sentiment",
+        "--train-rows": 20000,
+        "--no-amp": True,
+        "--vocab-size": 1000,
+        "--d-model": 32,
+        "--heads": 2,
+        "--d-ff": 64,
+        "--layers": 1,
+        "--max-len": 64,
+        "--steps": 150,
+        "--warmup": 30,
+        "--eval-every": 50,
+        "--pretrain-steps": 0,
+    },
+    "translator": {
+        "--out": "runs/tiny-en-de",
+        "--train-rows": 20000,
+        "--no-amp": True,
+        "--vocab-size": 1000,
+        "--d-model": 32,
+        "--heads": 2,
+        "--d-ff": 64,
+        "--layers": 1,
+        "--max-len": 48,
+        "--steps": 100,
+        "--warmup": 30,
+        "--eval-every": 50,
+    },
+}
+
+
+def _defaults(preset: dict[str, object]) -> dict[str, object]:
+    """The preset as parser defaults: option -> dest (a flag given as True sets its dest's value)."""
+    special = {"--warmup": ("warmup_steps", None), "--no-amp": ("amp", False)}
+    out = {}
+    for option, value in preset.items():
+        dest, flag_value = special.get(option, (option[2:].replace("-", "_"), None))
+        out[dest] = value if flag_value is None else flag_value
+    return out
+
+
+def _shown(preset: dict[str, object]) -> str:
+    return ", ".join(option if value is True else f"{option} {value}" for option, value in preset.items())
+
+
+def build_parser(tiny: bool = False) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m export.train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -679,6 +731,12 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--device", default="cpu", help="torch device for training (evaluation runs on the CPU)")
         s.add_argument("--threads", type=int, default=2, help="PyTorch CPU threads")
         s.add_argument("--seed", type=int, default=1234, help="seed of the weights and of the batch stream")
+        s.add_argument(
+            "--train-rows",
+            type=int,
+            default=0,
+            help="rows of the training split used, spread over its sources (0: all of them)",
+        )
         s.add_argument("--vocab-size", type=int, default=8000, help="tokenizer vocabulary size")
         s.add_argument("--d-model", type=int, default=256, help="model width")
         s.add_argument("--heads", type=int, default=4, help="attention heads")
@@ -688,6 +746,11 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--label-smoothing", type=float, default=0.1, help="label smoothing of the training loss")
         s.add_argument("--eval-every", type=int, default=500, help="steps between evaluations")
         s.add_argument("--patience", type=int, default=4, help="evaluations without improvement before stopping early")
+        s.add_argument(
+            "--tiny",
+            action="store_true",
+            help="the smallest preset, trained in seconds to try the path: " + _shown(TINY[kind]),
+        )
         s.add_argument(
             "--no-amp",
             dest="amp",
@@ -723,11 +786,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--stop-at", type=int, default=0, help="exit at this evaluation step, resumable (see run_loop; 0: never)"
     )
+    if tiny:
+        for kind, preset in TINY.items():
+            sub.choices[kind].set_defaults(**_defaults(preset))
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
+    if args.tiny:  # the same options over the preset's defaults
+        args = build_parser(tiny=True).parse_args(argv)
     for name in ("batch_tokens", "seed", "device", "amp"):  # shared by both classifier phases
         setattr(args, "pretrain_" + name, getattr(args, name))
     try:

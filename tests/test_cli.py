@@ -52,6 +52,27 @@ def test_publish_help_states_the_real_variant_defaults() -> None:
     assert "otherwise (default: fp32)" in text
 
 
+def test_the_tiny_preset_sets_its_sizes_and_explicit_options_win() -> None:
+    tiny = train.build_parser(tiny=True)
+    args = tiny.parse_args(["translator", "--tiny", "--steps", "7"])
+    assert (args.d_model, args.layers, args.train_rows, args.amp) == (32, 1, 20000, False)
+    assert args.steps == 7 and args.out == "runs/tiny-en-de"  # its own run folder: a real run never resumes it
+    plain = train.build_parser().parse_args(["classifier"])
+    assert (plain.d_model, plain.train_rows, plain.amp, plain.out) == (256, 0, True, "runs/sentiment")
+    text = " ".join(train.build_parser().format_help().split()) + " ".join(
+        parsers()["export.train classifier"].format_help().split()
+    )
+    assert "--d-model 32" in text and "--no-amp" in text
+
+
+def test_spread_takes_rows_from_the_whole_split() -> None:
+    from export.data import spread
+
+    rows = [{"i": i} for i in range(10)]
+    assert [r["i"] for r in spread(rows, 4)] == [0, 2, 5, 7]
+    assert spread(rows, 0) == rows and spread(rows, 99) == rows
+
+
 def test_a_missing_data_file_names_the_absolute_path_and_the_working_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -270,6 +270,8 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
         str(tmp_path / "data"),
         "--variants",
         "fp32",
+        "--test-rows",
+        "40",
     ]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -277,6 +279,7 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
     assert not caught, [str(w.message) for w in caught]  # torch.onnx's warnings only with --verbose
     m = verify_folder(store / "mt" / "1")
     assert "bleu" in m.metrics["test_fp32_greedy"]
+    assert m.metrics["test_rows"] == {"evaluated": 40, "split": 110}  # capped, and the cap recorded
     assert m.data_sources == [{"package": "trans-de-en", "version": "1.9-6", "license": "GPL-2+"}]
     # the default output is a short summary: the folder, the variants, the checks with their figures
     out = capsys.readouterr().out.splitlines()
@@ -286,10 +289,11 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
     assert any(line.startswith("  test_fp32_greedy: ") and "bleu" in line for line in out)
     assert exporter.main([*args, "--version", "1"]) == 1  # exists, no --force
     assert f"{store / 'mt' / '1'} exists" in capsys.readouterr().err
-    assert exporter.main([*args, "--version", "1", "--force", "--verbose"]) == 0
+    assert exporter.main([*args, "--version", "1", "--force", "--verbose", "--test-rows", "0"]) == 0
     printed = capsys.readouterr().out
     report = json.loads(printed[printed.index("{\n") :])  # progress lines, then the whole report
     m = verify_folder(store / "mt" / "1")
+    assert m.metrics["test_rows"] == {"evaluated": 110, "split": 110}
     assert report["folder"] == str(store / "mt" / "1") and report["metrics"] == m.metrics
     assert set(report["files"]) == set(m.files)
     # the reloaded checkpoint is the same model: same weights, same greedy output

@@ -19,7 +19,7 @@ from torch import nn
 
 from export import figures as figures_lib
 from export import validate
-from export.data import SENTIMENT_LABELS
+from export.data import SENTIMENT_LABELS, spread
 from export.graphs import classifier_io, translator_io, write_classifier, write_translator
 from export.model import Classifier, Translator
 from export.specs import CALIBRATION_SENTENCES, MAX_NEW_TOKENS, Description, Feeds, ModelSpec
@@ -51,7 +51,9 @@ class BundledSpec(ModelSpec):
     ) -> None:
         figures_lib.check_extra(options.figures)
         self.model = model.eval().cpu()  # type: ignore[assignment]  # of the class the spec is registered for
-        self.tok, self.options, self.test_rows = tok, options, test_rows
+        self.tok, self.options = tok, options
+        self.split_rows = len(test_rows)
+        self.test_rows = spread(test_rows, options.test_rows)
         self.seqs = self.encode(validation_texts) if validation_texts else []
 
     @abstractmethod
@@ -62,7 +64,8 @@ class BundledSpec(ModelSpec):
         return self.seqs[:CALIBRATION_SENTENCES]
 
     def first_metrics(self) -> dict[str, object]:
-        return {"train": dict(self.options.train_metrics)}
+        evaluated = {"test_rows": {"evaluated": len(self.test_rows), "split": self.split_rows}}
+        return {"train": dict(self.options.train_metrics)} | (evaluated if self.test_rows else {})
 
     def write_tokenizer(self, folder: Path) -> str:
         self.tok.save(str(folder / "tokenizer.json"))
