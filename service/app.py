@@ -22,7 +22,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import priority
 from service.http import libretranslate, oip, openapi, page, rest
-from service.http.auth import ApiKeys
+from service.http.auth import ApiKeys, KeyRing
 from service.http.dispatch import Endpoint, Router
 from service.http.middleware import BodyLimit, RequestContext
 from service.http.schemas import OipInferRequest
@@ -58,7 +58,7 @@ class ServiceApp(FastAPI):
         s = self.state.serve.settings
         app: ASGIApp = Endpoint(lifespan=self.router)
         app = BodyLimit(app, max_bytes=s.max_body_bytes, body_timeout=s.body_timeout_s)
-        app = ApiKeys(app, keys=s.api_key_list)
+        app = ApiKeys(app, self.state.serve.keys, self.state.serve.metrics)
         app = RequestContext(app, metrics=self.state.serve.metrics, max_in_flight=s.max_in_flight)
         return Router(app, self.table)
 
@@ -70,7 +70,7 @@ def create_app(settings: Settings) -> ServiceApp:
     # from serving); each task then runs its model work on threads of its own. It runs below the
     # event loop like them, and so do ONNX Runtime's worker threads: they inherit its priority.
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model", initializer=lower_priority)
-    state = AppState(settings, metrics, ModelSet(settings, metrics, executor))
+    state = AppState(settings, metrics, ModelSet(settings, metrics, executor), KeyRing.of(settings))
     tasks = registry.tasks()
 
     @contextlib.asynccontextmanager

@@ -65,6 +65,13 @@ class Metrics:
         self.active_rows = Gauge(
             "inference_active_rows", "Decoder rows (sentences x beams) in the running batch", ["model"], registry=r
         )
+        self.auth_refusals = Counter(
+            "inference_auth_refusals",
+            "Requests refused by the key check (reason: missing_key, invalid_key, role, model_control_off, "
+            "no_admin_keys)",
+            ["reason"],
+            registry=r,
+        )
         self.model_loads = Counter(
             "inference_model_loads",
             "Model versions put into service (result=loaded) or refused (broken files, failed load)",

@@ -76,7 +76,19 @@ class Settings(BaseSettings):
     )
     # access
     api_keys: SecretStr | None = Field(
-        default=None, description="comma-separated keys; set: inference and repository endpoints need one"
+        default=None,
+        description="inference keys, comma-separated (`name:key` names one in logs); set: inference needs a key",
+    )
+    admin_keys: SecretStr | None = Field(
+        default=None,
+        description="admin keys (model control, and inference); set: model control is on and needs one",
+    )
+    metrics_keys: SecretStr | None = Field(
+        default=None, description="keys for /metrics (Prometheus' bearer token); set: /metrics needs one (or admin)"
+    )
+    model_control: Literal["none", "explicit"] | None = Field(
+        default=None,
+        description="repository load/unload: none (403) or explicit; unset: explicit when admin keys are set",
     )
     # connections
     header_timeout_s: float = Field(
@@ -111,12 +123,6 @@ class Settings(BaseSettings):
         if self.max_queue < self.max_texts:
             raise ValueError(f"max_queue ({self.max_queue}) must be at least max_texts ({self.max_texts})")
         return self
-
-    @property
-    def api_key_list(self) -> tuple[str, ...]:
-        if self.api_keys is None:
-            return ()
-        return tuple(k.strip() for k in self.api_keys.get_secret_value().split(",") if k.strip())
 
     @property
     def provider_list(self) -> tuple[str, ...]:

@@ -108,7 +108,7 @@ def test_version_policy_and_repository_api(tiny_store: Path, tmp_path: Path, pin
     store = tmp_path / "store"
     shutil.copytree(tiny_store, store)
     add_version(store / "tiny-clf", 1, 2)
-    settings = {"model_versions": "tiny-clf=1"} if pinned else {}
+    settings = {"model_control": "explicit"} | ({"model_versions": "tiny-clf=1"} if pinned else {})
     with run_server(store, tmp_path / "server.log", **settings) as server, httpx.Client(base_url=server.url) as c:
         want = 1 if pinned else 2
         assert c.post("/predict", json={"texts": ["fine"]}).json()["version"] == want
@@ -133,7 +133,10 @@ def test_lifecycle_answers_agree(tiny_store: Path, tmp_path: Path) -> None:
     shutil.copytree(tiny_store, store)
     add_version(store / "tiny-clf", 1, 2)
     log = tmp_path / "server.log"
-    with run_server(store, log, watch_interval_s="0.2") as server, httpx.Client(base_url=server.url) as c:
+    with (
+        run_server(store, log, watch_interval_s="0.2", model_control="explicit") as server,
+        httpx.Client(base_url=server.url) as c,
+    ):
 
         def index() -> dict[tuple[str, str], tuple[str, str]]:
             r = c.post("/v2/repository/index")

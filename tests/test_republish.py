@@ -89,7 +89,7 @@ def test_a_republished_version_serves_its_new_weights(
                 statuses["predict", c.post("/predict", json={"texts": TEXTS}).status_code] += 1
                 statuses["figure", c.get("/v1/models/tiny-clf/figures/positions").status_code] += 1
 
-    settings = {"watch_interval_s": "0.2"} if how == "watcher" else {}
+    settings = {"watch_interval_s": "0.2"} if how == "watcher" else {"model_control": "explicit"}
     with run_server(store, tmp_path / "server.log", **settings) as server, httpx.Client(base_url=server.url) as c:
 
         def labels() -> list[str]:
@@ -118,7 +118,7 @@ def test_a_republished_version_serves_its_new_weights(
             republish_copy(store, "tiny-clf", 1, corrupt="model.onnx")
             if how == "load":
                 r = reload()
-                assert r.status_code == 422
+                assert r.status_code == 409
                 assert "changed on disk" in r.json()["error"] and "model.onnx" in r.json()["error"]
             until("the broken republish refused", lambda: metric(c.get("/metrics").text, REFUSED) == before + 1)
             answered = sum(statuses.values())

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from service.app import create_app
-from service.http.table import Auth, Protocol, Route, RouteTable
+from service.http.table import Access, Auth, Protocol, Route, RouteTable
 from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def test_the_document_and_the_dispatcher_read_the_same_declarations(app: Any) ->
             if r.documented:
                 op = doc["paths"][r.path][method.lower()]
                 codes = {int(c) for c in op["responses"] if c != "200"}
-                assert codes == set(r.statuses(method, keys=True)), r.path
+                assert codes == set(r.statuses(method, app.state.serve.keys.access)), r.path
                 assert op["operationId"].startswith(r.name)
     # the inference routes every protocol serves are there, each once
     names = [r.name for r in table.routes]
@@ -51,14 +51,20 @@ def test_the_document_and_the_dispatcher_read_the_same_declarations(app: Any) ->
 
 
 def test_a_route_s_rules_come_from_its_declaration() -> None:
+    none, keys = Access(), Access(inference=True)
     r = Route("/x", ("POST",), _handler, "x", auth=Auth.BEARER, errors=(404,))
-    assert r.statuses("POST", keys=False) == (400, 404, 408, 413, 415, 422, 503)
-    assert r.statuses("POST", keys=True) == (400, 401, 404, 408, 413, 415, 422, 503)
+    assert r.statuses("POST", none) == (400, 404, 408, 413, 415, 422, 503)
+    assert r.statuses("POST", keys) == (400, 401, 403, 404, 408, 413, 415, 422, 503)
     probe = Route("/p", ("GET",), _handler, "p", probe=True)
-    assert probe.statuses("GET", keys=True) == ()
+    assert probe.statuses("GET", keys) == ()
     lt = Route("/lt", ("GET", "POST"), _handler, "lt", Protocol.LIBRETRANSLATE, auth=Auth.PARAM, errors=(404, 429))
-    assert lt.statuses("POST", keys=True) == (400, 403, 408, 429, 503)  # LibreTranslate's: client errors are 400
-    assert lt.statuses("GET", keys=False) == (400, 429, 503)  # no body: no body checks
+    assert lt.statuses("POST", keys) == (400, 403, 408, 429, 503)  # LibreTranslate's: client errors are 400
+    assert lt.statuses("GET", none) == (400, 429, 503)  # no body: no body checks
+    admin = Route("/a", ("POST",), _handler, "a", auth=Auth.ADMIN)
+    assert 403 in admin.statuses("POST", none) and 401 not in admin.statuses("POST", none)  # closed by default
+    assert {401, 403} <= set(admin.statuses("POST", Access(admin=True, model_control=True)))
+    metrics = Route("/m", ("GET",), _handler, "m", probe=True, auth=Auth.METRICS)
+    assert metrics.statuses("GET", keys) == () and metrics.statuses("GET", Access(metrics=True)) == (401, 403)
 
 
 def test_the_table_matches_paths_methods_and_parameters() -> None:

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp
 
 from service.errors import InvalidInput
 from service.http import html_text, schemas
-from service.http.auth import bearer, key_allowed
+from service.http.auth import KEY_ID, bearer, refused
 from service.http.dispatch import Call, json_answer
 from service.http.errors import Forbidden
 from service.http.table import Auth, Protocol, Route
@@ -67,14 +67,18 @@ def _params(call: Call) -> dict[str, Any]:
 
 
 def _check_key(call: Call, params: Mapping[str, Any]) -> None:
-    keys = call.state.settings.api_key_list
-    if not keys or call.route.auth is not Auth.PARAM:
+    """LibreTranslate's key: its `api_key` parameter, else the bearer header; 403 for any refusal."""
+    if call.route.auth is not Auth.PARAM:
         return
+    state = call.state
     given = params.get("api_key")
-    if not (isinstance(given, str) and key_allowed(given, keys)) and not key_allowed(
-        bearer(call.header(b"authorization")), keys
-    ):
-        raise Forbidden("Invalid API key")
+    given = given if isinstance(given, str) and given else bearer(call.header(b"authorization"))
+    key, verdict = state.keys.check(Auth.PARAM, given)
+    if verdict is not None:
+        refused(call.scope, state.metrics, verdict, key)
+        raise Forbidden("Invalid API key" if verdict.kind == "unauthorized" else verdict.message)
+    if key is not None:
+        call.scope[KEY_ID] = key.id
 
 
 def _translators(call: Call) -> list[tuple[Task, list[tuple[str, str]]]]:
@@ -119,8 +123,8 @@ async def frontend_settings(call: Call) -> ASGIApp:
         {
             "charLimit": settings.max_text_chars,
             "frontendTimeout": 500,
-            "apiKeys": bool(settings.api_key_list),
-            "keyRequired": bool(settings.api_key_list),
+            "apiKeys": call.state.keys.access.inference,
+            "keyRequired": call.state.keys.access.inference,
             "suggestions": False,
             "filesTranslation": False,
             "supportedFilesFormat": [],

@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from importlib import metadata
 from typing import Any
 
@@ -20,8 +21,9 @@ from pydantic import ValidationError
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from service.errors import InvalidInput, InvalidJson, LoadRefused, ModelNotFound, NotReady
+from service.errors import InvalidInput, InvalidJson, LoadRefused, ModelNotFound, NotReady, ServiceError
 from service.http import binary, schemas
+from service.http.auth import audit
 from service.http.dispatch import Call, json_answer
 from service.http.errors import AsciiJSONResponse
 from service.http.table import Auth, Protocol, Route
@@ -274,19 +276,33 @@ async def repository_load(call: Call) -> ASGIApp:
     with the reason when the store holds nothing it can serve."""
     name = call.params["name"]
     models = call.state.models
-    await models.refresh(only=name)
-    models.get(name)
-    views = models.snapshot().model(name)
-    if not any(v.current for v in views):
-        reasons = [v.error for v in views if v.state in (VersionState.REFUSED, VersionState.FAILED) and v.error]
-        raise LoadRefused(f"model {name} could not be loaded: {'; '.join(reasons) or 'no intact version'}")
+    with _audited(call, "load", name):
+        await models.refresh(only=name)
+        models.get(name)
+        views = models.snapshot().model(name)
+        if not any(v.current for v in views):
+            reasons = [v.error for v in views if v.state in (VersionState.REFUSED, VersionState.FAILED) and v.error]
+            raise LoadRefused(f"model {name} could not be loaded: {'; '.join(reasons) or 'no intact version'}")
     return json_answer({})
 
 
 async def repository_unload(call: Call) -> ASGIApp:
     """Stops serving the model; its versions finish their admitted work first."""
-    await call.state.models.unload(call.params["name"])
+    name = call.params["name"]
+    with _audited(call, "unload", name):
+        await call.state.models.unload(name)
     return json_answer({})
+
+
+@contextmanager
+def _audited(call: Call, action: str, model: str) -> Iterator[None]:
+    """One audit line per model-control action, with its outcome."""
+    try:
+        yield
+    except ServiceError as exc:
+        audit(call.scope, f"model control: {action} {model}: {exc.kind}", action=action, model=model, outcome=exc.kind)
+        raise
+    audit(call.scope, f"model control: {action} {model}", action=action, model=model, outcome="done")
 
 
 def routes() -> list[Route]:
@@ -373,7 +389,7 @@ def routes() -> list[Route]:
             oip,
             summary="Load a model",
             description=repository_load.__doc__ or "",
-            auth=Auth.BEARER,
+            auth=Auth.ADMIN,
             errors=(404, 409),
         ),
         Route(
@@ -384,7 +400,7 @@ def routes() -> list[Route]:
             oip,
             summary="Unload a model",
             description=repository_unload.__doc__ or "",
-            auth=Auth.BEARER,
+            auth=Auth.ADMIN,
             errors=(404,),
         ),
     ]

@@ -18,18 +18,20 @@ from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.types import ASGIApp
 
+from service.http.auth import KeyRing
 from service.http.dispatch import Call, json_answer
-from service.http.table import Protocol, Route, path_params
+from service.http.table import Access, Protocol, Route, path_params
 from service.serving import ModelSet
 from service.settings import Settings
 from service.tasks import registry
 
 WHY = {
     400: "malformed request: invalid JSON, a bad header or parameter",
-    401: "API key missing or wrong (only when the server has keys)",
-    403: "API key missing or wrong",
+    401: "API key missing or unknown (only when the server has keys this route takes)",
+    403: "a key of another role, model control turned off, or (LibreTranslate) a key missing or wrong",
     404: "unknown model, version or file",
     408: "the request body did not arrive in time",
+    409: "the store holds no version of the model that can be loaded (the message says why)",
     413: "body, number of texts, characters or tokens above their limit",
     415: "Content-Type is neither JSON nor absent",
     422: "invalid field: the message names it and its allowed values",
@@ -63,7 +65,7 @@ Served = tuple[tuple[str, str, tuple[tuple[str, int], ...], tuple[tuple[str, tup
 
 def document(routes: tuple[Route, ...], settings: Settings, served: Served) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the documented routes, for these settings and served models."""
-    keys = bool(settings.api_key_list)
+    access = KeyRing.of(settings).access
     shown = [r for r in routes if r.documented]
     models: list[tuple[type[BaseModel], Any]] = []
     for r in shown:
@@ -77,7 +79,7 @@ def document(routes: tuple[Route, ...], settings: Settings, served: Served) -> d
     paths: dict[str, dict[str, Any]] = {}
     for r in shown:
         for method in r.methods:
-            op = _operation(r, method, keys, names, [name for name, _, _, _ in served])
+            op = _operation(r, method, access, names, [name for name, _, _, _ in served])
             paths.setdefault(r.path, {})[method.lower()] = op
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
@@ -87,7 +89,7 @@ def document(routes: tuple[Route, ...], settings: Settings, served: Served) -> d
             "version": "0.1.0",
         },
         "paths": paths,
-        "components": {"schemas": schemas},
+        "components": {"schemas": schemas, "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
     }
     _limits(doc, settings)
     _models(doc, served)
@@ -105,7 +107,7 @@ def _param_schema(r: Route, param: str, served: list[str]) -> dict[str, Any]:
 
 
 def _operation(
-    r: Route, method: str, keys: bool, names: dict[Any, dict[str, str]], served: list[str]
+    r: Route, method: str, access: Access, names: dict[Any, dict[str, str]], served: list[str]
 ) -> dict[str, Any]:
     op: dict[str, Any] = {"operationId": r.name if len(r.methods) == 1 else f"{r.name}_{method.lower()}"}
     if r.summary:
@@ -125,7 +127,9 @@ def _operation(
     ok = names[(r.response, "serialization")] if r.response is not None else {}
     op["responses"] = {"200": {"description": "Successful Response", "content": {r.media_type: {"schema": ok}}}}
     shape = {"$ref": _REF.format(model=ERROR_SCHEMAS[r.protocol][0])}
-    for code in r.statuses(method, keys):
+    if 401 in access.statuses(r.auth):  # a bearer key is asked for
+        op["security"] = [{"bearer": []}]
+    for code in r.statuses(method, access):
         op["responses"][str(code)] = {"description": WHY[code], "content": {"application/json": {"schema": shape}}}
     op |= r.doc_extra
     return op

@@ -86,7 +86,14 @@ def routes(tasks: Iterable[type[Task]], rules: Mapping[str, str]) -> list[Route]
         Route("/healthz", ("GET",), healthz, "healthz", summary="Alive", probe=True),
         Route("/readyz", ("GET",), readyz, "readyz", summary="Ready", probe=True, errors=(503,)),
         Route(
-            "/metrics", ("GET",), metrics, "metrics", summary="Prometheus metrics", probe=True, media_type=CONTENT_TYPE
+            "/metrics",
+            ("GET",),
+            metrics,
+            "metrics",
+            summary="Prometheus metrics",
+            probe=True,
+            media_type=CONTENT_TYPE,
+            auth=Auth.METRICS,
         ),
         Route(
             "/v1/models",

@@ -34,11 +34,32 @@ class Protocol(enum.Enum):
 
 
 class Auth(enum.Enum):
-    """How a route checks the API keys, when the server has keys (`SERVE_API_KEYS`)."""
+    """What a route needs (`service.http.auth` decides, from the keys the settings hold)."""
 
-    OPEN = "open"  # never: health, readiness, metrics, metadata, the page
-    BEARER = "bearer"  # `Authorization: Bearer <key>`, checked before the body is read (401)
-    PARAM = "param"  # LibreTranslate's `api_key` parameter or the header, checked by the handler (403)
+    OPEN = "open"  # nothing: health, readiness, metadata, the page
+    BEARER = "bearer"  # inference: `Authorization: Bearer <key>`, checked before the body is read
+    PARAM = "param"  # inference on LibreTranslate's API: its `api_key` parameter or the header (403)
+    ADMIN = "admin"  # model control: closed unless turned on; then an admin key when there are any
+    METRICS = "metrics"  # /metrics: a metrics or admin key when metrics keys are set
+
+
+@dataclass(frozen=True)
+class Access:
+    """Which keys the server has and whether model control is on: what a route may answer depends on it."""
+
+    inference: bool = False
+    admin: bool = False
+    metrics: bool = False
+    model_control: bool = False
+
+    def statuses(self, auth: Auth) -> set[int]:
+        """The statuses a route's key check can answer."""
+        if auth is Auth.ADMIN:  # closed, or a key of another role: 403; no key: 401
+            return {403} | ({401} if self.model_control and self.admin else set())
+        keyed = {Auth.BEARER: self.inference, Auth.PARAM: self.inference, Auth.METRICS: self.metrics}
+        if not keyed.get(auth, False):
+            return set()
+        return {403} if auth is Auth.PARAM else {401, 403}
 
 
 BODY_ERRORS = (400, 408, 413, 415, 422)
@@ -72,7 +93,7 @@ class Route:
     documented: bool = True
     doc_extra: Mapping[str, Any] = field(default_factory=dict)  # merged into the document's operation
 
-    def statuses(self, method: str, keys: bool) -> tuple[int, ...]:
+    def statuses(self, method: str, access: Access) -> tuple[int, ...]:
         """Every error status the route can answer for `method`, with the rules that add them: the
         in-flight limit (not for probes), the body checks (a POST), the key check, the handler's own."""
         out = set(self.errors)
@@ -80,8 +101,7 @@ class Route:
             out.add(503)
         if reads_body(method):
             out.update(BODY_ERRORS)
-        if keys and self.auth is not Auth.OPEN:
-            out.add(401 if self.auth is Auth.BEARER else 403)
+        out.update(access.statuses(self.auth))
         if self.protocol is Protocol.LIBRETRANSLATE:  # every client error is a 400 there
             out = {400 if s in (404, 413, 415, 422) else s for s in out}
         return tuple(sorted(out))
