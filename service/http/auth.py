@@ -6,6 +6,7 @@ declared `Auth.PARAM` (the LibreTranslate API) check their own `api_key` paramet
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Sequence
 
@@ -13,6 +14,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.http.errors import error_response
 from service.http.table import Auth, route_of
+
+KEY_ID = "serve.key_id"
+"""Where a request with a valid key finds the key's id in the ASGI scope (per-client limits read it)."""
+
+
+def key_id(key: str) -> str:
+    """A key's name in logs, limits and files: its hash's first 8 hex digits, never the key."""
+    return "key-" + hashlib.sha256(key.encode("utf-8")).hexdigest()[:8]
 
 
 def key_allowed(given: str, keys: Sequence[str]) -> bool:
@@ -51,4 +60,5 @@ class ApiKeys:
             response.headers["WWW-Authenticate"] = 'Bearer realm="transformer-serve"'
             await response(scope, receive, send)
             return
+        scope[KEY_ID] = key_id(given)
         await self.app(scope, receive, send)

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp
 
 from service.errors import InvalidInput
 from service.http import html_text, schemas
-from service.http.auth import bearer, key_allowed
+from service.http.auth import KEY_ID, bearer, key_allowed, key_id
 from service.http.dispatch import Call, json_answer
 from service.http.errors import Forbidden
 from service.http.table import Auth, Protocol, Route
@@ -71,10 +71,11 @@ def _check_key(call: Call, params: Mapping[str, Any]) -> None:
     if not keys or call.route.auth is not Auth.PARAM:
         return
     given = params.get("api_key")
-    if not (isinstance(given, str) and key_allowed(given, keys)) and not key_allowed(
-        bearer(call.header(b"authorization")), keys
-    ):
-        raise Forbidden("Invalid API key")
+    if not (isinstance(given, str) and key_allowed(given, keys)):
+        given = bearer(call.header(b"authorization"))
+        if not key_allowed(given, keys):
+            raise Forbidden("Invalid API key")
+    call.scope[KEY_ID] = key_id(given)
 
 
 def _translators(call: Call) -> list[tuple[Task, list[tuple[str, str]]]]:
@@ -148,6 +149,7 @@ async def translate(call: Call) -> ASGIApp:
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise InvalidInput("Invalid request: q must be a string or a list of strings")
     schemas.check_texts(texts, state.settings.max_texts, state.settings.max_text_chars, "q")
+    call.charge(texts)
     source, target = params.get("source"), params.get("target")
     if not isinstance(source, str) or not source:
         raise InvalidInput("Invalid request: missing source parameter")

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from starlette.types import Scope
 
+from service.http.limits import ClientLimits
 from service.metrics import Metrics
 from service.serving import ModelSet
 from service.settings import Settings
@@ -17,6 +18,7 @@ class AppState:
     settings: Settings
     metrics: Metrics
     models: ModelSet
+    limits: ClientLimits  # per-client limits (none unless set)
     draining: bool = False  # set on shutdown (SIGTERM): /readyz and new requests answer 503
     watcher: asyncio.Task[None] | None = None  # the store watcher, when SERVE_WATCH_INTERVAL_S > 0
 

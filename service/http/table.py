@@ -72,12 +72,21 @@ class Route:
     documented: bool = True
     doc_extra: Mapping[str, Any] = field(default_factory=dict)  # merged into the document's operation
 
+    @property
+    def inference(self) -> bool:
+        """Runs a model on a client's texts (counted in the request metrics, behind a key when the
+        server has keys): what per-client limits apply to (`service.http.limits`)."""
+        return self.metric is not None and self.auth is not Auth.OPEN
+
     def statuses(self, method: str, keys: bool) -> tuple[int, ...]:
         """Every error status the route can answer for `method`, with the rules that add them: the
-        in-flight limit (not for probes), the body checks (a POST), the key check, the handler's own."""
+        in-flight limit (not for probes), per-client limits (inference), the body checks (a POST),
+        the key check, the handler's own."""
         out = set(self.errors)
         if not self.probe:
             out.add(503)
+        if self.inference:
+            out.update((413, 429))
         if reads_body(method):
             out.update(BODY_ERRORS)
         if keys and self.auth is not Auth.OPEN:
