@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 Clock = Callable[[], float]
 
 REFILL_S = 60.0  # a bucket refills from empty in a minute: its figure is per minute
-MAX_BUCKETS = 200_000  # about 40 MB at most, whatever the addresses a client sprays
+MAX_BUCKETS = 100_000  # about 300 bytes each: 30 MB at most, whatever the addresses a client sprays
 RECHECK_S = 1.0  # the limits file's mtime is looked at at most this often
 
 
