@@ -28,9 +28,11 @@ class Shot:
     body: bytes = b""
     method: str = "POST"
     content_type: str = "application/json"
+    headers: tuple[tuple[str, str], ...] = ()  # more request headers (an API key)
 
     def wire(self, host: str) -> bytes:
         head = f"{self.method} {self.path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in self.headers)
         if self.method == "POST":
             head += f"Content-Type: {self.content_type}\r\nContent-Length: {len(self.body)}\r\n"
         return (head + "\r\n").encode() + self.body

@@ -4,8 +4,9 @@ shutdown the tasks finish admitted work (up to SERVE_DRAIN_TIMEOUT_S).
 
 Every route is declared once in the route table (`service.http.table`): REST, the Open Inference
 Protocol, the LibreTranslate API, the page and the API document's own routes. A request goes
-router -> request context -> API keys -> body limit -> the route's handler (`service.http.dispatch`);
-FastAPI stays the application (lifespan, state, the documentation pages), not the router.
+router -> request context -> API keys -> client rate (when limits are set) -> body limit -> the
+route's handler (`service.http.dispatch`); FastAPI stays the application (lifespan, state, the
+documentation pages), not the router.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from service import priority
 from service.http import libretranslate, oip, openapi, page, rest
 from service.http.auth import ApiKeys, KeyRing
 from service.http.dispatch import Endpoint, Router
-from service.http.middleware import BodyLimit, RequestContext
+from service.http.limits import ClientLimits, Limits, PolicySource
+from service.http.middleware import BodyLimit, ClientRate, RequestContext
 from service.http.schemas import OipInferRequest
 from service.http.state import AppState
 from service.http.table import RouteTable
@@ -58,6 +60,8 @@ class ServiceApp(FastAPI):
         s = self.state.serve.settings
         app: ASGIApp = Endpoint(lifespan=self.router)
         app = BodyLimit(app, max_bytes=s.max_body_bytes, body_timeout=s.body_timeout_s)
+        if self.state.serve.limits.active:
+            app = ClientRate(app, self.state.serve.limits)
         app = ApiKeys(app, self.state.serve.keys, self.state.serve.metrics)
         app = RequestContext(app, metrics=self.state.serve.metrics, max_in_flight=s.max_in_flight)
         return Router(app, self.table)
@@ -70,7 +74,9 @@ def create_app(settings: Settings) -> ServiceApp:
     # from serving); each task then runs its model work on threads of its own. It runs below the
     # event loop like them, and so do ONNX Runtime's worker threads: they inherit its priority.
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model", initializer=lower_priority)
-    state = AppState(settings, metrics, ModelSet(settings, metrics, executor), KeyRing.of(settings))
+    state = AppState(
+        settings, metrics, ModelSet(settings, metrics, executor), KeyRing.of(settings), client_limits(settings, metrics)
+    )
     tasks = registry.tasks()
 
     @contextlib.asynccontextmanager
@@ -104,6 +110,17 @@ def create_app(settings: Settings) -> ServiceApp:
     app.table = RouteTable([*api, *openapi.routes(document)])
     app.openapi = document  # type: ignore[method-assign]
     return app
+
+
+def client_limits(settings: Settings, metrics: Metrics) -> ClientLimits:
+    """Per-client limits from the settings (and the limits file, read now: a broken one stops the start)."""
+    base = Limits(settings.client_requests_per_minute, settings.client_chars_per_minute, settings.max_request_chars)
+    refused = metrics.client_limited
+    return ClientLimits(
+        PolicySource(base, settings.limits_file),
+        settings.trusted_proxy_header,
+        refused=lambda limit: refused.labels(limit).inc(),
+    )
 
 
 async def start_models(state: AppState) -> None:

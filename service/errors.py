@@ -40,6 +40,17 @@ class QueueFull(ServiceError):
     kind = "queue_full"
 
 
+class RateLimited(ServiceError):
+    """A client over one of its per-minute limits (`service.http.limits`): retrying after
+    `retry_after` seconds fits; `limit` names the limit (a metric label, never the client)."""
+
+    kind = "rate_limited"
+
+    def __init__(self, message: str, retry_after: int, limit: str) -> None:
+        super().__init__(message)
+        self.retry_after, self.limit = retry_after, limit
+
+
 class LoadRefused(ServiceError):
     """A model `load` found nothing it could serve: the store's state is at fault, not the request
     (409: the same request may succeed once the folder is fixed)."""

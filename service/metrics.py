@@ -84,6 +84,14 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.client_limited = Counter(
+            "inference_client_limited",
+            "Requests refused by a per-client limit (limit: requests, chars, request_chars); never labelled by client",
+            ["limit"],
+            registry=r,
+        )
+        for limit in ("requests", "chars", "request_chars"):
+            self.client_limited.labels(limit)
         self._answered: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
     def answered(self, endpoint: str, model: str, status: int, seconds: float) -> None:

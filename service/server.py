@@ -217,6 +217,8 @@ def serve(settings: Settings) -> int:
         lifespan="on",
         timeout_graceful_shutdown=max(1, int(settings.drain_timeout_s)),
         server_header=False,
+        # uvicorn would trust X-Forwarded-For from loopback; SERVE_TRUSTED_PROXY_HEADER decides instead
+        proxy_headers=False,
         http=guarded_protocol(settings.header_timeout_s, settings.max_header_bytes),
         loop=event_loop(),
         timeout_keep_alive=max(1, int(settings.keepalive_timeout_s)),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import DirectoryPath, Field, SecretStr, field_validator, model_validator
+from pydantic import DirectoryPath, Field, FilePath, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.priority import Policy
@@ -89,6 +89,23 @@ class Settings(BaseSettings):
     model_control: Literal["none", "explicit"] | None = Field(
         default=None,
         description="repository load/unload: none (403) or explicit; unset: explicit when admin keys are set",
+    )
+    client_requests_per_minute: int = Field(
+        default=0, ge=0, description="inference requests per minute per client (its key, else its address); 0: none"
+    )
+    client_chars_per_minute: int = Field(
+        default=0, ge=0, description="characters of input text per minute per client (429 above); 0: no limit"
+    )
+    max_request_chars: int = Field(
+        default=0, ge=0, description="characters of input text in one request, all texts together (413 above); 0: none"
+    )
+    limits_file: FilePath | None = Field(
+        default=None, description="JSON limits per key id (no secrets), re-read when it changes; over the above"
+    )
+    trusted_proxy_header: str | None = Field(
+        default=None,
+        pattern=r"^[A-Za-z0-9-]+$",
+        description="the client address is this header's last entry (e.g. x-forwarded-for); unset: the connection's",
     )
     # connections
     header_timeout_s: float = Field(

@@ -27,13 +27,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.http.errors import error_response
 from service.http.middleware import header, request_info
-from service.http.table import Access, Auth, route_of
+from service.http.table import KEY_ID, Access, Auth, route_of
 from service.metrics import Metrics
 from service.settings import Settings
 
 AUDIT = logging.getLogger("service.audit")
-KEY_ID = "serve.key_id"
-"""Where a request's valid key leaves its id in the ASGI scope (absent: no key, or none needed)."""
 
 _NAMED = re.compile(r"^([A-Za-z0-9_.-]{1,64}):(.+)$")
 

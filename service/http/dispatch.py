@@ -13,7 +13,7 @@ re-validating the answer) cost the event loop more CPU than the request's own wo
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qs
@@ -26,7 +26,7 @@ from service.http.errors import answer_error, error_response
 from service.http.middleware import RequestInfo, header, request_info
 from service.http.schemas import load_json
 from service.http.state import AppState, scope_state
-from service.http.table import MATCH_KEY, Protocol, Route, RouteTable, matched, reads_body
+from service.http.table import MATCH_KEY, Auth, Protocol, Route, RouteTable, matched, reads_body
 from service.validation import describe_validation
 
 M = TypeVar("M", bound=BaseModel)
@@ -67,6 +67,15 @@ class Call:
         if state.draining:
             raise ShuttingDown("the service is shutting down; retry on another instance")
         return state, self.info.start + state.settings.request_timeout_s
+
+    def charge(self, texts: Sequence[str]) -> None:
+        """Charges the client for the texts it submits (per-client limits: 413, 429). A route whose
+        key travels in the body (`Auth.PARAM`) is counted as a request here too: only now is its
+        client known; the others were counted before their body was read (`ClientRate`)."""
+        limits = self.state.limits
+        if self.route.auth is Auth.PARAM:
+            limits.request(self.scope)
+        limits.texts(self.scope, texts)
 
     def version(self) -> int:
         """The path's `{version}`: digits, or 422; a number no model has is the caller's 404."""

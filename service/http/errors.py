@@ -25,6 +25,7 @@ from service.errors import (
     NotReady,
     PayloadTooLarge,
     QueueFull,
+    RateLimited,
     ServiceError,
     ShuttingDown,
 )
@@ -45,6 +46,7 @@ HTTP_STATUS: dict[str, int] = {
     PayloadTooLarge.kind: 413,
     ModelNotFound.kind: 404,
     QueueFull.kind: 429,
+    RateLimited.kind: 429,
     NotReady.kind: 503,
     ShuttingDown.kind: 503,
     DeadlineExceeded.kind: 504,

@@ -152,6 +152,7 @@ async def translate(call: Call) -> ASGIApp:
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise InvalidInput("Invalid request: q must be a string or a list of strings")
     schemas.check_texts(texts, state.settings.max_texts, state.settings.max_text_chars, "q")
+    call.charge(texts)
     source, target = params.get("source"), params.get("target")
     if not isinstance(source, str) or not source:
         raise InvalidInput("Invalid request: missing source parameter")

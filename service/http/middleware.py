@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.errors import ServiceError
 from service.http.binary import HEADER_LENGTH
-from service.http.errors import error_response
-from service.http.table import protocol_of, reads_body, route_of
+from service.http.errors import answer_error, error_response
+from service.http.limits import ClientLimits
+from service.http.table import Auth, protocol_of, reads_body, route_of
 from service.logs import ACCESS
 from service.metrics import Metrics
 
@@ -140,6 +142,25 @@ class RequestContext:
                     }
                 },
             )
+
+
+class ClientRate:
+    """Requests per minute per client (`service.http.limits`) on the inference routes, before the
+    body is read: the key, if any, was checked by now (`Auth.BEARER`). LibreTranslate's key may
+    travel in the body: its handler counts the request once the key is known (`Call.charge`)."""
+
+    def __init__(self, app: ASGIApp, limits: ClientLimits) -> None:
+        self.app, self.limits = app, limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        route = route_of(scope) if scope["type"] == "http" else None
+        if route is not None and route.inference and route.auth is Auth.BEARER:
+            try:
+                self.limits.request(scope)
+            except ServiceError as exc:
+                await answer_error(route.protocol, exc)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class BodyLimit:

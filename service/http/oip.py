@@ -130,6 +130,7 @@ async def infer(call: Call) -> ASGIApp:
     call.info.model = model.name
     texts = _texts(body.inputs[0], blob)
     schemas.check_texts(texts, state.settings.max_texts, state.settings.max_text_chars, "inputs[0].data")
+    call.charge(texts)
     available = [t.name for t in task.outputs()]
     wanted = {o.name: o.parameters or {} for o in body.outputs} if body.outputs else dict.fromkeys(available, {})
     unknown = set(wanted) - set(available)

@@ -35,7 +35,7 @@ WHY = {
     413: "body, number of texts, characters or tokens above their limit",
     415: "Content-Type is neither JSON nor absent",
     422: "invalid field: the message names it and its allowed values",
-    429: "busy: the queued work would not finish in time (see Retry-After)",
+    429: "busy: the queued work would not finish in time, or the client is over a per-minute limit (see Retry-After)",
     503: "not ready, loading, unloaded, shutting down, or too many requests in flight (see Retry-After)",
     504: "the request's deadline passed",
 }

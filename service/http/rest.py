@@ -70,6 +70,7 @@ def task_handler(cls: type[Task], rules: Mapping[str, str]) -> Handler:
         state, deadline = call.admit()
         s = state.settings
         schemas.check_texts(body.texts, s.max_texts, s.max_text_chars)
+        call.charge(body.texts)
         task = state.models.resolve(body.model, cls.name, body.version)
         call.info.model = task.entry.name
         result = await task.run(cls.rest_work(body, deadline))

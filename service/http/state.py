@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from starlette.types import Scope
 
 from service.http.auth import KeyRing
+from service.http.limits import ClientLimits
 from service.metrics import Metrics
 from service.serving import ModelSet
 from service.settings import Settings
@@ -19,6 +20,7 @@ class AppState:
     metrics: Metrics
     models: ModelSet
     keys: KeyRing
+    limits: ClientLimits  # per-client limits (none unless set)
     draining: bool = False  # set on shutdown (SIGTERM): /readyz and new requests answer 503
     watcher: asyncio.Task[None] | None = None  # the store watcher, when SERVE_WATCH_INTERVAL_S > 0
 

@@ -93,12 +93,21 @@ class Route:
     documented: bool = True
     doc_extra: Mapping[str, Any] = field(default_factory=dict)  # merged into the document's operation
 
+    @property
+    def inference(self) -> bool:
+        """Runs a model on a client's texts (counted in the request metrics, behind a key when the
+        server has keys): what per-client limits apply to (`service.http.limits`)."""
+        return self.metric is not None and self.auth is not Auth.OPEN
+
     def statuses(self, method: str, access: Access) -> tuple[int, ...]:
         """Every error status the route can answer for `method`, with the rules that add them: the
-        in-flight limit (not for probes), the body checks (a POST), the key check, the handler's own."""
+        in-flight limit (not for probes), per-client limits (inference), the body checks (a POST),
+        the key check, the handler's own."""
         out = set(self.errors)
         if not self.probe:
             out.add(503)
+        if self.inference:
+            out.update((413, 429))
         if reads_body(method):
             out.update(BODY_ERRORS)
         out.update(access.statuses(self.auth))
@@ -175,6 +184,10 @@ def _matches(routes: tuple[Route, ...] | list[Route], params: dict[str, str]) ->
     out[""] = Match(None, params, allowed, routes[0].protocol)
     return out
 
+
+KEY_ID = "serve.key_id"
+"""Where the key check leaves a request's valid key's id in the ASGI scope (absent: no key, or none
+needed): the audit lines and the per-client limits read it."""
 
 MATCH_KEY = "serve.match"
 """Where the router leaves a request's `Match` in the ASGI scope (absent: no route has the path)."""
