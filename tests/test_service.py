@@ -429,6 +429,28 @@ async def test_oip_zero_size_batch_is_answered_without_model_work(client: httpx.
     assert r.status_code == 422 and "shape" in r.json()["error"]
 
 
+async def test_libretranslate_document_lists_what_translate_takes(client: httpx.AsyncClient) -> None:
+    """The translate body's languages are the served ones (`auto`: the one source of a target) and
+    `q` has the text limits: every pair the document allows is translated, a code it does not
+    allow is refused, and a non-string api_key is refused rather than ignored."""
+    op = (await client.get("/openapi.json")).json()["paths"]["/libretranslate/translate"]["post"]
+    body = op["requestBody"]["content"]["application/json"]["schema"]
+    assert body == op["requestBody"]["content"]["application/x-www-form-urlencoded"]["schema"]
+    props = body["properties"]
+    assert props["source"]["enum"] == ["auto", "en"] and props["target"]["enum"] == ["de"] and "anyOf" not in body
+    one, many = props["q"]["anyOf"]
+    assert one["maxLength"] == many["items"]["maxLength"] == 2000 and many["maxItems"] == 64
+    assert "400" in props["q"]["description"]
+    for source in props["source"]["enum"]:
+        r = await client.post("/libretranslate/translate", json={"q": "The red cat.", "source": source, "target": "de"})
+        assert r.status_code == 200, (source, r.text)
+    for pair in (("en", "fr"), ("xx", "de"), ("de", "de")):
+        r = await client.post("/libretranslate/translate", json={"q": "a", "source": pair[0], "target": pair[1]})
+        assert r.status_code == 400 and "not supported" in r.json()["error"], r.text
+    r = await client.post("/libretranslate/translate", json={"q": "a", "source": "en", "target": "de", "api_key": 7})
+    assert r.status_code == 400 and "api_key" in r.json()["error"], r.text
+
+
 # -- queue, deadline, readiness ------------------------------------------------------------------
 
 
