@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from service.app import create_app
+from service.http.libretranslate import translate_body
 from service.settings import Settings
 from service.tasks.classification import PredictRequest
 from service.tasks.translation import TranslateRequest
@@ -67,3 +68,29 @@ def test_translate_cross_field_rules_agree(
 def test_predict_attention_rule_agrees(components: dict[str, Any], attention: bool, n_texts: int) -> None:
     body = {"texts": ["fine"] * n_texts, "return_attention": attention}
     assert schema_accepts(components, "PredictRequest", body) == model_accepts(PredictRequest, body)
+
+
+def test_text_limits_are_in_the_document_with_their_status(tmp_path: Path) -> None:
+    doc = create_app(Settings(model_store=tmp_path, max_texts=3, max_text_chars=10)).openapi()
+    schemas = doc["components"]["schemas"]
+    for texts in (schemas["PredictRequest"]["properties"]["texts"], schemas["OipTensor"]["properties"]["data"]):
+        assert texts["maxItems"] == 3 and texts["items"]["maxLength"] == 10
+        assert "413" in texts["description"]  # not the 422 a field out of range gets
+
+
+def test_libretranslate_languages_say_which_pairs_are_served() -> None:
+    """Several translators: each source with the targets it takes, `auto` for a target only one
+    source translates into; the schema accepts exactly the pairs the handler serves."""
+    pairs = [("en", "de"), ("en", "fr"), ("de", "en"), ("fr", "en"), ("es", "en")]
+    body = translate_body(pairs, 4, 100)
+    assert body["properties"]["source"]["enum"] == ["auto", "de", "en", "es", "fr"]
+    assert body["properties"]["target"]["enum"] == ["de", "en", "fr"]
+    validator = jsonschema.Draft202012Validator(body)
+    served = set(pairs) | {("auto", "de"), ("auto", "fr")}  # en is read from three sources: no auto
+    for source in ("auto", "de", "en", "es", "fr"):
+        for target in ("de", "en", "fr"):
+            ok = validator.is_valid({"q": "x", "source": source, "target": target})
+            assert ok == ((source, target) in served), (source, target)
+    assert not validator.is_valid({"q": ["x"] * 5, "source": "en", "target": "de"})
+    assert not validator.is_valid({"q": "x" * 101, "source": "en", "target": "de"})
+    assert translate_body([], 4, 100)["properties"]["source"].get("enum") is None  # nothing served

@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 
 import httpx
+import jsonschema
 import numpy as np
 import pytest
 import torch
@@ -262,6 +263,12 @@ def test_imported_models_answer_every_protocol(
         assert r.json()["outputs"][0]["data"] == want_de
         langs = {lang["code"]: lang["targets"] for lang in c.get("/libretranslate/languages").json()}
         assert "fra_Latn" in langs["eng_Latn"] and langs["en"] == ["de"]
+        # its document allows the served pairs and no other (two translators: which source takes which target)
+        doc = c.get("/openapi.json").json()["paths"]["/libretranslate/translate"]["post"]
+        lt = jsonschema.Draft202012Validator(doc["requestBody"]["content"]["application/json"]["schema"])
+        assert lt.is_valid({"q": "a", "source": "en", "target": "de"})
+        assert lt.is_valid({"q": "a", "source": "eng_Latn", "target": "fra_Latn"})
+        assert not lt.is_valid({"q": "a", "source": "en", "target": "fra_Latn"})
         r = c.post("/libretranslate/translate", json={"q": texts[0], "source": "eng_Latn", "target": "fra_Latn"})
         assert r.status_code == 200 and r.json()["translatedText"] == want_fr[0]
         r = c.post("/libretranslate/translate", json={"q": texts[0], "source": "en", "target": "de"})

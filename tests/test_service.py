@@ -410,6 +410,47 @@ async def test_oip_errors_are_protocol_shaped(client: httpx.AsyncClient) -> None
     assert r.status_code == 400 and set(r.json()) == {"error"}
 
 
+async def test_oip_zero_size_batch_is_answered_without_model_work(client: httpx.AsyncClient) -> None:
+    """`shape: [0]` with no data is a valid tensor: each output with its batch axis 0 and no data
+    (the classifier's own path would fail on no rows: a 200 shows nothing was run)."""
+    empty = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [0], "data": []}]}
+    r = await client.post("/v2/models/tiny-clf/infer", json=empty)
+    assert r.status_code == 200, r.text
+    got = [(o["name"], o["datatype"], o["shape"], o["data"]) for o in r.json()["outputs"]]
+    assert got == [("label", "BYTES", [0], []), ("probabilities", "FP32", [0, 3], [])]
+    r = await client.post("/v2/models/tiny-mt/versions/1/infer", json=empty | {"id": "none"})
+    assert r.status_code == 200 and r.json()["outputs"] == [
+        {"name": "translation", "datatype": "BYTES", "shape": [0], "data": []}
+    ], r.text
+    assert r.json()["id"] == "none"
+    r = await client.post("/v2/models/tiny-mt/infer", json=empty | {"parameters": {"beam_size": 99}})
+    assert r.status_code == 422 and "parameters.beam_size" in r.json()["error"]  # checked all the same
+    r = await client.post("/v2/models/tiny-clf/infer", json={"inputs": [empty["inputs"][0] | {"shape": [1]}]})
+    assert r.status_code == 422 and "shape" in r.json()["error"]
+
+
+async def test_libretranslate_document_lists_what_translate_takes(client: httpx.AsyncClient) -> None:
+    """The translate body's languages are the served ones (`auto`: the one source of a target) and
+    `q` has the text limits: every pair the document allows is translated, a code it does not
+    allow is refused, and a non-string api_key is refused rather than ignored."""
+    op = (await client.get("/openapi.json")).json()["paths"]["/libretranslate/translate"]["post"]
+    body = op["requestBody"]["content"]["application/json"]["schema"]
+    assert body == op["requestBody"]["content"]["application/x-www-form-urlencoded"]["schema"]
+    props = body["properties"]
+    assert props["source"]["enum"] == ["auto", "en"] and props["target"]["enum"] == ["de"] and "anyOf" not in body
+    one, many = props["q"]["anyOf"]
+    assert one["maxLength"] == many["items"]["maxLength"] == 2000 and many["maxItems"] == 64
+    assert "400" in props["q"]["description"]
+    for source in props["source"]["enum"]:
+        r = await client.post("/libretranslate/translate", json={"q": "The red cat.", "source": source, "target": "de"})
+        assert r.status_code == 200, (source, r.text)
+    for pair in (("en", "fr"), ("xx", "de"), ("de", "de")):
+        r = await client.post("/libretranslate/translate", json={"q": "a", "source": pair[0], "target": pair[1]})
+        assert r.status_code == 400 and "not supported" in r.json()["error"], r.text
+    r = await client.post("/libretranslate/translate", json={"q": "a", "source": "en", "target": "de", "api_key": 7})
+    assert r.status_code == 400 and "api_key" in r.json()["error"], r.text
+
+
 # -- queue, deadline, readiness ------------------------------------------------------------------
 
 

@@ -12,7 +12,8 @@ There is no language detector here, so `/detect` answers that detection is disab
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import copy
+from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -23,14 +24,15 @@ from service.http import html_text, schemas
 from service.http.auth import KEY_ID, bearer, refused
 from service.http.dispatch import Call, json_answer
 from service.http.errors import Forbidden
-from service.http.table import Auth, Protocol, Route
+from service.http.table import Auth, Protocol, Route, Served
+from service.settings import Settings
 from service.tasks.base import Task, Work
 from service.tasks.translation import Translated
 
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "es": "Spanish", "it": "Italian", "nl": "Dutch"}
 MAX_ALTERNATIVES = 3
 FORM = "application/x-www-form-urlencoded"
-TRANSLATE_BODY = {
+TRANSLATE_BODY: dict[str, Any] = {
     "type": "object",
     "required": ["q", "source", "target"],
     "properties": {
@@ -38,13 +40,71 @@ TRANSLATE_BODY = {
             "anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]
         },
         "source": {"type": "string", "minLength": 1, "description": "a language code, or auto"},
-        "target": {"type": "string", "minLength": 1},
+        "target": {"type": "string", "minLength": 1, "description": "a language code"},
         "format": {"type": "string", "enum": ["text", "html"], "default": "text"},
         "alternatives": {"type": "integer", "minimum": 0, "maximum": MAX_ALTERNATIVES, "default": 0},
         "api_key": {"type": "string"},
     },
 }
-"""The translate body as JSON or form fields; parsed by hand (`_params`), as LibreTranslate takes it."""
+"""The translate body as JSON or form fields; parsed by hand (`_params`), as LibreTranslate takes it.
+The document gives it with the settings' limits and the served languages (`translate_doc`)."""
+AUTO = "auto"  # "the one source language that translates into the target": there is no detector here
+
+
+def _offered(sources: Iterable[object], targets: Iterable[object]) -> list[tuple[str, str]]:
+    """A translator's pairs: each source language into every other of its target languages."""
+    return [(str(s), str(t)) for s in sources for t in targets if s != t]
+
+
+def _sources(pairs: Iterable[tuple[str, str]]) -> dict[str, frozenset[str]]:
+    """What `source` may be, with the targets each takes: the served languages, and `auto` for
+    the targets that one source language alone translates into (`_translator` resolves it)."""
+    out: dict[str, set[str]] = {}
+    into: dict[str, set[str]] = {}
+    for source, target in pairs:
+        out.setdefault(source, set()).add(target)
+        into.setdefault(target, set()).add(source)
+    auto = {t for t, sources in into.items() if len(sources) == 1}
+    if auto:
+        out[AUTO] = auto
+    return {s: frozenset(t) for s, t in out.items()}
+
+
+def translate_body(pairs: Iterable[tuple[str, str]], max_texts: int, max_chars: int) -> dict[str, Any]:
+    """The translate body's schema: `q` within the text limits, `source` and `target` among the
+    served languages, and (when not every source takes every target) which targets each source
+    takes. Without it a client reading the document could send `"source": "xx"` and get a 400."""
+    body = copy.deepcopy(TRANSLATE_BODY)
+    props = body["properties"]
+    one, many = props["q"]["anyOf"]
+    one["maxLength"] = max_chars
+    schemas.text_limits(many, max_texts, max_chars, status=400)
+    props["q"]["description"] = many.pop("description")  # it says the string's limit too
+    choices = _sources(pairs)
+    if not choices:  # no translator serves: any code is answered 400
+        return body
+    props["source"]["enum"] = sorted(choices)
+    props["target"]["enum"] = sorted(set().union(*choices.values()))
+    groups: dict[frozenset[str], list[str]] = {}
+    for source, targets in sorted(choices.items()):
+        groups.setdefault(targets, []).append(source)
+    if len(groups) > 1:
+        body["anyOf"] = [
+            {"properties": {"source": {"enum": sources}, "target": {"enum": sorted(targets)}}}
+            for targets, sources in groups.items()
+        ]
+    return body
+
+
+def translate_doc(settings: Settings, served: Served) -> dict[str, Any]:
+    """The translate operation's body for these settings and served models (`Route.doc_served`)."""
+    pairs = []
+    for _, _, _, lists in served:
+        choices = dict(lists)
+        pairs += _offered(choices.get("source_languages", ()), choices.get("target_languages", ()))
+    body = translate_body(pairs, settings.max_texts, settings.max_text_chars)
+    content = {"application/json": {"schema": body}, FORM: {"schema": body}}
+    return {"requestBody": {"required": True, "content": content}}
 
 
 def _params(call: Call) -> dict[str, Any]:
@@ -89,7 +149,7 @@ def _translators(call: Call) -> list[tuple[Task, list[tuple[str, str]]]]:
         if v.task is not None:
             d = v.task.describe()
             sources, targets = d.get("source_languages") or [], d.get("target_languages") or []
-            pairs = [(str(s), str(t)) for s in sources for t in targets if s != t]  # type: ignore[attr-defined]
+            pairs = _offered(sources, targets)  # type: ignore[arg-type]
             if pairs:
                 out.append((v.task, pairs))
     return out
@@ -158,6 +218,8 @@ async def translate(call: Call) -> ASGIApp:
         raise InvalidInput("Invalid request: missing source parameter")
     if not isinstance(target, str) or not target:
         raise InvalidInput("Invalid request: missing target parameter")
+    if not isinstance(params.get("api_key", ""), str):  # ignored, when no key is needed, only if it is one
+        raise InvalidInput("Invalid request: api_key must be a string")
     fmt = params.get("format", "text")
     if fmt not in ("text", "html"):
         raise InvalidInput(f"Invalid request: format must be text or html, got {fmt!r}")
@@ -208,7 +270,7 @@ def _alternatives(value: object) -> int:
 def _translator(call: Call, source: str, target: str) -> tuple[Task, str]:
     """The model translating `source` into `target`, and the source language (`auto` resolved)."""
     offered = _translators(call)
-    if source == "auto":
+    if source == AUTO:
         sources = {s for _, pairs in offered for s, t in pairs if t == target}
         if len(sources) != 1:
             raise InvalidInput("Language detection is disabled on this server: name the source language")
@@ -235,12 +297,7 @@ def routes() -> list[Route]:
             errors=(400, 429, 503, 504),
             metric="/libretranslate/translate",
             forms=True,
-            doc_extra={
-                "requestBody": {
-                    "required": True,
-                    "content": {"application/json": {"schema": TRANSLATE_BODY}, FORM: {"schema": TRANSLATE_BODY}},
-                }
-            },
+            doc_served=translate_doc,
         ),
         Route(
             "/libretranslate/languages",

@@ -137,10 +137,17 @@ async def infer(call: Call) -> ASGIApp:
     if unknown:
         raise InvalidInput(f"unknown output(s) {sorted(unknown)}; this model has {available}")
     parameters = body.parameters or {}
-    result = await task.run(decode_work(task, texts, parameters, deadline))
-    results = [t for t in task.tensors(result) if t.name in wanted]
+    work = decode_work(task, texts, parameters, deadline)  # the parameters are checked even for no texts
+    tensors = task.tensors(await task.run(work)) if texts else empty_tensors(task)
+    results = [t for t in tensors if t.name in wanted]
     as_binary = [_flag(wanted[t.name].get("binary_data", parameters.get("binary_data_output", False))) for t in results]
     return _respond(task.entry.name, str(task.entry.version), body.id, results, as_binary)
+
+
+def empty_tensors(task: Task) -> list[OutputTensor]:
+    """The outputs of a zero-size batch (`shape: [0]`), which a tensor protocol allows: each of the
+    task's outputs with its batch axis 0 and no data, answered without submitting work to the model."""
+    return [OutputTensor(t.name, t.datatype, [0 if d == -1 else d for d in t.shape], []) for t in task.outputs()]
 
 
 def decode_work(task: Task, texts: list[str], parameters: Mapping[str, Any], deadline: float) -> Work:
@@ -202,8 +209,8 @@ def _texts(tensor: schemas.OipTensor, blob: bytes) -> list[str]:
             data = [x for row in data for x in row]
         if not all(isinstance(d, str) for d in data):
             raise InvalidInput("inputs[0].data must hold strings (BYTES as JSON strings)")
-    if len(data) != shape[0] or shape[0] == 0:
-        raise InvalidInput(f"inputs[0].shape says {shape[0]} texts but data holds {len(data)} (at least 1)")
+    if len(data) != shape[0]:  # shape [0] with no data is a zero-size batch (`empty_tensors`)
+        raise InvalidInput(f"inputs[0].shape says {shape[0]} texts but data holds {len(data)}")
     return data
 
 

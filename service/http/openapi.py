@@ -20,7 +20,8 @@ from starlette.types import ASGIApp
 
 from service.http.auth import KeyRing
 from service.http.dispatch import Call, json_answer
-from service.http.table import Access, Protocol, Route, path_params
+from service.http.schemas import text_limits
+from service.http.table import Access, Protocol, Route, Served, path_params
 from service.serving import ModelSet
 from service.settings import Settings
 from service.tasks import registry
@@ -58,11 +59,6 @@ TITLE = "transformer-serve"
 _REF = "#/components/schemas/{model}"
 
 
-# Per serving model: its name, task, integer limits (`max_new_tokens`) and the values a request
-# field may take (`source_language` among its `source_languages`).
-Served = tuple[tuple[str, str, tuple[tuple[str, int], ...], tuple[tuple[str, tuple[str, ...]], ...]], ...]
-
-
 def document(routes: tuple[Route, ...], settings: Settings, served: Served) -> dict[str, Any]:
     """The OpenAPI 3.1 document of the documented routes, for these settings and served models."""
     access = KeyRing.of(settings).access
@@ -80,6 +76,8 @@ def document(routes: tuple[Route, ...], settings: Settings, served: Served) -> d
     for r in shown:
         for method in r.methods:
             op = _operation(r, method, access, names, [name for name, _, _, _ in served])
+            if r.doc_served is not None:
+                op |= r.doc_served(settings, served)
             paths.setdefault(r.path, {})[method.lower()] = op
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
@@ -135,13 +133,16 @@ def _operation(
     return op
 
 
+TEXT_LISTS = {"OipTensor": "data"}
+"""Request bodies whose list of texts is not called `texts`."""
+
+
 def _limits(doc: dict[str, Any], settings: Settings) -> None:
-    """`texts` of every task request: at most max_texts items of at most max_text_chars characters."""
-    for schema in doc["components"]["schemas"].values():
-        texts = schema.get("properties", {}).get("texts")
+    """The texts of every task request and of the OIP tensor, bounded by the settings."""
+    for name, schema in doc["components"]["schemas"].items():
+        texts = schema.get("properties", {}).get(TEXT_LISTS.get(name, "texts"))
         if texts and texts.get("type") == "array":
-            texts["maxItems"] = settings.max_texts
-            texts.setdefault("items", {})["maxLength"] = settings.max_text_chars
+            text_limits(texts, settings.max_texts, settings.max_text_chars)
 
 
 def _models(doc: dict[str, Any], now: Served) -> None:

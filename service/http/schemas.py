@@ -38,6 +38,18 @@ def check_texts(texts: Sequence[str], max_texts: int, max_chars: int, field: str
             ) from None
 
 
+def text_limits(schema: dict[str, Any], max_texts: int, max_chars: int, status: int = 413) -> None:
+    """The API document's form of `check_texts`' limits, on the JSON Schema of a list of texts.
+
+    Either limit is answered 413 (LibreTranslate: 400), not the 422 of a field out of range, and
+    the schema's description says so: a text over the model's token limit, which no schema can
+    state, is a 413 too, so a client that shortens or splits its input on 413 handles every limit."""
+    schema["maxItems"] = max_texts
+    schema.setdefault("items", {})["maxLength"] = max_chars
+    said = f"more than {max_texts} texts, or a text over {max_chars} characters or the model's tokens: {status}"
+    schema["description"] = "; ".join(x for x in (schema.get("description", ""), said) if x)
+
+
 class ModelInfo(ResponseModel):
     name: str
     version: int

@@ -21,8 +21,14 @@ from starlette.types import ASGIApp
 
 if TYPE_CHECKING:
     from service.http.dispatch import Call
+    from service.settings import Settings
 
 Handler = Callable[["Call"], Awaitable[ASGIApp]]
+
+# What the API document knows of the models being served, per model: its name, task, integer
+# limits (`max_new_tokens`) and the values a request field may take (`source_languages`).
+Served = tuple[tuple[str, str, tuple[tuple[str, int], ...], tuple[tuple[str, tuple[str, ...]], ...]], ...]
+DocHook = Callable[["Settings", Served], Mapping[str, Any]]
 
 
 class Protocol(enum.Enum):
@@ -92,6 +98,9 @@ class Route:
     names_served_model: bool = False  # its `{name}` is a model being served (the document lists them)
     documented: bool = True
     doc_extra: Mapping[str, Any] = field(default_factory=dict)  # merged into the document's operation
+    # merged after doc_extra, rebuilt with the document: what depends on the settings and the
+    # served models (a hand-written body's limits and language codes)
+    doc_served: DocHook | None = None
 
     @property
     def inference(self) -> bool:
