@@ -264,8 +264,12 @@ def test_a_key_over_its_limit_gets_429_while_another_is_served(tiny_store: Path,
     limits_file.write_text(json.dumps({"keys": {key_id(KEY_2): {"requests_per_minute": 20}}}))
     log = tmp_path / "server.log"
     settings = {"api_keys": f"{KEY_1},{KEY_2}", "client_requests_per_minute": "5", "limits_file": str(limits_file)}
+    settings["max_request_chars"] = "40"
     with run_server(tiny_store, log, **settings) as server, httpx.Client(base_url=server.url, timeout=30) as c:
         one, two = {"Authorization": f"Bearer {KEY_1}"}, {"Authorization": f"Bearer {KEY_2}"}
+        assert c.get("/libretranslate/frontend/settings").json()["charLimit"] == 40  # its page stops longer input
+        r = c.post("/predict", json={"texts": ["x" * 20, "y" * 21]}, headers=two)
+        assert r.status_code == 413 and "40" in r.json()["error"]
         for _ in range(5):
             assert c.post("/translate", json={"texts": ["A dog runs."]}, headers=one).status_code == 200
         r = c.post("/translate", json={"texts": ["A dog runs."]}, headers=one)

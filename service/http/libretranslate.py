@@ -181,7 +181,8 @@ async def frontend_settings(call: Call) -> ASGIApp:
     target = sorted(pairs.get(source, {"de"}))[0] if pairs.get(source) else "de"
     return json_answer(
         {
-            "charLimit": settings.max_text_chars,
+            # LibreTranslate's page refuses longer input before sending it
+            "charLimit": min(settings.max_text_chars, settings.max_request_chars or settings.max_text_chars),
             "frontendTimeout": 500,
             "apiKeys": call.state.keys.access.inference,
             "keyRequired": call.state.keys.access.inference,
