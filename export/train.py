@@ -666,36 +666,26 @@ def run_translator(args: argparse.Namespace) -> dict:
 
 # `--tiny`: the smallest models that train and publish in seconds, for trying the whole path (data ->
 # run -> store -> service); they learn little. Options given explicitly still win.
-TINY: dict[str, dict[str, object]] = {  # by option, as on the command line
+_TINY_SIZE: dict[str, object] = {  # by option, as on the command line
+    "--train-rows": 20000,
+    "--no-amp": True,
+    "--vocab-size": 1000,
+    "--d-model": 32,
+    "--heads": 2,
+    "--d-ff": 64,
+    "--layers": 1,
+    "--warmup": 30,
+    "--eval-every": 50,
+}
+TINY: dict[str, dict[str, object]] = {
     "classifier": {
         "--out": "runs/tiny-sentiment",
-        "--train-rows": 20000,
-        "--no-amp": True,
-        "--vocab-size": 1000,
-        "--d-model": 32,
-        "--heads": 2,
-        "--d-ff": 64,
-        "--layers": 1,
+        **_TINY_SIZE,
         "--max-len": 64,
         "--steps": 150,
-        "--warmup": 30,
-        "--eval-every": 50,
         "--pretrain-steps": 0,
     },
-    "translator": {
-        "--out": "runs/tiny-en-de",
-        "--train-rows": 20000,
-        "--no-amp": True,
-        "--vocab-size": 1000,
-        "--d-model": 32,
-        "--heads": 2,
-        "--d-ff": 64,
-        "--layers": 1,
-        "--max-len": 48,
-        "--steps": 100,
-        "--warmup": 30,
-        "--eval-every": 50,
-    },
+    "translator": {"--out": "runs/tiny-en-de", **_TINY_SIZE, "--max-len": 48, "--steps": 100},
 }
 
 
