@@ -61,7 +61,7 @@ class ServiceApp(FastAPI):
         app: ASGIApp = Endpoint(lifespan=self.router)
         app = BodyLimit(app, max_bytes=s.max_body_bytes, body_timeout=s.body_timeout_s)
         if self.state.serve.limits.active:
-            app = ClientRate(app, self.state.serve.limits)
+            app = ClientRate(app, self.state.serve.limits, s.limit_hold_s)
         app = ApiKeys(app, self.state.serve.keys, self.state.serve.metrics)
         app = RequestContext(app, metrics=self.state.serve.metrics, max_in_flight=s.max_in_flight)
         return Router(app, self.table)

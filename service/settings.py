@@ -102,6 +102,13 @@ class Settings(BaseSettings):
     limits_file: FilePath | None = Field(
         default=None, description="JSON limits per key id (no secrets), re-read when it changes; over the above"
     )
+    limit_hold_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=30,
+        description="a client over its request limit gets its 429 this long later (at most its Retry-After): "
+        "a closed-loop flood then sends as fast as this allows, not as fast as the server can refuse",
+    )
     trusted_proxy_header: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9-]+$",

@@ -23,6 +23,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.errors import InvalidInput, InvalidJson, ServiceError, ShuttingDown, UnreadableBody
 from service.http.errors import answer_error, error_response
+from service.http.limits import hold
 from service.http.middleware import RequestInfo, header, request_info
 from service.http.schemas import load_json
 from service.http.state import AppState, scope_state
@@ -164,5 +165,6 @@ class Endpoint:
             try:
                 answer = await route.handler(Call(scope, route, found.params, body))
             except ServiceError as exc:
+                await hold(exc, scope_state(scope).settings.limit_hold_s)
                 answer = answer_error(route.protocol, exc)
         await answer(scope, receive, send)

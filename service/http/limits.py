@@ -16,6 +16,7 @@ the same as having none, so it is dropped; beyond `MAX_BUCKETS` the least recent
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -28,7 +29,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Scope
 
-from service.errors import InputTooLong, RateLimited
+from service.errors import InputTooLong, RateLimited, ServiceError
 from service.http.table import KEY_ID
 
 log = logging.getLogger(__name__)
@@ -196,6 +197,15 @@ class Buckets:
             if now - oldest.stamp < REFILL_S and len(buckets) <= self.max_buckets:
                 return
             del buckets[key]
+
+
+async def hold(exc: ServiceError, hold_s: float) -> None:
+    """Before a 429 is sent: wait `hold_s`, at most its Retry-After. A client that floods in a closed
+    loop would otherwise get refusals as fast as the event loop can write them, and that loop work
+    preempts the model threads serving everyone else (bench/limits.py); held, a refusal costs a
+    sleeping coroutine and the flood slows to its connections / `hold_s` a second."""
+    if isinstance(exc, RateLimited) and hold_s > 0:
+        await asyncio.sleep(min(hold_s, exc.retry_after or 0))
 
 
 def client_of(scope: Scope, trusted_proxy_header: str | None) -> str:

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.errors import ServiceError
 from service.http.binary import HEADER_LENGTH
 from service.http.errors import answer_error, error_response
-from service.http.limits import ClientLimits
+from service.http.limits import ClientLimits, hold
 from service.http.table import Auth, protocol_of, reads_body, route_of
 from service.logs import ACCESS
 from service.metrics import Metrics
@@ -147,10 +147,11 @@ class RequestContext:
 class ClientRate:
     """Requests per minute per client (`service.http.limits`) on the inference routes, before the
     body is read: the key, if any, was checked by now (`Auth.BEARER`). LibreTranslate's key may
-    travel in the body: its handler counts the request once the key is known (`Call.charge`)."""
+    travel in the body: its handler counts the request once the key is known (`Call.charge`).
+    A refusal is held before it is sent (`limits.hold`)."""
 
-    def __init__(self, app: ASGIApp, limits: ClientLimits) -> None:
-        self.app, self.limits = app, limits
+    def __init__(self, app: ASGIApp, limits: ClientLimits, hold_s: float = 0.0) -> None:
+        self.app, self.limits, self.hold_s = app, limits, hold_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = route_of(scope) if scope["type"] == "http" else None
@@ -158,6 +159,7 @@ class ClientRate:
             try:
                 self.limits.request(scope)
             except ServiceError as exc:
+                await hold(exc, self.hold_s)
                 await answer_error(route.protocol, exc)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
