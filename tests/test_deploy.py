@@ -22,6 +22,7 @@ from service.settings import Settings, unknown_variables
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAYS = ("cpu", "gpu", "store")
+SCALED_OBJECT = ("keda.sh/v1alpha1", "ScaledObject")
 UID = 10001
 COMPILERS = re.compile(r"\b(gcc|g\+\+|cc|clang|build-essential|make|cmake|python3[.\d]*-dev)\b")
 
@@ -74,6 +75,13 @@ def settings_env(docs: list[dict], deploy: dict) -> dict[str, str]:
     for var in c.get("env", []):
         env[var["name"]] = var.get("value", "<valueFrom>")
     return env
+
+
+def autoscaler(docs: list[dict]) -> dict:
+    """The one object that scales the Deployment: the base HPA, or a KEDA ScaledObject that replaces it."""
+    found = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler" or (d["apiVersion"], d["kind"]) == SCALED_OBJECT]
+    assert len(found) == 1, f"expected one autoscaler, found {[d['kind'] for d in found]}"
+    return found[0]
 
 
 def prestop_seconds(c: dict) -> float:
@@ -200,7 +208,7 @@ def test_selectors_and_ports_connect(rendered: dict[str, list[dict]], overlay: s
     assert {e["port"] for e in monitor["spec"]["endpoints"]} <= port_names
     container_ports = {p["name"]: p["containerPort"] for p in container(deploy)["ports"]}
     assert {p["targetPort"] for p in svc["spec"]["ports"]} <= set(container_ports)
-    target = one(docs, "HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]
+    target = autoscaler(docs)["spec"]["scaleTargetRef"]
     assert (target["apiVersion"], target["kind"], target["name"]) == (
         "apps/v1",
         "Deployment",
@@ -318,6 +326,26 @@ def test_store_overlay_serves_a_read_only_volume(rendered: dict[str, list[dict]]
     assert container(deploy)["image"] == container(one(rendered["cpu"], "Deployment"))["image"]
     for overlay in ("cpu", "gpu"):
         assert "SERVE_MODEL_STORE" not in settings_env(rendered[overlay], one(rendered[overlay], "Deployment"))
+
+
+def test_gpu_scales_on_load_with_cpu_behind(rendered: dict[str, list[dict]]) -> None:
+    """GPU: KEDA scales on the service's metrics (checked against service/metrics.py by
+    tests/test_monitoring.py) with CPU utilisation kept; no HPA beside the one KEDA makes."""
+    docs = rendered["gpu"]
+    scaled = autoscaler(docs)
+    assert (scaled["apiVersion"], scaled["kind"]) == SCALED_OBJECT
+    spec = scaled["spec"]
+    triggers = {t["type"]: t for t in spec["triggers"]}
+    assert [t["type"] for t in spec["triggers"]].count("prometheus") >= 1 and "cpu" in triggers
+    assert "fallback" not in spec, "KEDA's fallback would override the CPU trigger while Prometheus is down"
+    assert triggers["cpu"]["metadata"]["containerName"] == container(one(docs, "Deployment"))["name"]
+    for t in spec["triggers"]:
+        if t["type"] == "prometheus":
+            assert float(t["metadata"]["threshold"]) > 0 and t["metadata"]["serverAddress"].startswith("http")
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    base_hpa = yaml.safe_load((ROOT / "k8s/base/hpa.yaml").read_text())
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == base_hpa["spec"]["behavior"]
+    assert one(rendered["cpu"], "HorizontalPodAutoscaler")
 
 
 def test_kserve_storage_variant() -> None:
