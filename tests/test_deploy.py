@@ -21,7 +21,8 @@ from service.app import create_app
 from service.settings import Settings, unknown_variables
 
 ROOT = Path(__file__).resolve().parent.parent
-OVERLAYS = ("cpu", "gpu")
+OVERLAYS = ("cpu", "gpu", "store")
+SCALED_OBJECT = ("keda.sh/v1alpha1", "ScaledObject")
 UID = 10001
 COMPILERS = re.compile(r"\b(gcc|g\+\+|cc|clang|build-essential|make|cmake|python3[.\d]*-dev)\b")
 
@@ -74,6 +75,13 @@ def settings_env(docs: list[dict], deploy: dict) -> dict[str, str]:
     for var in c.get("env", []):
         env[var["name"]] = var.get("value", "<valueFrom>")
     return env
+
+
+def autoscaler(docs: list[dict]) -> dict:
+    """The one object that scales the Deployment: the base HPA, or a KEDA ScaledObject that replaces it."""
+    found = [d for d in docs if d["kind"] == "HorizontalPodAutoscaler" or (d["apiVersion"], d["kind"]) == SCALED_OBJECT]
+    assert len(found) == 1, f"expected one autoscaler, found {[d['kind'] for d in found]}"
+    return found[0]
 
 
 def prestop_seconds(c: dict) -> float:
@@ -200,7 +208,7 @@ def test_selectors_and_ports_connect(rendered: dict[str, list[dict]], overlay: s
     assert {e["port"] for e in monitor["spec"]["endpoints"]} <= port_names
     container_ports = {p["name"]: p["containerPort"] for p in container(deploy)["ports"]}
     assert {p["targetPort"] for p in svc["spec"]["ports"]} <= set(container_ports)
-    target = one(docs, "HorizontalPodAutoscaler")["spec"]["scaleTargetRef"]
+    target = autoscaler(docs)["spec"]["scaleTargetRef"]
     assert (target["apiVersion"], target["kind"], target["name"]) == (
         "apps/v1",
         "Deployment",
@@ -266,7 +274,8 @@ def test_security_context(rendered: dict[str, list[dict]], overlay: str) -> None
     mounts = {m["mountPath"]: m["name"] for m in container(deploy)["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert "/tmp" in mounts and "emptyDir" in volumes[mounts["/tmp"]], "a writable /tmp on a read-only root"
-    assert set(mounts) == {"/tmp"}, "nothing else needs to be writable"
+    writable = {m["mountPath"] for m in container(deploy)["volumeMounts"] if not m.get("readOnly")}
+    assert writable == {"/tmp"}, "nothing else needs to be writable"
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -289,7 +298,7 @@ def test_settings_are_real_and_valid(rendered: dict[str, list[dict]], overlay: s
 
 
 def test_overlays_differ_where_they_should(rendered: dict[str, list[dict]]) -> None:
-    cpu, gpu = (one(rendered[o], "Deployment") for o in OVERLAYS)
+    cpu, gpu = (one(rendered[o], "Deployment") for o in ("cpu", "gpu"))
     cpu_env, gpu_env = settings_env(rendered["cpu"], cpu), settings_env(rendered["gpu"], gpu)
     assert container(cpu)["image"].endswith("-cpu") and container(gpu)["image"].endswith("-gpu")
     assert cpu_env["SERVE_PROVIDERS"] == "cpu" and "nvidia.com/gpu" not in container(cpu)["resources"]["limits"]
@@ -298,6 +307,60 @@ def test_overlays_differ_where_they_should(rendered: dict[str, list[dict]]) -> N
     pod = gpu["spec"]["template"]["spec"]
     assert any(t["key"] == "nvidia.com/gpu" for t in pod["tolerations"])
     assert pod["nodeSelector"]
+
+
+def test_store_overlay_serves_a_read_only_volume(rendered: dict[str, list[dict]]) -> None:
+    """The store overlay reads the models from a PVC, watched for new versions; the others from the image."""
+    docs = rendered["store"]
+    deploy = one(docs, "Deployment")
+    env = settings_env(docs, deploy)
+    mounts = {m["mountPath"]: m for m in container(deploy)["volumeMounts"]}
+    mount = mounts[env["SERVE_MODEL_STORE"]]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in deploy["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    assert volume["persistentVolumeClaim"]["readOnly"] is True
+    claim = one(docs, "PersistentVolumeClaim")
+    assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert "ReadWriteMany" in claim["spec"]["accessModes"], "every replica mounts it, on any node"
+    assert float(env["SERVE_WATCH_INTERVAL_S"]) > 0, "new version folders are picked up without a restart"
+    assert container(deploy)["image"] == container(one(rendered["cpu"], "Deployment"))["image"]
+    for overlay in ("cpu", "gpu"):
+        assert "SERVE_MODEL_STORE" not in settings_env(rendered[overlay], one(rendered[overlay], "Deployment"))
+
+
+def test_gpu_scales_on_load_with_cpu_behind(rendered: dict[str, list[dict]]) -> None:
+    """GPU: KEDA scales on the service's metrics (checked against service/metrics.py by
+    tests/test_monitoring.py) with CPU utilisation kept; no HPA beside the one KEDA makes."""
+    docs = rendered["gpu"]
+    scaled = autoscaler(docs)
+    assert (scaled["apiVersion"], scaled["kind"]) == SCALED_OBJECT
+    spec = scaled["spec"]
+    triggers = {t["type"]: t for t in spec["triggers"]}
+    assert [t["type"] for t in spec["triggers"]].count("prometheus") >= 1 and "cpu" in triggers
+    assert "fallback" not in spec, "KEDA's fallback would override the CPU trigger while Prometheus is down"
+    assert triggers["cpu"]["metadata"]["containerName"] == container(one(docs, "Deployment"))["name"]
+    for t in spec["triggers"]:
+        if t["type"] == "prometheus":
+            assert float(t["metadata"]["threshold"]) > 0 and t["metadata"]["serverAddress"].startswith("http")
+    assert 1 <= spec["minReplicaCount"] <= spec["maxReplicaCount"]
+    base_hpa = yaml.safe_load((ROOT / "k8s/base/hpa.yaml").read_text())
+    assert spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"] == base_hpa["spec"]["behavior"]
+    assert one(rendered["cpu"], "HorizontalPodAutoscaler")
+
+
+def test_kserve_storage_variant() -> None:
+    """KServe's storage initializer fills /mnt/models for a custom predictor whose `kserve-container`
+    has STORAGE_URI; the server reads its store there. Otherwise the same InferenceService."""
+    (plain,) = render("k8s/kserve")
+    (isvc,) = render("k8s/kserve-storage")
+    (c,) = isvc["spec"]["predictor"]["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert c["name"] == "kserve-container" and env["STORAGE_URI"]
+    assert env["SERVE_MODEL_STORE"] == "/mnt/models"
+    assert unknown_variables(env) == []
+    (plain_c,) = plain["spec"]["predictor"]["containers"]
+    assert {k: v for k, v in c.items() if k != "env"} == {k: v for k, v in plain_c.items() if k != "env"}
+    assert "STORAGE_URI" not in {e["name"] for e in plain_c["env"]}, "the plain one serves the image's store"
 
 
 def test_kserve_inference_service(tmp_path: Path) -> None:

@@ -1,8 +1,9 @@
 """Monitoring (k8s/monitoring): what holds without promtool.
 
 `make k8s-check` runs promtool on the same files: the rules parse, their unit tests
-(rules_test.yaml) pass, every dashboard query parses. Here: every metric and label the rules and
-the dashboard use exists (in service/metrics.py, or in kube-state-metrics for readiness); the
+(rules_test.yaml) pass, every dashboard query parses. Here: every metric and label the rules, the
+dashboard and the GPU overlay's KEDA triggers use exists (in service/metrics.py, or in
+kube-state-metrics for readiness); the
 PrometheusRule carries exactly the rules of rules.yaml; the dashboard is well-formed and shows
 every metric; the constants the rules hard-code agree with the settings and manifests they stand
 for; every alert has unit tests that fire and that do not.
@@ -80,6 +81,11 @@ def queries() -> dict[str, str]:
             m = LABEL_VALUES.fullmatch(var["query"]["query"])
             assert m, f"variable {var['name']}: expected label_values(<selector>, <label>)"
             out[f"dashboard.json variable {var['name']}"] = m.group(1)
+    for doc in render("k8s/overlays/gpu"):
+        if doc["kind"] == "ScaledObject":
+            for trigger in doc["spec"]["triggers"]:
+                if trigger["type"] == "prometheus":
+                    out[f"ScaledObject trigger {trigger['name']}"] = trigger["metadata"]["query"]
     return out
 
 
@@ -185,6 +191,21 @@ def test_queue_bound_is_serve_max_queue() -> None:
     for overlay in ("cpu", "gpu"):
         (config,) = [d for d in render(f"k8s/overlays/{overlay}") if d["kind"] == "ConfigMap"]
         assert int(config["data"]["SERVE_MAX_QUEUE"]) == bound, f"{overlay}: SERVE_MAX_QUEUE is not {bound}"
+
+
+def test_scaler_targets_sit_below_the_refusal_bounds() -> None:
+    """KEDA's per-pod targets must be reached before a pod refuses work: requests in flight below
+    SERVE_MAX_IN_FLIGHT, queue depth below where TransformerServeQueueNearFull fires."""
+    docs = render("k8s/overlays/gpu")
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap"]
+    (scaled,) = [d for d in docs if d["kind"] == "ScaledObject"]
+    targets = {t["name"]: float(t["metadata"]["threshold"]) for t in scaled["spec"]["triggers"] if "name" in t}
+    near_full = re.search(
+        r"inference_queue_depth\{[^}]*\}\s*>\s*([\d.]+)\s*\*\s*(\d+)", alerts()["TransformerServeQueueNearFull"]["expr"]
+    )
+    assert near_full
+    assert 0 < targets["in_flight"] < int(config["data"]["SERVE_MAX_IN_FLIGHT"])
+    assert 0 < targets["queue_depth"] < float(near_full.group(1)) * int(near_full.group(2))
 
 
 def test_latency_threshold_is_a_bucket_bound() -> None:
