@@ -1,9 +1,10 @@
 """Running the app under uvicorn, with a graceful SIGTERM.
 
-SIGTERM: /readyz and new requests answer 503 at once; after SERVE_DRAIN_GRACE_S (time for a load
-balancer to notice) the server waits up to SERVE_DRAIN_TIMEOUT_S for admitted work to finish,
-then shuts down (lifespan: batchers closed) and the process exits 0. A second SIGTERM or a
-SIGINT takes uvicorn's usual path.
+SIGTERM, the Kubernetes way: /readyz answers 503 at once, while requests that still arrive are
+served as usual for SERVE_DRAIN_GRACE_S (time for load balancers to stop routing here); then the
+listener closes, idle connections are closed, and admitted work finishes within
+SERVE_DRAIN_TIMEOUT_S (uvicorn's graceful shutdown, then the lifespan's: batchers closed); the
+process exits 0. A second SIGTERM or a SIGINT takes uvicorn's usual path.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -137,14 +137,15 @@ class DrainingServer(uvicorn.Server):
 
     async def drain(self) -> None:
         s = self.state.settings
-        log.info("SIGTERM: not ready; draining for up to %.1f s after %.1f s grace", s.drain_timeout_s, s.drain_grace_s)
+        log.info(
+            "SIGTERM: not ready; serving %.1f s more, then closing the listener and draining for up to %.1f s",
+            s.drain_grace_s,
+            s.drain_timeout_s,
+        )
         await asyncio.sleep(s.drain_grace_s)
-        deadline = time.monotonic() + s.drain_timeout_s
-        while self.state.models.in_flight and time.monotonic() < deadline:
-            await asyncio.sleep(0.02)
-        if self.state.models.in_flight:
-            log.warning("drain timeout: %d items still admitted", self.state.models.in_flight)
-        self.should_exit = True
+        self.state.closing = True  # a request still arriving on an open connection: 503
+        log.info("closing the listener; %d items admitted", self.state.models.in_flight)
+        self.should_exit = True  # uvicorn stops accepting and waits for the requests in flight
 
 
 def event_loop() -> str:

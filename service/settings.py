@@ -65,7 +65,9 @@ class Settings(BaseSettings):
     drain_timeout_s: float = Field(
         default=30.0, ge=0, le=3600, description="shutdown: time for admitted work to finish"
     )
-    drain_grace_s: float = Field(default=0.0, ge=0, le=600, description="SIGTERM: answer 503 this long before draining")
+    drain_grace_s: float = Field(
+        default=0.0, ge=0, le=600, description="SIGTERM: not ready at once, still serving this long, then closing"
+    )
     gil_switch_interval_s: float = Field(
         default=0.0005, gt=0, le=0.1, description="Python thread switch interval: how soon the event loop gets the GIL"
     )

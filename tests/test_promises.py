@@ -143,10 +143,11 @@ def test_a_bad_setting_exits_2_naming_its_variable(tiny_store: Path) -> None:
     assert "SERVE_MAX_IN_FLIGHT" in done.stderr and "Traceback" not in done.stderr
 
 
-def test_sigterm_finishes_admitted_work_refuses_new_and_exits_0(tiny_store: Path, tmp_path: Path) -> None:
+def test_sigterm_fails_readiness_serves_the_grace_then_drains_and_exits_0(tiny_store: Path, tmp_path: Path) -> None:
     gate = tmp_path / "closed"
     text = sentences(1, seed=3)[0]
-    with run_server(tiny_store, tmp_path / "server.log", env=fault_env(gate), drain_timeout_s="120") as s:
+    settings = {"drain_timeout_s": "120", "drain_grace_s": "3"}
+    with run_server(tiny_store, tmp_path / "server.log", env=fault_env(gate), **settings) as s:
         with ThreadPoolExecutor(1) as pool, httpx.Client(base_url=s.url, timeout=PATIENCE) as c:
             before = held_count(s)
             gate.touch()
@@ -155,8 +156,19 @@ def test_sigterm_finishes_admitted_work_refuses_new_and_exits_0(tiny_store: Path
             s.proc.send_signal(signal.SIGTERM)
             wait_for("not ready", lambda: c.get("/readyz").status_code == 503)
             assert c.get("/readyz").json()["type"] == "shutting_down"
-            new = c.post("/predict", json={"texts": ["A red cat."]})
-            assert new.status_code == 503 and new.json()["type"] == "shutting_down"
+            # the grace: a load balancer has not noticed yet, and what it still sends is served
+            assert c.post("/predict", json={"texts": ["A red cat."]}).status_code == 200
+            with httpx.Client(base_url=s.url, timeout=5) as fresh:
+                assert fresh.post("/predict", json={"texts": ["A red cat."]}).status_code == 200
+
+            def refused() -> bool:  # after the grace the listener is closed
+                try:
+                    httpx.get(s.url + "/healthz", timeout=2)
+                except httpx.TransportError:
+                    return True
+                return False
+
+            wait_for("the listener closed", refused)
             assert s.proc.poll() is None  # still draining: the admitted translation holds it
             gate.unlink()
             done = admitted.result(timeout=PATIENCE)

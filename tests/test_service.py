@@ -549,11 +549,14 @@ async def test_corrupted_store_is_never_ready(tiny_store: Path, tmp_path: Path) 
         assert (await client.post("/predict", json={"texts": ["a"]})).status_code == 200
 
 
-async def test_draining_turns_readiness_and_new_requests_to_503(tiny_store: Path) -> None:
+async def test_draining_fails_readiness_and_serves_until_closing(tiny_store: Path) -> None:
     application = create_app(settings(tiny_store))
     async with serving(application) as client:
-        state_of(application).draining = True
+        state_of(application).draining = True  # SIGTERM: load balancers stop routing here
         error_of(await client.get("/readyz"), 503, "shutting_down")
+        assert (await client.get("/v2/health/ready")).status_code == 503
+        assert (await client.post("/predict", json={"texts": ["a"]})).status_code == 200  # still served
+        state_of(application).closing = True  # the grace is over: the listener closes
         error_of(await client.post("/predict", json={"texts": ["a"]}), 503, "shutting_down")
         assert (await client.get("/healthz")).status_code == 200
 

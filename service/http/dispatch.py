@@ -63,9 +63,9 @@ class Call:
         return {k: v[0] if len(v) == 1 else v for k, v in parse_qs(raw).items()}
 
     def admit(self) -> tuple[AppState, float]:
-        """The app state and this request's deadline; 503 while the service drains."""
+        """The app state and this request's deadline; 503 once the service closes (after SIGTERM's grace)."""
         state = self.state
-        if state.draining:
+        if state.closing:
             raise ShuttingDown("the service is shutting down; retry on another instance")
         return state, self.info.start + state.settings.request_timeout_s
 

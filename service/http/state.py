@@ -21,7 +21,8 @@ class AppState:
     models: ModelSet
     keys: KeyRing
     limits: ClientLimits  # per-client limits (none unless set)
-    draining: bool = False  # set on shutdown (SIGTERM): /readyz and new requests answer 503
+    draining: bool = False  # set on SIGTERM: /readyz answers 503; requests are still served
+    closing: bool = False  # set when the listener closes after the grace: new requests answer 503
     watcher: asyncio.Task[None] | None = None  # the store watcher, when SERVE_WATCH_INTERVAL_S > 0
 
     @property
