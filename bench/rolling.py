@@ -1,0 +1,298 @@
+"""A rolling update through HAProxy, measured (`make bench-rolling`): what clients see while
+every replica is replaced in turn under steady load.
+
+    make bench-rolling                           # grace 0, 1 and 2 s (~3 min)
+    python -m bench.rolling --grace 2 --baseline-s 10
+
+Two replicas (`python -m service`, SERVE_THREADS=1, nice model threads, SERVE_DRAIN_GRACE_S from
+`--grace`) on their own loopback ports behind HAProxy (a config generated into a temp dir: active
+health checks on /readyz, retries on connection failures and empty responses, redispatch). Eight
+closed-loop clients (`bench.loadgen`, one connection per request) send /predict, greedy /translate
+and beam /translate through HAProxy: a baseline period, then each replica in turn gets SIGTERM, is
+waited for, restarted on the same port and waited for until its /readyz answers 200 and HAProxy
+marks it up; then a tail period. Requests are classed by when they were sent (before the first
+SIGTERM, until the last replica is back up, after) and reported by status, with connection errors
+(status 0) and the p50/p99 latency of the answered ones. Target: no failure (no 5xx, no status 0)
+and p99 during the update at most twice the baseline's.
+
+Cores: replica k is pinned to CPU k mod the core count (its replacement too, so a starting replica
+competes with whatever else runs on that core, as on a node); HAProxy and the load generator are
+not pinned. Writes bench/results/rolling.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import csv
+import io
+import json
+import os
+import platform
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench import serverproc
+from bench.loadgen import Outcome, Shot, fetch, summary
+from bench.reliability import cpu_name, mix
+from bench.serverproc import ROOT, ServerProcess
+
+HOST = "127.0.0.1"
+KINDS = ("predict", "translate greedy", "translate beam 4")
+
+
+def haproxy_config(front: int, stats: int, ports: Sequence[int], args: argparse.Namespace) -> str:
+    """Retries (`--retry-on`) on another replica (redispatch) when a connection failed or was
+    closed before any answer: a replica closing. conn-failure means the request never reached a
+    replica; empty-response means it may have, and is safe here only because inference has no side
+    effects (a repeated POST /translate costs compute, changes nothing)."""
+    servers = "\n".join(f"    server r{k} {HOST}:{p} check" for k, p in enumerate(ports))
+    return f"""global
+    maxconn 2048
+
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 120s
+    timeout server 120s
+    retries 2
+    option redispatch 1
+    retry-on {args.retry_on}
+
+frontend fe
+    bind {HOST}:{front}
+    default_backend replicas
+
+backend replicas
+    balance {args.balance}
+    option httpchk GET /readyz
+    http-check expect status 200
+    default-server inter {args.inter_ms}ms fall 1 rise 2
+{servers}
+
+listen stats
+    bind {HOST}:{stats}
+    stats enable
+    stats uri /stats
+"""
+
+
+@dataclass
+class Replica:
+    name: str
+    port: int
+    cpu: str
+    server: ServerProcess
+
+
+def start_replica(args: argparse.Namespace, name: str, port: int, cpu: str, log: Path, grace: float) -> Replica:
+    settings = {
+        "threads": "1",
+        "model_thread_priority": "nice",
+        "drain_grace_s": str(grace),
+        "drain_timeout_s": str(args.drain_timeout_s),
+    }
+    return Replica(name, port, cpu, serverproc.start(args.store, log, cpu, settings=settings, port=port))
+
+
+async def ready(port: int) -> bool:
+    return (await fetch(HOST, port, Shot("readyz", "/readyz", method="GET"), 2)).status == 200
+
+
+async def lb_status(stats_port: int) -> dict[str, str]:
+    """HAProxy's view of each server: UP, DOWN, ..."""
+    text = (await asyncio.to_thread(httpx.get, f"http://{HOST}:{stats_port}/stats;csv", timeout=2)).text
+    rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
+    return {r["svname"]: r["status"] for r in rows if r.get("pxname") == "replicas"}
+
+
+async def until(check: Any, timeout: float, what: str) -> float:
+    """Polls the async `check` every 50 ms; seconds until it held."""
+    t0 = time.monotonic()
+    while not await check():
+        if time.monotonic() - t0 > timeout:
+            raise RuntimeError(f"{what}: not after {timeout:.0f} s")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - t0
+
+
+async def replace(args: argparse.Namespace, r: Replica, stats_port: int, log: Path, grace: float) -> dict[str, Any]:
+    """SIGTERM, wait for the exit, start anew on the same port, wait until ready and marked up."""
+    t0 = time.monotonic()
+    r.server.proc.terminate()
+    code = await asyncio.to_thread(r.server.proc.wait, args.drain_timeout_s + grace + 30)
+    exited = time.monotonic()
+
+    r.server = start_replica(args, r.name, r.port, r.cpu, log, grace).server
+    ready_s = await until(lambda: ready(r.port), 180, f"{r.name} ready")
+
+    async def marked_up() -> bool:
+        return (await lb_status(stats_port)).get(r.name) == "UP"
+
+    up_s = await until(marked_up, 30, f"{r.name} marked up")
+    return {
+        "replica": r.name,
+        "exit_code": code,
+        "sigterm_to_exit_s": exited - t0,
+        "start_to_ready_s": ready_s,
+        "ready_to_lb_up_s": up_s,
+        "total_s": time.monotonic() - t0,
+    }
+
+
+async def run_once(args: argparse.Namespace, grace: float, work: Path) -> dict[str, Any]:
+    ports = [serverproc.free_port() for _ in range(args.replicas)]
+    front, stats = serverproc.free_port(), serverproc.free_port()
+    ncpu = os.cpu_count() or 1
+    log = work / f"servers-grace{grace:g}.log"
+    replicas = [start_replica(args, f"r{k}", p, str(k % ncpu), log, grace) for k, p in enumerate(ports)]
+    cfg = work / "haproxy.cfg"
+    cfg.write_text(haproxy_config(front, stats, ports, args))
+    lb = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        for r in replicas:
+            await asyncio.to_thread(serverproc.wait_ready, r.server)
+        await until(lambda: all_up(stats, len(replicas)), 30, "all replicas up in HAProxy")
+        shots = [s for s in mix(replicas[0].server.url, 60_000) if s.kind in KINDS]
+        return await under_load(args, grace, replicas, front, stats, shots, log)
+    finally:
+        for r in replicas:
+            serverproc.stop(r.server)
+        lb.terminate()
+        lb.wait(10)
+
+
+async def all_up(stats_port: int, n: int) -> bool:
+    status = await lb_status(stats_port)
+    return sum(v == "UP" for v in status.values()) == n
+
+
+async def under_load(
+    args: argparse.Namespace,
+    grace: float,
+    replicas: list[Replica],
+    front: int,
+    stats: int,
+    shots: list[Shot],
+    log: Path,
+) -> dict[str, Any]:
+    outcomes: list[Outcome] = []
+    stop = [False]
+
+    async def client(k: int) -> None:
+        rng = random.Random(k)
+        while not stop[0]:
+            outcomes.append(await fetch(HOST, front, rng.choice(shots), args.timeout_s))
+
+    clients = [asyncio.create_task(client(k)) for k in range(args.clients)]
+    t_start = time.monotonic()
+    await asyncio.sleep(args.baseline_s)
+    t_update = time.monotonic()
+    replacements = [await replace(args, r, stats, log, grace) for r in replicas]
+    t_done = time.monotonic()
+    await asyncio.sleep(args.tail_s)
+    stop[0] = True
+    await asyncio.gather(*clients)
+    t_end = time.monotonic()
+    phases = {
+        "before": ([o for o in outcomes if o.sent < t_update], t_update - t_start),
+        "during": ([o for o in outcomes if t_update <= o.sent < t_done], t_done - t_update),
+        "after": ([o for o in outcomes if o.sent >= t_done], t_end - t_done),
+    }
+    report = {name: summary(os_, secs) | {"seconds": secs} for name, (os_, secs) in phases.items()}
+    failed = sum(o.status >= 500 or o.status == 0 for o in outcomes)
+    p99_ratio = report["during"]["p99_ms"] / report["before"]["p99_ms"] if report["before"]["p99_ms"] else 0.0
+    return {
+        "grace_s": grace,
+        "phases": report,
+        "replacements": replacements,
+        "failed": failed,
+        "not_200": sum(o.status != 200 for o in outcomes),
+        "p50_ratio": report["during"]["p50_ms"] / report["before"]["p50_ms"] if report["before"]["p50_ms"] else 0.0,
+        "p99_ratio": p99_ratio,
+        "target_met": failed == 0 and 0 < p99_ratio <= 2.0,
+    }
+
+
+def table(runs: Sequence[dict[str, Any]]) -> str:
+    lines = [
+        "| grace s | phase | requests | statuses | conn. errors | p50 ms | p99 ms |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for run in runs:
+        for name, ph in run["phases"].items():
+            statuses = ", ".join(f"{k}: {v}" for k, v in ph["statuses"].items())
+            errors = ", ".join(f"{k}: {v}" for k, v in ph["no_answer"].items()) or "0"
+            lines.append(
+                f"| {run['grace_s']:g} | {name} ({ph['seconds']:.1f} s) | {ph['requests']} | {statuses} | {errors} "
+                f"| {ph['p50_ms']:.0f} | {ph['p99_ms']:.0f} |"
+            )
+    lines += ["", "| grace s | failed | p50 during/before | p99 during/before | replacements (s: exit, ready, up) |"]
+    lines.append("|---|---|---|---|---|")
+    for run in runs:
+        reps = "; ".join(
+            f"{r['replica']}: {r['sigterm_to_exit_s']:.1f}, {r['start_to_ready_s']:.1f}, {r['ready_to_lb_up_s']:.1f}"
+            for r in run["replacements"]
+        )
+        lines.append(
+            f"| {run['grace_s']:g} | {run['failed']} | {run['p50_ratio']:.2f} | {run['p99_ratio']:.2f} | {reps} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.rolling", description=__doc__.split("\n")[0])
+    p.add_argument("--store", type=Path, default=ROOT / "model_store")
+    p.add_argument("--grace", default="0,1,2", help="SERVE_DRAIN_GRACE_S values, one run each")
+    p.add_argument("--replicas", type=int, default=2)
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--inter-ms", type=int, default=500, help="HAProxy health check interval")
+    p.add_argument("--balance", default="leastconn", choices=("leastconn", "roundrobin"))
+    p.add_argument("--retry-on", default="conn-failure empty-response", help="HAProxy retry-on ('none': no retry)")
+    p.add_argument("--baseline-s", type=float, default=15.0)
+    p.add_argument("--tail-s", type=float, default=5.0)
+    p.add_argument("--drain-timeout-s", type=float, default=30.0)
+    p.add_argument("--timeout-s", type=float, default=60.0, help="client timeout per request")
+    p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rolling.json")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    if shutil.which("haproxy") is None:
+        print("haproxy is not installed (make bench-rolling installs it)", file=sys.stderr)
+        return 2
+    work = Path(tempfile.mkdtemp(prefix="rolling-"))
+    runs = []
+    for grace in (float(g) for g in args.grace.split(",")):
+        print(f"grace {grace:g} s ...", flush=True)
+        runs.append(asyncio.run(run_once(args, grace, work)))
+        print(f"  failed {runs[-1]['failed']}, p99 during/before {runs[-1]['p99_ratio']:.2f}", flush=True)
+    report = {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": "python -m bench.rolling " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "machine": {"cores": os.cpu_count(), "cpu": cpu_name(), "python": platform.python_version()},
+        "haproxy": subprocess.run(["haproxy", "-v"], capture_output=True, text=True).stdout.split("\n")[0],
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "runs": runs,
+    }
+    report["markdown"] = table(runs)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print("\n" + report["markdown"] + f"\n\nwrote {args.out} (server logs in {work})")
+    return 0 if all(r["target_met"] for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
