@@ -69,6 +69,14 @@ bench-service: install
 	@command -v wrk >/dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends wrk
 	$(PYTHON) -m bench.service_load --store $(STORE)
 
+# Rolling update through HAProxy (bench/rolling.py): two replicas replaced in turn under mixed load,
+# with SERVE_DRAIN_GRACE_S 0, 1 and 2; failures and p99 before/during/after. Writes
+# bench/results/rolling.json (~2 min, an idle machine). ROLLING_ARGS='--grace 1 --inter-ms 1000'.
+.PHONY: bench-rolling
+bench-rolling: install
+	@command -v haproxy >/dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends haproxy
+	$(PYTHON) -m bench.rolling --store $(STORE) $(ROLLING_ARGS)
+
 # Reliability campaign (bench/reliability.py): overload, soak, SIGTERM, hostile clients, faults and
 # fuzzing against the real server; writes bench/results/reliability.json and its table in
 # docs/results.md (~25 min, an idle machine). reliability-quick is the ~2 min subset .ci/run runs.
