@@ -199,7 +199,10 @@ async def under_load(
     t_start = time.monotonic()
     await asyncio.sleep(args.baseline_s)
     t_update = time.monotonic()
-    replacements = [await replace(args, r, stats, log, grace) for r in replicas]
+    replacements, sigterms = [], []
+    for r in replicas:
+        sigterms.append(time.monotonic())
+        replacements.append(await replace(args, r, stats, log, grace))
     t_done = time.monotonic()
     await asyncio.sleep(args.tail_s)
     stop[0] = True
@@ -212,6 +215,7 @@ async def under_load(
     }
     report = {name: summary(os_, secs) | {"seconds": secs} for name, (os_, secs) in phases.items()}
     failed = sum(o.status >= 500 or o.status == 0 for o in outcomes)
+    since = [o.sent - max((t for t in sigterms if t <= o.sent), default=t_update) for o in outcomes if o.status != 200]
     p99_ratio = report["during"]["p99_ms"] / report["before"]["p99_ms"] if report["before"]["p99_ms"] else 0.0
     return {
         "grace_s": grace,
@@ -219,6 +223,17 @@ async def under_load(
         "replacements": replacements,
         "failed": failed,
         "not_200": sum(o.status != 200 for o in outcomes),
+        "failures_since_sigterm_s": [min(since, default=0.0), max(since, default=0.0)],
+        "failure_examples": [
+            {
+                "kind": o.kind,
+                "status": o.status,
+                "error": o.error,
+                "body": o.body[:200].decode(errors="replace"),
+            }
+            for o in outcomes
+            if o.status != 200
+        ][:10],
         "p50_ratio": report["during"]["p50_ms"] / report["before"]["p50_ms"] if report["before"]["p50_ms"] else 0.0,
         "p99_ratio": p99_ratio,
         "target_met": failed == 0 and 0 < p99_ratio <= 2.0,
@@ -278,7 +293,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     for grace in (float(g) for g in args.grace.split(",")):
         print(f"grace {grace:g} s ...", flush=True)
         runs.append(asyncio.run(run_once(args, grace, work)))
-        print(f"  failed {runs[-1]['failed']}, p99 during/before {runs[-1]['p99_ratio']:.2f}", flush=True)
+        run = runs[-1]
+        lo, hi = run["failures_since_sigterm_s"]
+        when = f" ({lo * 1000:.0f}-{hi * 1000:.0f} ms after a SIGTERM)" if run["not_200"] else ""
+        print(f"  failed {run['failed']}{when}, p99 during/before {run['p99_ratio']:.2f}", flush=True)
     report = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.rolling " + " ".join(argv if argv is not None else sys.argv[1:]),
