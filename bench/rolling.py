@@ -3,6 +3,7 @@ every replica is replaced in turn under steady load.
 
     make bench-rolling                           # grace 0, 1 and 2 s (~3 min)
     python -m bench.rolling --grace 2 --baseline-s 10
+    python -m bench.rolling --grace 2 --publish  # then a new model version under load
 
 Two replicas (`python -m service`, SERVE_THREADS=1, nice model threads, SERVE_DRAIN_GRACE_S from
 `--grace`) on their own loopback ports behind HAProxy (a config generated into a temp dir: active
@@ -17,13 +18,18 @@ and p99 during the update at most twice the baseline's.
 
 Cores: replica k is pinned to CPU k mod the core count (its replacement too, so a starting replica
 competes with whatever else runs on that core, as on a node); HAProxy and the load generator are
-not pinned. Writes bench/results/rolling.json.
+not pinned. With `--publish`, then: both replicas watch one copy of the store
+(SERVE_WATCH_INTERVAL_S=1) and, under the same load, a new version of the classifier is published
+as the exporter does (copied to a hidden `.vN`, manifest version rewritten, renamed into place):
+how long until every replica answers /predict with it, and whether any request failed. Writes
+bench/results/rolling.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import csv
 import io
 import json
@@ -35,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -45,11 +51,12 @@ import httpx
 
 from bench import serverproc
 from bench.loadgen import Outcome, Shot, fetch, summary
-from bench.reliability import cpu_name, mix
+from bench.reliability import add_version, cpu_name, mix
 from bench.serverproc import ROOT, ServerProcess
 
 HOST = "127.0.0.1"
 KINDS = ("predict", "translate greedy", "translate beam 4")
+MODEL = "sentiment"  # the classifier --publish adds a version of
 
 
 def haproxy_config(front: int, stats: int, ports: Sequence[int], args: argparse.Namespace) -> str:
@@ -93,17 +100,13 @@ class Replica:
     name: str
     port: int
     cpu: str
-    server: ServerProcess
+    store: Path
+    settings: dict[str, str]
+    server: ServerProcess | None = None
 
-
-def start_replica(args: argparse.Namespace, name: str, port: int, cpu: str, log: Path, grace: float) -> Replica:
-    settings = {
-        "threads": "1",
-        "model_thread_priority": "nice",
-        "drain_grace_s": str(grace),
-        "drain_timeout_s": str(args.drain_timeout_s),
-    }
-    return Replica(name, port, cpu, serverproc.start(args.store, log, cpu, settings=settings, port=port))
+    def start(self, log: Path) -> ServerProcess:
+        self.server = serverproc.start(self.store, log, self.cpu, settings=self.settings, port=self.port)
+        return self.server
 
 
 async def ready(port: int) -> bool:
@@ -130,11 +133,11 @@ async def until(check: Any, timeout: float, what: str) -> float:
 async def replace(args: argparse.Namespace, r: Replica, stats_port: int, log: Path, grace: float) -> dict[str, Any]:
     """SIGTERM, wait for the exit, start anew on the same port, wait until ready and marked up."""
     t0 = time.monotonic()
+    assert r.server is not None
     r.server.proc.terminate()
     code = await asyncio.to_thread(r.server.proc.wait, args.drain_timeout_s + grace + 30)
     exited = time.monotonic()
-
-    r.server = start_replica(args, r.name, r.port, r.cpu, log, grace).server
+    r.start(log)
     ready_s = await until(lambda: ready(r.port), 180, f"{r.name} ready")
 
     async def marked_up() -> bool:
@@ -151,31 +154,61 @@ async def replace(args: argparse.Namespace, r: Replica, stats_port: int, log: Pa
     }
 
 
-async def run_once(args: argparse.Namespace, grace: float, work: Path) -> dict[str, Any]:
-    ports = [serverproc.free_port() for _ in range(args.replicas)]
-    front, stats = serverproc.free_port(), serverproc.free_port()
+@contextlib.asynccontextmanager
+async def fleet(
+    args: argparse.Namespace, grace: float, store: Path, log: Path, **more: str
+) -> AsyncIterator[tuple[list[Replica], int, int, list[Shot]]]:
+    """The replicas behind HAProxy, all ready and marked up: (replicas, front port, stats port, shots)."""
+    settings = {
+        "threads": "1",
+        "model_thread_priority": "nice",
+        "drain_grace_s": str(grace),
+        "drain_timeout_s": str(args.drain_timeout_s),
+        **more,
+    }
     ncpu = os.cpu_count() or 1
-    log = work / f"servers-grace{grace:g}.log"
-    replicas = [start_replica(args, f"r{k}", p, str(k % ncpu), log, grace) for k, p in enumerate(ports)]
-    cfg = work / "haproxy.cfg"
-    cfg.write_text(haproxy_config(front, stats, ports, args))
+    replicas = [Replica(f"r{k}", serverproc.free_port(), str(k % ncpu), store, settings) for k in range(args.replicas)]
+    servers = [r.start(log) for r in replicas]
+    front, stats = serverproc.free_port(), serverproc.free_port()
+    cfg = log.parent / "haproxy.cfg"
+    cfg.write_text(haproxy_config(front, stats, [r.port for r in replicas], args))
     lb = subprocess.Popen(["haproxy", "-db", "-f", str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     try:
-        for r in replicas:
-            await asyncio.to_thread(serverproc.wait_ready, r.server)
+        for server in servers:
+            await asyncio.to_thread(serverproc.wait_ready, server)
         await until(lambda: all_up(stats, len(replicas)), 30, "all replicas up in HAProxy")
-        shots = [s for s in mix(replicas[0].server.url, 60_000) if s.kind in KINDS]
-        return await under_load(args, grace, replicas, front, stats, shots, log)
+        shots = [s for s in mix(servers[0].url, 60_000) if s.kind in KINDS]
+        yield replicas, front, stats, shots
     finally:
         for r in replicas:
-            serverproc.stop(r.server)
+            if r.server is not None:
+                serverproc.stop(r.server)
         lb.terminate()
         lb.wait(10)
+
+
+async def run_once(args: argparse.Namespace, grace: float, work: Path) -> dict[str, Any]:
+    log = work / f"servers-grace{grace:g}.log"
+    async with fleet(args, grace, args.store, log) as (replicas, front, stats, shots):
+        return await under_load(args, grace, replicas, front, stats, shots, log)
 
 
 async def all_up(stats_port: int, n: int) -> bool:
     status = await lb_status(stats_port)
     return sum(v == "UP" for v in status.values()) == n
+
+
+def start_clients(
+    args: argparse.Namespace, front: int, shots: list[Shot], outcomes: list[Outcome], stop: list[bool]
+) -> list[asyncio.Task[None]]:
+    """`args.clients` closed-loop clients through HAProxy until `stop[0]`, outcomes appended."""
+
+    async def client(k: int) -> None:
+        rng = random.Random(k)
+        while not stop[0]:
+            outcomes.append(await fetch(HOST, front, rng.choice(shots), args.timeout_s))
+
+    return [asyncio.create_task(client(k)) for k in range(args.clients)]
 
 
 async def under_load(
@@ -189,13 +222,7 @@ async def under_load(
 ) -> dict[str, Any]:
     outcomes: list[Outcome] = []
     stop = [False]
-
-    async def client(k: int) -> None:
-        rng = random.Random(k)
-        while not stop[0]:
-            outcomes.append(await fetch(HOST, front, rng.choice(shots), args.timeout_s))
-
-    clients = [asyncio.create_task(client(k)) for k in range(args.clients)]
+    clients = start_clients(args, front, shots, outcomes, stop)
     t_start = time.monotonic()
     await asyncio.sleep(args.baseline_s)
     t_update = time.monotonic()
@@ -240,6 +267,53 @@ async def under_load(
     }
 
 
+def answered_version(o: Outcome) -> int | None:
+    if o.status != 200 or o.kind != "predict":
+        return None
+    return int(json.loads(o.body)["version"])
+
+
+async def publish_once(args: argparse.Namespace, grace: float, work: Path) -> dict[str, Any]:
+    """A new version of the classifier published, as the exporter does, into the one store copy
+    that every replica watches (SERVE_WATCH_INTERVAL_S=1), under load: how long until each replica
+    answers with it, and whether any request failed meanwhile."""
+    store = work / "store"
+    shutil.copytree(args.store, store)
+    log = work / "servers-publish.log"
+    probe = Shot("predict", "/predict", b'{"texts": ["A fine day."]}')
+    async with fleet(args, grace, store, log, watch_interval_s="1") as (replicas, front, _, shots):
+        outcomes: list[Outcome] = []
+        stop = [False]
+        clients = start_clients(args, front, shots, outcomes, stop)
+        await asyncio.sleep(args.tail_s)
+        old = max(int(p.name) for p in (store / MODEL).iterdir() if p.name.isdigit())
+        t_pub = time.monotonic()
+        add_version(store / MODEL, store / MODEL / str(old), old + 1, None)
+
+        async def serves_new(port: int) -> bool:
+            return answered_version(await fetch(HOST, port, probe, 10)) == old + 1
+
+        per_replica = await asyncio.gather(
+            *(until(lambda p=r.port: serves_new(p), 120, "new version") for r in replicas)
+        )
+        await asyncio.sleep(args.tail_s)
+        stop[0] = True
+        await asyncio.gather(*clients)
+    after = [o for o in outcomes if o.sent >= t_pub]
+    last_old = [o.sent + o.seconds - t_pub for o in after if answered_version(o) == old]
+    first_new = [o.sent + o.seconds - t_pub for o in outcomes if answered_version(o) == old + 1]
+    return {
+        "model": MODEL,
+        "published": old + 1,
+        "replica_serves_new_s": dict(zip([r.name for r in replicas], per_replica, strict=True)),
+        "every_replica_s": max(per_replica),
+        "first_new_answer_s": min(first_new, default=None),
+        "last_old_answer_s": max(last_old, default=None),
+        "load": summary(outcomes, max(o.sent + o.seconds for o in outcomes) - outcomes[0].sent),
+        "failed": sum(o.status >= 500 or o.status == 0 for o in outcomes),
+    }
+
+
 def table(runs: Sequence[dict[str, Any]]) -> str:
     lines = [
         "| grace s | phase | requests | statuses | conn. errors | p50 ms | p99 ms |",
@@ -279,6 +353,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tail-s", type=float, default=5.0)
     p.add_argument("--drain-timeout-s", type=float, default=30.0)
     p.add_argument("--timeout-s", type=float, default=60.0, help="client timeout per request")
+    p.add_argument("--publish", action="store_true", help="then publish a new classifier version under load")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "rolling.json")
     return p.parse_args(argv)
 
@@ -297,19 +372,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         lo, hi = run["failures_since_sigterm_s"]
         when = f" ({lo * 1000:.0f}-{hi * 1000:.0f} ms after a SIGTERM)" if run["not_200"] else ""
         print(f"  failed {run['failed']}{when}, p99 during/before {run['p99_ratio']:.2f}", flush=True)
-    report = {
+    publish = None
+    if args.publish:
+        print(f"publish a new {MODEL} version (grace {runs[-1]['grace_s']:g} s) ...", flush=True)
+        publish = asyncio.run(publish_once(args, runs[-1]["grace_s"], work))
+        print(f"  every replica serves it after {publish['every_replica_s']:.1f} s, failed {publish['failed']}")
+    report: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.rolling " + " ".join(argv if argv is not None else sys.argv[1:]),
         "machine": {"cores": os.cpu_count(), "cpu": cpu_name(), "python": platform.python_version()},
         "haproxy": subprocess.run(["haproxy", "-v"], capture_output=True, text=True).stdout.split("\n")[0],
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "runs": runs,
+        "publish": publish,
     }
-    report["markdown"] = table(runs)
+    report["markdown"] = markdown = table(runs)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print("\n" + report["markdown"] + f"\n\nwrote {args.out} (server logs in {work})")
-    return 0 if all(r["target_met"] for r in runs) else 1
+    print("\n" + markdown + f"\n\nwrote {args.out} (server logs in {work})")
+    return 0 if all(r["target_met"] for r in runs) and not (publish and publish["failed"]) else 1
 
 
 if __name__ == "__main__":
