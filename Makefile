@@ -71,7 +71,8 @@ bench-service: install
 
 # Rolling update through HAProxy (bench/rolling.py): two replicas replaced in turn under mixed load,
 # with SERVE_DRAIN_GRACE_S 0, 1 and 2; failures and p99 before/during/after. Writes
-# bench/results/rolling.json (~2 min, an idle machine). ROLLING_ARGS='--grace 1 --inter-ms 1000'.
+# bench/results/rolling.json (~2 min, an idle machine). ROLLING_ARGS="--grace 2 --publish" also
+# publishes a new classifier version under load and times until every replica serves it.
 .PHONY: bench-rolling
 bench-rolling: install
 	@command -v haproxy >/dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends haproxy
