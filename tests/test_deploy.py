@@ -402,3 +402,14 @@ def test_gpu_check_runs_on_cpu_provider(tiny_store: Path, tmp_path: Path) -> Non
     assert clf["cpu-fp16"]["label_agree"] >= 0.98 and clf["cpu-fp16"]["prob_max_abs"] <= 0.02
     assert set(mt["cpu-fp16"]) >= {"logprob_max_abs", "greedy_exact", "beam4_exact", "batch32_tokens_per_s"}
     assert mt["cpu-fp32"]["batch32_tokens_per_s"] > 0
+
+
+def test_kserve_predictor_drains_as_the_deployment() -> None:
+    (isvc,) = render("k8s/kserve")
+    spec = isvc["spec"]["predictor"]
+    (c,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    pause = prestop_seconds(c)
+    drain = float(env["SERVE_DRAIN_GRACE_S"]) + float(env["SERVE_DRAIN_TIMEOUT_S"])
+    assert float(env["SERVE_DRAIN_GRACE_S"]) >= 1  # the balancer's checks need it (docs/deployment.md)
+    assert spec["terminationGracePeriodSeconds"] >= pause + drain
