@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.http.errors import error_response
-from service.http.middleware import header, request_info
+from service.http.middleware import client_address, header, request_info
 from service.http.table import KEY_ID, Access, Auth, route_of
 from service.metrics import Metrics
 from service.settings import Settings
@@ -153,11 +153,6 @@ class KeyRing:
 def _secret(value: object) -> str:
     get = getattr(value, "get_secret_value", None)
     return str(get()) if get is not None else ""
-
-
-def client_address(scope: Scope) -> str | None:
-    client = scope.get("client")
-    return f"{client[0]}:{client[1]}" if client else None
 
 
 def audit(scope: Scope, message: str, level: int = logging.INFO, **fields: object) -> None:

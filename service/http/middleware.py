@@ -57,6 +57,12 @@ def request_info(scope: Scope) -> RequestInfo:
     return info if isinstance(info, RequestInfo) else RequestInfo(new_request_id(), time.monotonic())
 
 
+def client_address(scope: Scope) -> str | None:
+    """The connection's peer, `host:port`, as the access and audit lines name it."""
+    client = scope.get("client")
+    return f"{client[0]}:{client[1]}" if client else None
+
+
 def header(scope: Scope, name: bytes) -> str | None:
     for k, v in scope.get("headers", ()):
         if k == name:
@@ -124,7 +130,6 @@ class RequestContext:
         if route is not None and route.metric is not None:
             self.metrics.answered(route.metric, info.model, status, duration)
         if ACCESS.isEnabledFor(logging.INFO):
-            client = scope.get("client")
             ACCESS.info(
                 "%s %s %d",
                 scope.get("method"),
@@ -138,7 +143,7 @@ class RequestContext:
                         "status": status,
                         "duration_ms": round(duration * 1000, 3),
                         "model": info.model or None,
-                        "client": f"{client[0]}:{client[1]}" if client else None,
+                        "client": client_address(scope),
                     }
                 },
             )
