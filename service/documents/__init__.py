@@ -1,0 +1,1 @@
+"""Documents: file formats split into segments for the translation task and put back together."""
