@@ -48,7 +48,7 @@ def evaluate(store: Path, name: str, variant: str | None, rows: list[dict[str, s
     total = verbatim = lines_kept = 0
     failures = []
     for out, src in zip(outputs, texts, strict=True):
-        found = spans.find_spans(src, symbols=True, alphabet=engine.codec.alphabet)  # as served
+        found = spans.find_spans(src, True, engine.codec.alphabet, verbatim=True, words=engine.codec.words)  # as served
         originals = [src[s.start : s.end] for s in found]
         total += len(originals)
         kept = [out.count(x) >= src.count(x) for x in originals]

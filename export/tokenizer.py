@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from service.contract import spans
+from service.contract import spans, verbatim
 from service.contract.graphs import SPECIAL_IDS
 from service.contract.spans import PLACEHOLDERS
 
@@ -82,7 +82,7 @@ def encode_texts(tok: Tokenizer, texts: Sequence[str], max_len: int) -> list[lis
 def encode_sources(tok: Tokenizer, texts: Sequence[str], max_len: int) -> tuple[list[list[int]], list[spans.Masked]]:
     """Translator source ids as the service builds them (spans masked, EOS appended, at most
     `max_len` ids in all) and the masks that restore the spans after decoding."""
-    known = spans.alphabet(tok.get_vocab())
-    masked = [spans.mask(t, known) for t in texts]
+    known, words = spans.alphabet(tok.get_vocab()), verbatim.whole_words(tok.get_vocab())
+    masked = [spans.mask(t, known, words) for t in texts]
     ids = encode_texts(tok, [m.text for m in masked], max_len - 1)
     return [s + [SPECIAL_IDS["eos_id"]] for s in ids], masked

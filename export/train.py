@@ -49,7 +49,7 @@ from export.model import (
     load_config,
     save_config,
 )
-from service.contract import spans
+from service.contract import spans, verbatim
 
 
 @dataclass(frozen=True)
@@ -380,13 +380,15 @@ def vader_baseline(texts: Sequence[str]) -> list[int]:
 PLACEHOLDER_SHIFT_SHARE = 0.2
 
 
-def mask_training_pair(en: str, de: str) -> tuple[str, str]:
-    """Both sides masked alike (numbering fixed by the text), or unchanged when they cannot be."""
-    n = len(spans.find_spans(en))
+def mask_training_pair(en: str, de: str, words: frozenset[str] | None = None) -> tuple[str, str]:
+    """Both sides masked alike (numbering fixed by the text), or unchanged when they cannot be;
+    identifiers, code and names (given the tokenizer's whole `words`) only where `de` keeps them."""
+    found = spans.pair_spans(en, de, verbatim=True, words=words)
+    n = len(found[0]) if found else 0
     first = 1
     if n and stable_unit("shift:" + en) < PLACEHOLDER_SHIFT_SHARE:
-        first = 1 + int(stable_unit("first:" + en) * (spans.PLACEHOLDER_COUNT - n + 1))
-    return spans.mask_pair(en, de, first) or (en, de)
+        first = 1 + int(stable_unit("first:" + en) * max(spans.PLACEHOLDER_COUNT - n + 1, 1))
+    return spans.mask_pair(en, de, first, verbatim=True, words=words) or (en, de)
 
 
 def translator_loss(model: Translator, src: Tensor, src_mask: Tensor, tgt: Tensor, smoothing: float) -> Tensor:
@@ -617,8 +619,12 @@ def run_translator(args: argparse.Namespace) -> dict:
     split = {s: load_jsonl(data_file(data, "translation", f"{s}.jsonl")) for s in ("train", "valid", "test")}
     split["train"] = spread(split["train"], args.train_rows)
     seed_everything(args.seed, args.threads)
-    masked = {s: [mask_training_pair(r["en"], r["de"]) for r in rows] for s, rows in split.items()}
-    tok = run_tokenizer(out, lambda: [t for en, de in masked["train"] for t in (en, de)], args.vocab_size)
+    # Names are masked where the tokenizer lacks them as words: a first masking without names
+    # trains the tokenizer (placeholders stay out of its pieces), the second uses its words.
+    first = (mask_training_pair(r["en"], r["de"]) for r in split["train"])
+    tok = run_tokenizer(out, lambda: [t for en, de in first for t in (en, de)], args.vocab_size)
+    words = verbatim.whole_words(tok.get_vocab())
+    masked = {s: [mask_training_pair(r["en"], r["de"], words) for r in rows] for s, rows in split.items()}
     mc = TranslatorConfig(
         vocab_size=tok.get_vocab_size(),
         d_model=args.d_model,

@@ -119,7 +119,7 @@ FOREIGN_CASES = {
     "Only 50‰ done": ["50‰"],  # a character alone outside words, merged with the number it touches
     "The cafe\u0301 au lait": ["cafe\u0301"],  # an accent typed apart stays in its word
     "See https://x.org/Ørsted now": ["https://x.org/Ørsted"],  # inside a URL it stays the URL's
-    "Plain ASCII text stays as it is.": [],
+    "Plain text stays as it is.": [],
 }
 
 
@@ -132,3 +132,41 @@ def test_served_texts_protect_words_the_tokenizer_cannot_spell(text: str, want: 
 
 def test_the_alphabet_leaves_out_byte_tokens() -> None:
     assert alphabet(["▁the", "<0xC3>", "<s>", "é"]) == frozenset("▁the<s>é")
+
+
+WORDS = frozenset("Edit Use now or Send the report to Run as root Voronoi Diagram Invalid option not set".split())
+VERBATIM_CASES = {
+    "HOME not set": ["HOME"],
+    "Run `make install` as root.": ["`make install`"],
+    "Run `make install' as root.": ["`make install'"],
+    "Send the report to François.": ["François"],
+    "Send the report to Siobhan O'Brien-Kelly.": ["Siobhan", "O'Brien-Kelly"],
+    "Invalid option -- '%c'": ["--", "'%c'"],
+    "Set max_len and maxLength in GtkWindow, then call os.path.join()": [
+        "max_len",
+        "maxLength",
+        "GtkWindow",
+        "os.path.join()",
+    ],
+    "Voronoi Diagram": [],  # a title-case label: its words are words
+    "DO NOT REMOVE THIS FILE": [],  # shouting: capitals are words
+    "Edit /usr/lib/foo_bar now": ["/usr/lib/foo_bar"],  # a word inside a path stays the path's
+    'Use "--force" or ‘HOME’': ['"--force"', "‘HOME’"],
+}
+
+
+@pytest.mark.parametrize(("text", "want"), VERBATIM_CASES.items())
+def test_served_texts_keep_identifiers_code_names_and_quoting(text: str, want: list[str]) -> None:
+    assert [text[s.start : s.end] for s in find_spans(text, verbatim=True, words=WORDS)] == want
+    assert find_spans(text) == find_spans(text, words=WORDS)  # the strict rules alone: unchanged
+
+
+def test_training_masks_a_candidate_only_where_the_reference_keeps_it() -> None:
+    kept = mask_pair("HOME not set", "HOME nicht gesetzt", verbatim=True)
+    assert kept == ("⟨1⟩ not set", "⟨1⟩ nicht gesetzt")
+    assert mask_pair("COMBIN", "KOMBINATIONEN", verbatim=True) == ("COMBIN", "KOMBINATIONEN")
+    names = mask_pair("Send it to Siobhan.", "Schicke es an Siobhan.", verbatim=True, words=WORDS)
+    assert names == ("Send it to ⟨1⟩.", "Schicke es an ⟨1⟩.")
+    quoted = mask_pair("Invalid option -- '%c'", "Ungültige Option -- »%c«", verbatim=True)
+    assert quoted == ("Invalid option ⟨1⟩ '⟨2⟩'", "Ungültige Option ⟨1⟩ »⟨2⟩«")  # the quotes changed: %c alone
+    assert mask_pair("HOME not set", "HOME nicht gesetzt") == ("HOME not set", "HOME nicht gesetzt")

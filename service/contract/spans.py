@@ -51,6 +51,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
+from service.contract import verbatim as verbatim_words
+
 PLACEHOLDER_COUNT = 16
 PLACEHOLDER_OPEN, PLACEHOLDER_CLOSE = "⟨", "⟩"
 
@@ -131,10 +133,25 @@ class Masked:
     spans: tuple[str, ...]
 
 
-def find_spans(text: str, symbols: bool = False, alphabet: frozenset[str] | None = None) -> list[Span]:
+def find_spans(
+    text: str,
+    symbols: bool = False,
+    alphabet: frozenset[str] | None = None,
+    verbatim: bool = False,
+    words: frozenset[str] | None = None,
+) -> list[Span]:
     """The protected spans of `text`, left to right, non-overlapping, touching ones merged;
-    `symbols`: symbol runs and invisible format characters too, `alphabet`: foreign words too
-    (served texts)."""
+    `symbols`: symbol runs and invisible format characters too, `alphabet`: foreign words too,
+    `verbatim`: the candidates of `service.contract.verbatim` too, names given the tokenizer's
+    whole `words` (served texts)."""
+    found = _strict(text, symbols, alphabet)
+    if verbatim:
+        cands = verbatim_words.candidates(text, words, [(s.start, s.end) for s in found])
+        found = _absorb(found, [Span(c.start, c.end, c.kind) for c in cands])
+    return _merge(found)
+
+
+def _strict(text: str, symbols: bool, alphabet: frozenset[str] | None) -> list[Span]:
     found: list[Span] = []
     for m in _PATTERN.finditer(text):
         kind = m.lastgroup or "span"
@@ -145,6 +162,22 @@ def find_spans(text: str, symbols: bool = False, alphabet: frozenset[str] | None
         found = _add(found, _symbol_runs(text))
     if alphabet is not None and not text.isascii():
         found = _add(found, _foreign_words(text, alphabet))
+    return found
+
+
+def _absorb(strict: list[Span], extra: list[Span]) -> list[Span]:
+    """`strict` with each `extra` span that holds every strict span it overlaps whole (those go
+    into it); one that would cut a strict span apart (a word inside a path) is dropped."""
+    kept = [e for e in extra if all(s.start >= e.start and s.end <= e.end for s in strict if _overlap(s, e))]
+    rest = [s for s in strict if not any(_overlap(s, e) for e in kept)]
+    return sorted(rest + kept, key=lambda s: s.start)
+
+
+def _overlap(a: Span, b: Span) -> bool:
+    return a.start < b.end and b.start < a.end
+
+
+def _merge(found: list[Span]) -> list[Span]:
     out: list[Span] = []
     for span in found:
         if out and out[-1].end == span.start:
@@ -228,10 +261,11 @@ def _replace(text: str, spans: list[Span], numbers: list[int]) -> str:
     return "".join(parts)
 
 
-def mask(text: str, alphabet: frozenset[str] | None = None) -> Masked:
-    """Replaces the first `PLACEHOLDER_COUNT` protected spans (symbols and, given the tokenizer's
-    `alphabet`, foreign words included, as served) by ``⟨1⟩``, ``⟨2⟩``, ..."""
-    spans = find_spans(text, symbols=True, alphabet=alphabet)[:PLACEHOLDER_COUNT]
+def mask(text: str, alphabet: frozenset[str] | None = None, words: frozenset[str] | None = None) -> Masked:
+    """Replaces the first `PLACEHOLDER_COUNT` protected spans (symbols, verbatim candidates and,
+    given the tokenizer's `alphabet` and whole `words`, foreign words and names included, as
+    served) by ``⟨1⟩``, ``⟨2⟩``, ..."""
+    spans = find_spans(text, symbols=True, alphabet=alphabet, verbatim=True, words=words)[:PLACEHOLDER_COUNT]
     return Masked(_replace(text, spans, list(range(1, len(spans) + 1))), tuple(text[s.start : s.end] for s in spans))
 
 
@@ -253,17 +287,57 @@ def unmask(translation: str, spans: tuple[str, ...] | list[str]) -> str:
     return out
 
 
-def mask_pair(source: str, target: str, first: int = 1) -> tuple[str, str] | None:
+def pair_spans(
+    source: str, target: str, verbatim: bool = False, words: frozenset[str] | None = None
+) -> tuple[list[Span], list[Span]] | None:
+    """The spans to mask alike on both sides of a training pair, or None when their strict spans
+    differ. `verbatim`: also each candidate (`service.contract.verbatim`) the target keeps as
+    written, as often as the source has it."""
+    src, tgt = find_spans(source), find_spans(target)
+    if Counter(source[s.start : s.end] for s in src) != Counter(target[s.start : s.end] for s in tgt):
+        return None
+    if not verbatim:
+        return src, tgt
+    cands = verbatim_words.candidates(source, words, [(s.start, s.end) for s in src])
+    src_extra: list[Span] = []
+    tgt_extra: list[Span] = []
+    for word, n in Counter(source[c.start : c.end] for c in cands).items():
+        places = verbatim_words.kept_in(target, word)
+        if len(places) == n:
+            mine = [c for c in cands if source[c.start : c.end] == word]
+            src_extra += [Span(c.start, c.end, c.kind) for c in mine]
+            tgt_extra += [Span(a, b, mine[0].kind) for a, b in places]
+    src2 = _merge(_absorb(src, _outermost(src_extra)))
+    tgt2 = _merge(_absorb(tgt, _outermost(tgt_extra)))
+    if Counter(source[s.start : s.end] for s in src2) != Counter(target[s.start : s.end] for s in tgt2):
+        return src, tgt  # the candidates overlap differently on each side: the strict spans only
+    return src2, tgt2
+
+
+def _outermost(found: list[Span]) -> list[Span]:
+    out: list[Span] = []
+    for s in sorted(found, key=lambda s: (s.start, -s.end)):
+        if not out or s.start >= out[-1].end:
+            out.append(s)
+    return out
+
+
+def mask_pair(
+    source: str, target: str, first: int = 1, verbatim: bool = False, words: frozenset[str] | None = None
+) -> tuple[str, str] | None:
     """A training pair masked alike on both sides, or None when the sides' spans differ.
 
     Source spans are numbered from `first` in order; each target span takes the number of an
     equal source span (in order when a text repeats), so reordering is learned as it is.
     """
-    src, tgt = find_spans(source), find_spans(target)
+    found = pair_spans(source, target, verbatim, words)
+    if found is None:
+        return None
+    src, tgt = found
+    if first + len(src) - 1 > PLACEHOLDER_COUNT:
+        return None
     src_texts = [source[s.start : s.end] for s in src]
     tgt_texts = [target[s.start : s.end] for s in tgt]
-    if Counter(src_texts) != Counter(tgt_texts) or first + len(src) - 1 > PLACEHOLDER_COUNT:
-        return None
     numbers = list(range(first, first + len(src)))
     free: dict[str, list[int]] = {}
     for text, number in zip(src_texts, numbers, strict=True):

@@ -42,15 +42,22 @@ class Layout:
     segments: tuple[Segment, ...]
 
 
-def split(text: str, language: str = "en", protect: bool = True, alphabet: frozenset[str] | None = None) -> Layout:
+def split(
+    text: str,
+    language: str = "en",
+    protect: bool = True,
+    alphabet: frozenset[str] | None = None,
+    words: frozenset[str] | None = None,
+) -> Layout:
     """Lines, then sentences; `protect=False` (a model without placeholder tokens) masks nothing;
-    `alphabet`, the tokenizer's, protects the words it cannot spell (`spans`)."""
+    `alphabet` and `words`, the tokenizer's, protect the words it cannot spell and the names it
+    does not hold (`spans`)."""
     pieces: list[str | int] = []
     segments: list[Segment] = []
     pos = 0
     for brk in [*LINE_BREAK.finditer(text), None]:
         end = brk.start() if brk else len(text)
-        _line(text[pos:end], language, protect, alphabet, pieces, segments)
+        _line(text[pos:end], language, protect, (alphabet, words), pieces, segments)
         if brk:
             pieces.append(brk.group())
             pos = brk.end()
@@ -72,7 +79,7 @@ def _line(
     line: str,
     language: str,
     protect: bool,
-    alphabet: frozenset[str] | None,
+    known: tuple[frozenset[str] | None, frozenset[str] | None],
     pieces: list[str | int],
     segments: list[Segment],
 ) -> None:
@@ -83,7 +90,8 @@ def _line(
     lead = line[: len(line) - len(line.lstrip())]
     trail = line[len(line.rstrip()) :]
     mark = next((c for c in _MARK_CHARS if c not in core), None)
-    found = spans.find_spans(core, symbols=True, alphabet=alphabet) if protect and mark else []
+    alphabet, words = known
+    found = spans.find_spans(core, True, alphabet, verbatim=True, words=words) if protect and mark else []
     originals = [core[s.start : s.end] for s in found]
     marked, last = [], 0
     for k, s in enumerate(found):

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from tokenizers import Tokenizer
 
-from service.contract import spans
+from service.contract import spans, verbatim
 from service.contract.graphs import SPECIAL_IDS
 from service.contract.manifest import Framing, Manifest
 from service.errors import InputTooLong
@@ -31,6 +31,7 @@ class TextCodec:
         self.unk_id = unk_id
         self._skip = frozenset(skip_ids)
         self.alphabet = spans.alphabet(self.tok.get_vocab())  # what it spells without byte tokens
+        self.words = verbatim.whole_words(self.tok.get_vocab())  # what it holds whole: not names
 
     @classmethod
     def of(cls, manifest: Manifest, tokenizer_json: bytes, fallback: Framing | None = None) -> TextCodec:

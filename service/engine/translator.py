@@ -106,7 +106,7 @@ class TranslatorEngine:
     def prepare(self, texts: Sequence[str], source_language: str | None = None) -> Prepared:
         """Texts as sentences to translate: lines and sentences split, spans masked, ids encoded."""
         language, framing = self.source_framing(source_language)
-        layouts = [text.split(t, language, self.protects_spans, self.codec.alphabet) for t in texts]
+        layouts = [text.split(t, language, self.protects_spans, self.codec.alphabet, self.codec.words) for t in texts]
         owner = [i for i, layout in enumerate(layouts) for _ in layout.segments]
         names = [
             f"texts[{i}] sentence {j + 1}" for i, layout in enumerate(layouts) for j in range(len(layout.segments))
