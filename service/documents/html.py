@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.documents.base import Rendered, RenderInfo
+from service.documents.base import Format, Rendered, RenderInfo
 from service.documents.template import choose, count
 from service.documents.textfile import decode, split_bom
 from service.http import html_text
@@ -33,13 +33,13 @@ class ParsedHtml:
 
 
 class HtmlFormat:
-    name = "html"
-    extensions = (".html", ".htm")
-    media_type = "text/html; charset=utf-8"
+    name: str = "html"
+    extensions: tuple[str, ...] = (".html", ".htm")
+    media_type: str = "text/html; charset=utf-8"
 
     def parse(self, data: bytes) -> ParsedHtml:
         bom, text = split_bom(decode(data))
         return ParsedHtml(bom, html_text.split(text))
 
 
-FORMAT = HtmlFormat()
+FORMAT: Format = HtmlFormat()  # typed so mypy checks the class against the protocol

@@ -20,6 +20,7 @@ from markdown_it import MarkdownIt
 from markdown_it.helpers import parseLinkDestination, parseLinkTitle
 from markdown_it.token import Token
 
+from service.documents.base import Format
 from service.documents.template import Builder, Template
 from service.documents.textfile import decode, split_bom
 
@@ -32,9 +33,9 @@ Span = tuple[int, int]
 
 
 class MarkdownFormat:
-    name = "markdown"
-    extensions = (".md", ".markdown")
-    media_type = "text/markdown; charset=utf-8"
+    name: str = "markdown"
+    extensions: tuple[str, ...] = (".md", ".markdown")
+    media_type: str = "text/markdown; charset=utf-8"
 
     def parse(self, data: bytes) -> Template:
         bom, text = split_bom(decode(data))
@@ -179,4 +180,4 @@ def _template(bom: str, text: str, units: list[list[Span]], crlf: list[int]) -> 
     return out.build()
 
 
-FORMAT = MarkdownFormat()
+FORMAT: Format = MarkdownFormat()  # typed so mypy checks the class against the protocol

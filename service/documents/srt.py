@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from service.documents.base import DocumentError
+from service.documents.base import DocumentError, Format
 from service.documents.template import Builder, Template
 from service.documents.textfile import decode, lines, split_bom
 
@@ -15,9 +15,9 @@ _TIMING = re.compile(rf"\s*{_TIME}\s*-->\s*{_TIME}(\s.*)?")  # position hints (X
 
 
 class SrtFormat:
-    name = "srt"
-    extensions = (".srt",)
-    media_type = "application/x-subrip; charset=utf-8"
+    name: str = "srt"
+    extensions: tuple[str, ...] = (".srt",)
+    media_type: str = "application/x-subrip; charset=utf-8"
 
     def parse(self, data: bytes) -> Template:
         bom, text = split_bom(decode(data))
@@ -56,4 +56,4 @@ def _next(expect: str, blank: bool) -> str:
     return "number" if blank else "text"
 
 
-FORMAT = SrtFormat()
+FORMAT: Format = SrtFormat()  # typed so mypy checks the class against the protocol

@@ -3,14 +3,15 @@ line endings) is kept as written; the translator works line by line anyway."""
 
 from __future__ import annotations
 
+from service.documents.base import Format
 from service.documents.template import Builder, Template
 from service.documents.textfile import decode, lines, split_bom
 
 
 class TextFormat:
-    name = "text"
-    extensions = (".txt",)
-    media_type = "text/plain; charset=utf-8"
+    name: str = "text"
+    extensions: tuple[str, ...] = (".txt",)
+    media_type: str = "text/plain; charset=utf-8"
 
     def parse(self, data: bytes) -> Template:
         bom, text = split_bom(decode(data))
@@ -24,4 +25,4 @@ class TextFormat:
         return out.build()
 
 
-FORMAT = TextFormat()
+FORMAT: Format = TextFormat()  # typed so mypy checks the class against the protocol
