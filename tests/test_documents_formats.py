@@ -200,6 +200,12 @@ def test_markdown_translates_text_runs_and_keeps_markup_code_targets_and_front_m
     assert (out.translated, out.kept, out.failed) == (10, 4, 0)
 
 
+def test_a_table_cell_is_looked_for_between_its_pipes() -> None:
+    parsed = markdown.FORMAT.parse(b"x | y\n-|-\n| a \\| y | y |\n")
+    out = parsed.render(de(parsed.segments), INFO)
+    assert out.data == b"DE:x | DE:y\n-|-\n| a \\| y | DE:y |\n"  # an escaped pipe's cell stays as written
+
+
 def test_a_thematic_break_is_no_front_matter() -> None:
     parsed = markdown.FORMAT.parse(b"---\n\nText\n")
     assert list(parsed.segments) == ["Text"]

@@ -27,6 +27,7 @@ from service.documents.textfile import decode, split_bom
 # text_join off: escapes and entities stay tokens of their own, so every text token is raw source
 _PARSER = MarkdownIt("commonmark").enable(["table", "strikethrough"]).disable("text_join")
 _KEPT_BLOCKS = {"fence", "code_block", "html_block"}
+_PIPE = re.compile(r"(?<!\\)\|")  # a cell border; "\|" is a pipe in a cell's text
 _FRONT_MATTER = {"---": ("---", "..."), "+++": ("+++",)}
 
 Span = tuple[int, int]
@@ -53,10 +54,13 @@ class MarkdownFormat:
             if token.type in _KEPT_BLOCKS:
                 units.append([])
             elif token.type == "inline" and token.map:
-                cell = tokens[i - 1].type in ("th_open", "td_open")
-                cursor = _inline_start(src, starts, token, cursor, cell)
+                limit = len(src)
+                if tokens[i - 1].type in ("th_open", "td_open"):
+                    cursor, limit = _cell(src, starts[token.map[0]], cursor, tokens[i - 2].type == "tr_open")
+                else:
+                    cursor = _inline_start(src, starts, token, cursor)
                 spans: list[Span] = []
-                cursor = _runs(src, token.children or [], cursor, spans)
+                cursor = _runs(src, token.children or [], cursor, limit, spans)
                 units.append([(a, b) for a, b in _merge(spans) if any(c.isalpha() for c in src[a:b])])
         return _template(bom, text, units, crlf)
 
@@ -70,28 +74,40 @@ def _front_matter(lines: list[str]) -> int:
     return 0
 
 
-def _inline_start(src: str, starts: list[int], token: Token, cursor: int, cell: bool) -> int:
+def _inline_start(src: str, starts: list[int], token: Token, cursor: int) -> int:
     """Where a block's text begins: after the block's markers (``#``, ``-``, ``1.``, ``>``) on its
-    first line, found as the line's last copy of the text's first line (a table cell, one of
-    several on its line, begins after the cell before)."""
+    first line, found as the line's last copy of the text's first line."""
     assert token.map is not None
     line_start = starts[token.map[0]]
-    if cell:
-        return max(cursor, line_start)
     first = token.content.split("\n", 1)[0]
     found = src.rfind(first, line_start, starts[token.map[0] + 1] - 1)
     return max(cursor, line_start if found < 0 else found)
 
 
-def _runs(src: str, children: Sequence[Token], cursor: int, spans: list[Span]) -> int:
-    """Appends the source spans of the text tokens to `spans`; returns the cursor after them."""
+def _cell(src: str, line_start: int, cursor: int, first: bool) -> tuple[int, int]:
+    """(start, end) of a table cell: between its pipes (the row's first may have none), so a
+    cell's text is never looked for in its neighbour."""
+    if first:
+        start = line_start + len(src[line_start:]) - len(src[line_start:].lstrip(" \t"))
+        start += src.startswith("|", start)
+    else:
+        pipe = _PIPE.search(src, cursor)
+        start = pipe.end() if pipe else cursor
+    end = _PIPE.search(src, start)
+    line_end = src.find("\n", start) % (len(src) + 1)  # -1 (the last line) is the end of src
+    return start, min(end.start() if end else line_end, line_end)
+
+
+def _runs(src: str, children: Sequence[Token], cursor: int, limit: int, spans: list[Span]) -> int:
+    """Appends the source spans of the text tokens before `limit` to `spans`; returns the cursor
+    after them."""
     autolink = False
     for child in children:
         kind = child.type
         if kind in ("text", "text_special") and not autolink:
             raw = child.markup if kind == "text_special" else child.content
             at = src.find(raw, cursor)
-            if at >= 0 and "\n" not in src[cursor:at]:  # a run never leaves its line
+            if 0 <= at <= limit - len(raw) and "\n" not in src[cursor:at]:  # a run never leaves its line
                 spans.append((at, at + len(raw)))
                 cursor = at + len(raw)
         elif kind in ("softbreak", "hardbreak"):
@@ -108,7 +124,7 @@ def _runs(src: str, children: Sequence[Token], cursor: int, spans: list[Span]) -
             autolink = False
         elif kind == "image":
             at = src.find("![", cursor)
-            cursor = _runs(src, child.children or [], cursor if at < 0 else at + 2, spans)
+            cursor = _runs(src, child.children or [], cursor if at < 0 else at + 2, limit, spans)
             cursor = _after_link(src, cursor)
     return cursor
 
