@@ -1,9 +1,14 @@
 """Quality of the served models on the test splits, through the engines as the service runs them.
 
-Translator (beam 4, lines and sentences split, spans masked): sacreBLEU BLEU and chrF, and the
+Translator (beam 4, lines and sentences split, spans masked): sacreBLEU BLEU and chrF, the
 share of outputs with an immediate repetition the reference lacks (a word twice in a row, or a
-word pair twice in a row: "Änderungen speichern speichern?"). Classifier: accuracy and macro-F1
-overall and per source, and the VADER lexicon on the same split for scale.
+word pair twice in a row: "Änderungen speichern speichern?"), and retention: of the identifiers,
+inline code, names, quoted spans and dash runs (`service.contract.verbatim`) that the reference
+keeps as written, the share the translation keeps as written too; on the test split and, with
+`--ood`, on the out-of-domain stand-in of `bench.ood`. Classifier: accuracy and macro-F1 overall
+and per source, the expected calibration error, and the VADER lexicon on the same split for
+scale; and the same on `bench/data/short_texts.jsonl`, everyday texts of one to eight words
+written for this bench (60 per class), with how many of them occur in the training split.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from bench.engines import load_engine, newest
+from service.contract import spans, verbatim
 from service.engine.classifier import ClassifierEngine
 from service.engine.decoding import DecodeParams
 from service.engine.runtime import LoadOptions
@@ -64,27 +70,92 @@ def translation_scores(hyps: list[str], refs: list[str]) -> dict[str, float | in
     }
 
 
+RETAINED = {"caps": "identifiers", "snake": "identifiers", "code": "code", "name": "names"}
+RETAINED |= {"quotes": "quotes and dashes", "dashes": "quotes and dashes"}
+
+
+def retention(sources: list[str], refs: list[str], hyps: list[str], words: frozenset[str]) -> dict[str, object]:
+    """Per group of `RETAINED`: the candidates each reference keeps as written, and how many of
+    them the translation keeps as written (as often as the source has them)."""
+    total: Counter[str] = Counter()
+    kept: Counter[str] = Counter()
+    lost: dict[str, list[dict[str, str]]] = {}
+    for src, ref, hyp in zip(sources, refs, hyps, strict=True):
+        strict = [(s.start, s.end) for s in spans.find_spans(src)]
+        for c in verbatim.candidates(src, words, strict):
+            word, group = src[c.start : c.end], RETAINED[c.kind]
+            if not verbatim.kept_in(ref, word):
+                continue
+            total[group] += 1
+            if len(verbatim.kept_in(hyp, word)) >= len(verbatim.kept_in(src, word)):
+                kept[group] += 1
+            elif len(lost.setdefault(group, [])) < 5:
+                lost[group].append({"word": word, "en": src, "hyp": hyp})
+    every = sum(total.values())
+    return {
+        "all": {"kept": sum(kept.values()), "of": every, "share": sum(kept.values()) / every if every else 1.0},
+        **{g: {"kept": kept[g], "of": n, "share": kept[g] / n, "lost": lost.get(g, [])} for g, n in total.items()},
+    }
+
+
 def translator_quality(engine: TranslatorEngine, rows: list[dict[str, str]]) -> dict[str, object]:
     hyps = translate_rows(engine, [r["en"] for r in rows])
     refs = [r["de"] for r in rows]
     rep = [repeats_beyond_reference(h, r) for h, r in zip(hyps, refs, strict=True)]
     return {
         **translation_scores(hyps, refs),
+        "retention": retention([r["en"] for r in rows], refs, hyps, engine.codec.words),
         "repeated_examples": [{"hyp": h, "ref": r} for h, r, x in zip(hyps, refs, rep, strict=True) if x][:10],
         "examples": [{"en": r["en"], "ref": r["de"], "hyp": h} for r, h in list(zip(rows, hyps, strict=True))[:10]],
     }
 
 
+def calibration_error(confidence: list[float], correct: list[bool], bins: int = 15) -> float:
+    """Expected calibration error: over equal-width confidence bins, the gap between mean
+    confidence and accuracy, weighted by the bin's share of the rows."""
+    out = 0.0
+    for b in range(bins):
+        idx = [i for i, c in enumerate(confidence) if b / bins < c <= (b + 1) / bins or (b == 0 and c == 0)]
+        if idx:
+            gap = sum(confidence[i] for i in idx) / len(idx) - sum(correct[i] for i in idx) / len(idx)
+            out += abs(gap) * len(idx) / len(confidence)
+    return out
+
+
 def classifier_quality(engine: ClassifierEngine, rows: list[dict[str, str]]) -> dict[str, object]:
     from export.metrics import classification_report  # the training's own report, for one definition
+    from export.train import vader_baseline
 
     labels = engine.labels
-    probs = [
-        engine.classify_ids(engine.encode([r["text"] for r in rows[s : s + 256]])) for s in range(0, len(rows), 256)
-    ]
-    pred = [int(p.argmax()) for chunk in probs for p in chunk]
+    texts = [r["text"] for r in rows]
+    probs = [p for s in range(0, len(rows), 256) for p in engine.classify_ids(engine.encode(texts[s : s + 256]))]
+    pred = [int(p.argmax()) for p in probs]
     gold = [labels.index(r["label"]) for r in rows]
-    return classification_report(gold, pred, [r["source"] for r in rows], len(labels))
+    sources = [r.get("source", "all") for r in rows]
+    return {
+        **classification_report(gold, pred, sources, len(labels)),
+        "calibration_error": calibration_error(
+            [float(p.max()) for p in probs], [p == g for p, g in zip(pred, gold, strict=True)]
+        ),
+        "vader": classification_report(gold, vader_baseline(texts), sources, len(labels))["all"],
+    }
+
+
+SHORT_TEXTS = ROOT / "bench" / "data" / "short_texts.jsonl"
+
+
+def _shares(result: dict[str, object]) -> str:
+    groups = result["retention"]
+    assert isinstance(groups, dict)
+    return ", ".join(f"{g} {v['kept']}/{v['of']}" for g, v in groups.items())
+
+
+def _accuracy(result: object) -> str:
+    assert isinstance(result, dict)
+    return (
+        f"accuracy {result['all']['accuracy']:.4f} (VADER {result['vader']['accuracy']:.4f}), "
+        f"calibration error {result['calibration_error']:.4f}"
+    )
 
 
 def main() -> int:
@@ -93,6 +164,8 @@ def main() -> int:
     p.add_argument("--data-dir", type=Path, default=ROOT / "data")
     p.add_argument("--variants", default="", help="comma list (default: each model's shipped variants)")
     p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--ood", action="store_true", help="also the out-of-domain stand-in of bench.ood (apt downloads)")
+    p.add_argument("--ood-workdir", type=Path, default=ROOT / "data" / "raw-ood")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "quality.json")
     args = p.parse_args()
     results: dict[str, object] = {}
@@ -106,14 +179,24 @@ def main() -> int:
                 result = translator_quality(engine, rows)
                 print(
                     f"{name} {variant}: BLEU {result['bleu']} chrF {result['chrf']}, "
-                    f"repetitions {result['repeated_ngram_share']:.2%}",
+                    f"repetitions {result['repeated_ngram_share']:.2%}, kept as written {_shares(result)}",
                     flush=True,
                 )
+                if args.ood:
+                    from bench.ood import stand_in_set
+
+                    pairs, _ = stand_in_set(args.ood_workdir, 200)
+                    result["ood"] = ood = translator_quality(engine, [{"en": r.en, "de": r.de} for r in pairs])
+                    print(f"  stand-in: BLEU {ood['bleu']} chrF {ood['chrf']}, kept as written {_shares(ood)}")
             else:
                 assert isinstance(engine, ClassifierEngine)
                 rows = [json.loads(x) for x in (args.data_dir / "sentiment" / "test.jsonl").read_text().splitlines()]
                 result = classifier_quality(engine, rows)
-                print(f"{name} {variant}: accuracy {result['all']['accuracy']:.4f}", flush=True)  # type: ignore[index]
+                short = [json.loads(x) for x in SHORT_TEXTS.read_text().splitlines()]
+                trained = {json.loads(x)["text"] for x in (args.data_dir / "sentiment" / "train.jsonl").open()}
+                result["short_texts"] = classifier_quality(engine, short)
+                result["short_texts_in_training"] = sum(r["text"] in trained for r in short)
+                print(f"{name} {variant}: {_accuracy(result)}; short texts {_accuracy(result['short_texts'])}")
             results[f"{name}/{entry.version}/{variant}"] = result
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
