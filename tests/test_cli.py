@@ -58,7 +58,7 @@ def test_the_tiny_preset_sets_its_sizes_and_explicit_options_win() -> None:
     assert (args.d_model, args.layers, args.train_rows, args.amp) == (32, 1, 20000, False)
     assert args.steps == 7 and args.out == "runs/tiny-en-de"  # its own run folder: a real run never resumes it
     plain = train.build_parser().parse_args(["classifier"])
-    assert (plain.d_model, plain.train_rows, plain.amp, plain.out) == (256, 0, True, "runs/sentiment")
+    assert (plain.d_model, plain.train_rows, plain.amp, plain.out) == (256, 0, None, "runs/sentiment")  # None: auto
     text = " ".join(train.build_parser().format_help().split()) + " ".join(
         parsers()["export.train classifier"].format_help().split()
     )
@@ -119,3 +119,12 @@ def test_the_summary_is_short_even_for_a_long_report(tmp_path: Path) -> None:
     assert lines[0] == f"published {tmp_path / 'm' / '1'}"
     assert "default variant: int8" in lines[1]
     assert "manifest.json" in lines[-1]
+
+
+def test_bf16_autocast_is_chosen_only_where_it_is_native(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(train, "bf16_is_native", lambda device: device == "fast")
+    seen: list[bool] = []
+    monkeypatch.setattr(train, "run_classifier", lambda args: seen.append(args.amp) or {})
+    for argv in (["classifier", "--device", "fast"], ["classifier"], ["classifier", "--device", "fast", "--no-amp"]):
+        train.main(argv)
+    assert seen == [True, False, False]
