@@ -62,7 +62,10 @@ async function run(prefix, work) {
     status.textContent = `${note} · ${Math.round(performance.now() - t0)} ms`;
   } catch (err) {
     status.textContent = "";
-    for (const part of ["result", "attention"]) $(`${prefix}-${part}`).hidden = true;
+    for (const part of ["result", "attention"]) {
+      const box = $(`${prefix}-${part}`);
+      if (box) box.hidden = true;
+    }
     showError(`${prefix}-error`, err);
   } finally {
     button.disabled = false;
@@ -374,6 +377,63 @@ $("translate-form").addEventListener("submit", (event) => {
     const data = await call("/translate", decodeRequest($("translate-input").value));
     showTranslation(data.translations[0]);
     return `${data.model} v${data.version}`;
+  });
+});
+
+// -- documents ---------------------------------------------------------------------------------
+
+/** The translated file of POST /translate_file, its name and the counts its headers carry. */
+async function translateFile(form) {
+  let response;
+  try {
+    response = await fetch("/translate_file", { method: "POST", body: form });
+  } catch (err) {
+    throw new ApiError(`/translate_file: the service did not answer (${err.message})`);
+  }
+  if (!response.ok) {
+    let data = null;
+    try { data = await response.json(); } catch (err) { data = null; }
+    const what = data && data.error ? data.error : response.statusText || "no message";
+    throw new ApiError(`${what} (HTTP ${response.status}${data && data.type ? `, ${data.type}` : ""})`);
+  }
+  const disposition = response.headers.get("content-disposition") || "";
+  const name = /filename\*=UTF-8''([^;]+)/.exec(disposition);
+  const count = (h) => Number(response.headers.get(h) || 0);
+  return {
+    blob: await response.blob(),
+    name: name ? decodeURIComponent(name[1]) : "translated",
+    translated: count("x-translated-entries"),
+    kept: count("x-kept-entries"),
+    failed: count("x-failed-entries"),
+  };
+}
+
+let documentUrl = null;
+
+$("document-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  run("document", async () => {
+    const file = $("document-file").files[0];
+    if (!file) throw new ApiError("choose a file first");
+    const form = new FormData();
+    form.append("file", file, file.name);
+    form.append("fuzzy", $("document-fuzzy").checked ? "true" : "false");
+    if ($("translate-model").value) form.append("model", $("translate-model").value);
+    if (!$("language-box").hidden) {
+      form.append("source_language", $("source-language").value);
+      form.append("target_language", $("target-language").value);
+    }
+    const done = await translateFile(form);
+    if (documentUrl) URL.revokeObjectURL(documentUrl);
+    documentUrl = URL.createObjectURL(done.blob);
+    const link = $("document-link");
+    link.href = documentUrl;
+    link.download = done.name;
+    link.textContent = `Download ${done.name}`;
+    $("document-counts").textContent =
+      `${done.translated} translated, ${done.kept} kept as they were, ${done.failed} left empty (a placeholder or accelerator could not be kept)`;
+    $("document-result").hidden = false;
+    return `${file.name}: ${done.translated} translated`;
   });
 });
 
