@@ -89,8 +89,9 @@ class ParsedPo:
         done = failed = 0
         it = iter(translations)
         for t in self.todo:
-            texts = [m.join([next(it) for _ in m.segments]) for m in t.messages]
-            if not self._keeps(t, texts):
+            pieces = [[next(it) for _ in m.segments] for m in t.messages]
+            texts = [m.join(p) for m, p in zip(t.messages, pieces, strict=True)]
+            if not all(p.strip() for ps in pieces for p in ps) or not self._keeps(t, texts):
                 failed += 1
                 continue
             forms = texts[:1] if t.entry.msgid_plural is None else [texts[0]] + [texts[1]] * (nplurals - 1)
@@ -115,14 +116,12 @@ class ParsedPo:
         return Rendered(data, done, kept, failed)
 
     def _keeps(self, t: _Todo, texts: list[str]) -> bool:
-        """Each translation has text where its source has, the source's placeholders and accelerator
-        marks, and fits the file's charset."""
+        """Each translation has the source's placeholders and accelerator marks, and fits the
+        file's charset."""
         kinds = placeholders.formats(t.entry.flags)
         for m, text in zip(t.messages, texts, strict=True):
             source = t.entry.msgid if m is t.messages[0] else t.entry.msgid_plural
             assert source is not None
-            if m.segments and not any(c.isalpha() for c in text):
-                return False
             if not placeholders.kept(source, text, kinds):
                 return False
             if self.mark is not None and accelerators.count(text, self.mark) != accelerators.count(source, self.mark):
