@@ -163,3 +163,25 @@ def test_a_catalog_does_not_starve_one_sentence_requests(server: Server) -> None
     p99 = lambda xs: statistics.quantiles(xs, n=100)[98]  # noqa: E731
     print(f"one-sentence /translate p99: {p99(idle) * 1000:.1f} ms idle, {p99(loaded) * 1000:.1f} ms with a catalog")
     assert p99(loaded) <= 5 * p99(idle) + 0.25  # + scheduling noise of a shared 2-core machine
+
+
+def test_keys_apply_and_a_file_past_its_deadline_is_a_504(tiny_store: Path, tmp_path: Path) -> None:
+    key = "doc-key-0123456789"
+    body = "".join(f'msgid "The red cat {i} sees a dog."\nmsgstr ""\n\n' for i in range(600))
+    catalog = ('msgid ""\nmsgstr "Content-Type: text/plain; charset=UTF-8\\n"\n\n' + body).encode()
+    with (
+        run_server(tiny_store, tmp_path / "server.log", api_keys=f"web:{key}", file_timeout_s="1") as server,
+        httpx.Client(base_url=server.url, timeout=60) as c,
+    ):
+        fields = {"source": "en", "target": "de"}
+        lt = "/libretranslate/translate_file"
+        assert upload(c, "a.po", CATALOG.encode()).status_code == 401
+        assert c.post(lt, files={"file": ("a.po", CATALOG.encode())}, data=fields).status_code == 403
+        keyed = c.post(lt, files={"file": ("a.po", CATALOG.encode())}, data=fields | {"api_key": key})
+        assert keyed.status_code == 200, keyed.text
+        t0 = time.monotonic()
+        late = c.post(
+            "/translate_file", files={"file": ("big.po", catalog)}, headers={"authorization": f"Bearer {key}"}
+        )
+        assert late.status_code == 504 and time.monotonic() - t0 < 10, late.text
+        assert c.get("/healthz").status_code == 200
