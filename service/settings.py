@@ -142,6 +142,9 @@ class Settings(BaseSettings):
         default=5000, ge=1, description="distinct texts to translate in one file, after deduplication (413 above)"
     )
     max_file_chars: int = Field(default=500_000, ge=1, description="characters to translate in one file (413 above)")
+    file_segments_in_flight: int = Field(
+        default=2, ge=1, le=256, description="a file's texts queued or decoding at once: its share of each step"
+    )
     file_timeout_s: float = Field(
         default=300.0, gt=0, le=3600, description="deadline of a file translation (504 when passed)"
     )

@@ -1,10 +1,12 @@
 """A file's segments through the translation task, sharing the model fairly with other requests.
 
-Each distinct segment is translated once. They go in chunks of a few texts, each its own request
-to the step scheduler, with only `parallel` chunks queued at a time: the scheduler serves waiting
-requests round-robin, one sentence each, so a one-sentence request that arrives while a catalog
-runs waits behind at most a chunk's turn, not behind the whole file; and the file never fills the
-queue that other clients' admission is measured against. A chunk refused as busy is sent again
+Each distinct segment is translated once, as its own request to the step scheduler, with only
+`parallel` of them queued or running at a time. The scheduler serves waiting requests
+round-robin, one sentence each, so a request that arrives while a catalog runs joins the running
+batch at once (the file holds a few of its rows, not all) instead of waiting behind the whole
+file; and the file never fills the queue that other clients' admission is measured against. How
+many rows a file holds is the trade: each row slows every step a little, for everyone
+(`SERVE_FILE_SEGMENTS_IN_FLIGHT`, docs/documents.md). A chunk refused as busy is sent again
 until the file's deadline; a text over the model's token limit comes back empty (its format then
 leaves that unit untranslated and counts it failed), the rest of the file is translated.
 """
@@ -33,7 +35,7 @@ def check_limits(segments: Sequence[str], max_segments: int, max_chars: int) -> 
 
 
 async def translate_segments(
-    segments: Sequence[str], translate: Translate, deadline: float, chunk: int = 8, parallel: int = 4
+    segments: Sequence[str], translate: Translate, deadline: float, chunk: int = 1, parallel: int = 4
 ) -> list[str]:
     """`translate` applied to each distinct segment once, `chunk` texts a call, at most `parallel`
     calls at a time; the translations in the order of `segments`."""

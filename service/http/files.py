@@ -87,7 +87,9 @@ async def translate_file(
         assert isinstance(result, Translated)
         return [row[0].text for row in result.rows]
 
-    translations = await runner.translate_segments(parsed.segments, translate, deadline)
+    translations = await runner.translate_segments(
+        parsed.segments, translate, deadline, parallel=s.file_segments_in_flight
+    )
     d = task.describe()
     source, target = getattr(options, "source_language", None), getattr(options, "target_language", None)
     info = RenderInfo(
