@@ -216,3 +216,16 @@ def test_unknown_extensions_are_refused() -> None:
     with pytest.raises(DocumentError, match="unsupported file type .exe"):
         find("setup.EXE")
     assert find("de.POT").name == "po"
+
+
+@pytest.mark.parametrize(
+    ("text", "kind", "found"),
+    [
+        ("%1$s of %2$d, 100%% %-5.2f %<PRIu64> %zu", "c-format", ["%1$s", "%2$d", "%%", "%-5.2f", "%<PRIu64>", "%zu"]),
+        ("%(name)s has %(n)d %s", "python-format", ["%(name)s", "%(n)d", "%s"]),
+        ("{name} {{literal}} {0!r:>10}", "python-brace-format", ["{name}", "{0!r:>10}"]),
+    ],
+)
+def test_placeholders_per_format(text: str, kind: str, found: list[str]) -> None:
+    assert sorted(placeholders(text, [kind]).elements()) == sorted(found)
+    assert formats(["fuzzy", kind, "no-c-format"]) == [kind]
