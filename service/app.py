@@ -22,9 +22,10 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import priority
-from service.http import libretranslate, oip, openapi, page, rest
+from service.http import files, libretranslate, oip, openapi, page, rest
 from service.http.auth import ApiKeys, KeyRing
 from service.http.dispatch import Endpoint, Router
+from service.http.downloads import Downloads
 from service.http.limits import ClientLimits, Limits, PolicySource
 from service.http.middleware import BodyLimit, ClientRate, RequestContext
 from service.http.schemas import OipInferRequest
@@ -59,7 +60,7 @@ class ServiceApp(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
         s = self.state.serve.settings
         app: ASGIApp = Endpoint(lifespan=self.router)
-        app = BodyLimit(app, max_bytes=s.max_body_bytes, body_timeout=s.body_timeout_s)
+        app = BodyLimit(app, s.max_body_bytes, s.body_timeout_s, s.max_file_bytes)
         if self.state.serve.limits.active:
             app = ClientRate(app, self.state.serve.limits, s.limit_hold_s)
         app = ApiKeys(app, self.state.serve.keys, self.state.serve.metrics)
@@ -74,9 +75,9 @@ def create_app(settings: Settings) -> ServiceApp:
     # from serving); each task then runs its model work on threads of its own. It runs below the
     # event loop like them, and so do ONNX Runtime's worker threads: they inherit its priority.
     executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="model", initializer=lower_priority)
-    state = AppState(
-        settings, metrics, ModelSet(settings, metrics, executor), KeyRing.of(settings), client_limits(settings, metrics)
-    )
+    models = ModelSet(settings, metrics, executor)
+    downloads = Downloads(settings.download_ttl_s)
+    state = AppState(settings, metrics, models, KeyRing.of(settings), client_limits(settings, metrics), downloads)
     tasks = registry.tasks()
 
     @contextlib.asynccontextmanager
@@ -93,6 +94,7 @@ def create_app(settings: Settings) -> ServiceApp:
                         await task
             await state.models.close(settings.drain_timeout_s)
             executor.shutdown(wait=False, cancel_futures=True)
+            downloads.close()
             gc.unfreeze()  # the models closed: their objects may be collected like any other
 
     app = ServiceApp(
@@ -105,7 +107,7 @@ def create_app(settings: Settings) -> ServiceApp:
     )
     app.state.serve = state
     rules = field_rules(*(cls.Request for cls in tasks), OipInferRequest)
-    api = [*rest.routes(tasks, rules), *oip.routes(), *libretranslate.routes(), *page.routes()]
+    api = [*rest.routes(tasks, rules), *files.routes(), *oip.routes(), *libretranslate.routes(), *page.routes()]
     document = openapi.builder(tuple(api), settings, state.models)
     app.table = RouteTable([*api, *openapi.routes(document)])
     app.openapi = document  # type: ignore[method-assign]

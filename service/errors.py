@@ -32,6 +32,13 @@ class UnreadableBody(ServiceError):
     kind = "bad_request"
 
 
+class InvalidDocument(ServiceError):
+    """An uploaded file its format cannot read (syntax, bytes its charset does not allow, an
+    unknown extension): the message names the line where known."""
+
+    kind = "invalid_document"
+
+
 class ModelNotFound(ServiceError):
     kind = "model_not_found"
 

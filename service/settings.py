@@ -136,6 +136,27 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="request body size (413 above)")
     max_texts: int = Field(default=64, ge=1, le=4096, description="texts per request (413 above)")
     max_text_chars: int = Field(default=2000, ge=1, description="characters per text (413 above)")
+    # documents (POST /translate_file, LibreTranslate's translate_file): docs/documents.md
+    max_file_bytes: int = Field(default=2 << 20, ge=1024, description="an uploaded file's request body (413 above)")
+    max_file_segments: int = Field(
+        default=5000, ge=1, description="distinct texts to translate in one file, after deduplication (413 above)"
+    )
+    max_file_chars: int = Field(default=500_000, ge=1, description="characters to translate in one file (413 above)")
+    file_segments_in_flight: int = Field(
+        default=2, ge=1, le=256, description="a file's texts queued or decoding at once: its share of each step"
+    )
+    file_timeout_s: float = Field(
+        default=300.0, gt=0, le=3600, description="deadline of a file translation (504 when passed)"
+    )
+    download_ttl_s: float = Field(
+        default=3600.0, gt=0, le=7 * 86400, description="LibreTranslate: a translated file stays downloadable this long"
+    )
+    public_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s/]+(/[^\s]*)?$",
+        description="LibreTranslate: the base of download URLs (https://mt.example.org); unset: the request's "
+        "X-Forwarded-Proto/-Host/-Prefix headers, else its Host",
+    )
 
     @field_validator("providers")
     @classmethod

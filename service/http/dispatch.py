@@ -62,12 +62,13 @@ class Call:
         raw = self.scope.get("query_string", b"").decode("latin-1")
         return {k: v[0] if len(v) == 1 else v for k, v in parse_qs(raw).items()}
 
-    def admit(self) -> tuple[AppState, float]:
-        """The app state and this request's deadline; 503 once the service closes (after SIGTERM's grace)."""
+    def admit(self, timeout_s: float | None = None) -> tuple[AppState, float]:
+        """The app state and this request's deadline (`timeout_s` from its arrival, else the
+        settings' request timeout); 503 once the service closes (after SIGTERM's grace)."""
         state = self.state
         if state.closing:
             raise ShuttingDown("the service is shutting down; retry on another instance")
-        return state, self.info.start + state.settings.request_timeout_s
+        return state, self.info.start + (timeout_s or state.settings.request_timeout_s)
 
     def charge(self, texts: Sequence[str]) -> None:
         """Charges the client for the texts it submits (per-client limits: 413, 429). A route whose

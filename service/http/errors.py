@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from service.errors import (
     DeadlineExceeded,
     InputTooLong,
+    InvalidDocument,
     InvalidInput,
     InvalidJson,
     LoadRefused,
@@ -33,6 +34,7 @@ from service.http.table import Protocol
 
 HTTP_STATUS: dict[str, int] = {
     InvalidJson.kind: 400,
+    InvalidDocument.kind: 400,
     "bad_request": 400,
     "unauthorized": 401,
     "forbidden": 403,

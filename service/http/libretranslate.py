@@ -19,6 +19,7 @@ from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp
 
+from service.documents import registry
 from service.errors import InvalidInput
 from service.http import html_text, schemas
 from service.http.auth import KEY_ID, bearer, refused
@@ -58,7 +59,7 @@ def _offered(sources: Iterable[object], targets: Iterable[object]) -> list[tuple
 
 def _sources(pairs: Iterable[tuple[str, str]]) -> dict[str, frozenset[str]]:
     """What `source` may be, with the targets each takes: the served languages, and `auto` for
-    the targets that one source language alone translates into (`_translator` resolves it)."""
+    the targets that one source language alone translates into (`translator` resolves it)."""
     out: dict[str, set[str]] = {}
     into: dict[str, set[str]] = {}
     for source, target in pairs:
@@ -126,7 +127,7 @@ def _params(call: Call) -> dict[str, Any]:
     return out | data
 
 
-def _check_key(call: Call, params: Mapping[str, Any]) -> None:
+def check_key(call: Call, params: Mapping[str, Any]) -> None:
     """LibreTranslate's key: its `api_key` parameter, else the bearer header; 403 for any refusal."""
     if call.route.auth is not Auth.PARAM:
         return
@@ -166,7 +167,7 @@ def _pairs(call: Call) -> dict[str, set[str]]:
 
 async def languages(call: Call) -> ASGIApp:
     """The languages the served translators read, each with the languages it translates into."""
-    _check_key(call, _params(call))
+    check_key(call, _params(call))
     body = [
         {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": sorted(targets)}
         for code, targets in sorted(_pairs(call).items())
@@ -187,8 +188,8 @@ async def frontend_settings(call: Call) -> ASGIApp:
             "apiKeys": call.state.keys.access.inference,
             "keyRequired": call.state.keys.access.inference,
             "suggestions": False,
-            "filesTranslation": False,
-            "supportedFilesFormat": [],
+            "filesTranslation": True,
+            "supportedFilesFormat": registry.extensions(),
             "language": {
                 "source": {"code": source, "name": LANGUAGE_NAMES.get(source, source)},
                 "target": {"code": target, "name": LANGUAGE_NAMES.get(target, target)},
@@ -198,14 +199,14 @@ async def frontend_settings(call: Call) -> ASGIApp:
 
 
 async def detect(call: Call) -> ASGIApp:
-    _check_key(call, _params(call))
+    check_key(call, _params(call))
     raise Forbidden("Language detection is disabled on this server: no language detector is installed")
 
 
 async def translate(call: Call) -> ASGIApp:
     state, deadline = call.admit()
     params = _params(call)
-    _check_key(call, params)
+    check_key(call, params)
     q = params.get("q")
     if q is None or q == "" or q == []:
         raise InvalidInput("Invalid request: missing q parameter")
@@ -225,7 +226,7 @@ async def translate(call: Call) -> ASGIApp:
     if fmt not in ("text", "html"):
         raise InvalidInput(f"Invalid request: format must be text or html, got {fmt!r}")
     alternatives = _alternatives(params.get("alternatives", 0))
-    task, source = _translator(call, source, target)
+    task, source = translator(call, source, target)
     call.info.model = task.entry.name
     units = [html_text.split(t) if fmt == "html" else [t] for t in texts]
     pieces = [p for parts in units for p in (parts if fmt == "text" else parts[1::2])]
@@ -268,7 +269,7 @@ def _alternatives(value: object) -> int:
     return n
 
 
-def _translator(call: Call, source: str, target: str) -> tuple[Task, str]:
+def translator(call: Call, source: str, target: str) -> tuple[Task, str]:
     """The model translating `source` into `target`, and the source language (`auto` resolved)."""
     offered = _translators(call)
     if source == AUTO:

@@ -33,6 +33,7 @@ REQUEST_ID_HEADER = b"x-request-id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
 _OCTETS = "application/octet-stream"
 _FORM = "application/x-www-form-urlencoded"
+_MULTIPART = "multipart/form-data"
 _JSON_TYPE = re.compile(r"^application/([a-z0-9.+-]*\+)?json\s*(;.*)?$", re.IGNORECASE)
 
 
@@ -179,8 +180,9 @@ class BodyLimit:
     499. Requests to no route, or with a method their path does not take, go on (404/405).
     """
 
-    def __init__(self, app: ASGIApp, max_bytes: int, body_timeout: float = 10.0) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, body_timeout: float = 10.0, max_file_bytes: int = 0) -> None:
         self.app, self.max_bytes, self.body_timeout = app, max_bytes, body_timeout
+        self.max_file_bytes = max_file_bytes or max_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         route = route_of(scope) if scope["type"] == "http" else None
@@ -188,20 +190,27 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         protocol = route.protocol
-        too_large = f"the request body exceeds {self.max_bytes} bytes"
+        limit = self.max_file_bytes if route.upload else self.max_bytes
+        too_large = f"the request body exceeds {limit} bytes"
         declared = header(scope, b"content-length")
         if declared is not None:
             if not declared.strip().isdigit():
                 await error_response(protocol, "invalid Content-Length header", "bad_request")(scope, receive, send)
                 return
-            if int(declared) > self.max_bytes:
+            if int(declared) > limit:
                 await error_response(protocol, too_large, "payload_too_large")(scope, receive, send)
                 return
         content_type = (header(scope, b"content-type") or "").strip()
+        kind = content_type.split(";")[0].strip().lower()
         binary = route.binary and header(scope, HEADER_LENGTH) is not None
-        form = route.forms and content_type.split(";")[0].strip().lower() == _FORM
+        form = route.forms and kind == _FORM
+        if route.upload and kind != _MULTIPART:
+            wrong_type = "Content-Type must be multipart/form-data"
+            await error_response(protocol, wrong_type, "unsupported_media_type")(scope, receive, send)
+            return
         if (
             content_type
+            and not route.upload
             and not _JSON_TYPE.match(content_type)
             and not (binary and content_type == _OCTETS)
             and not form
@@ -218,7 +227,7 @@ class BodyLimit:
                         return
                     chunk = message.get("body", b"")
                     size += len(chunk)
-                    if size > self.max_bytes:
+                    if size > limit:
                         break
                     chunks.append(chunk)
                     if not message.get("more_body", False):
@@ -227,7 +236,7 @@ class BodyLimit:
             late = f"the request body did not arrive within {self.body_timeout:g} s"
             await error_response(protocol, late, "request_timeout")(scope, receive, send)
             return
-        if size > self.max_bytes:
+        if size > limit:
             await error_response(protocol, too_large, "payload_too_large")(scope, receive, send)
             return
         await _run_watched(self.app, scope, b"".join(chunks), receive, send)

@@ -123,7 +123,8 @@ def _operation(
             "content": {"application/json": {"schema": names[(r.body, "validation")]}},
         }
     ok = names[(r.response, "serialization")] if r.response is not None else {}
-    op["responses"] = {"200": {"description": "Successful Response", "content": {r.media_type: {"schema": ok}}}}
+    content = {t: {"schema": ok} for t in (r.media_type, *r.media_types)}
+    op["responses"] = {"200": {"description": "Successful Response", "content": content}}
     shape = {"$ref": _REF.format(model=ERROR_SCHEMAS[r.protocol][0])}
     if 401 in access.statuses(r.auth):  # a bearer key is asked for
         op["security"] = [{"bearer": []}]

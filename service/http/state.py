@@ -1,4 +1,5 @@
-"""What the routes share: settings, metrics, the served models and the draining flag."""
+"""What the routes share: settings, metrics, the served models, the files kept for download and
+the draining flag."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from starlette.types import Scope
 
 from service.http.auth import KeyRing
+from service.http.downloads import Downloads
 from service.http.limits import ClientLimits
 from service.metrics import Metrics
 from service.serving import ModelSet
@@ -21,6 +23,7 @@ class AppState:
     models: ModelSet
     keys: KeyRing
     limits: ClientLimits  # per-client limits (none unless set)
+    downloads: Downloads  # translated files for LibreTranslate's download URL
     draining: bool = False  # set on SIGTERM: /readyz answers 503; requests are still served
     closing: bool = False  # set when the listener closes after the grace: new requests answer 503
     watcher: asyncio.Task[None] | None = None  # the store watcher, when SERVE_WATCH_INTERVAL_S > 0

@@ -89,12 +89,14 @@ class Route:
     body: type[BaseModel] | None = None  # the JSON body, parsed by the handler and documented
     response: type[BaseModel] | None = None  # the 200 body (JSON)
     media_type: str = "application/json"  # of the 200 answer
+    media_types: tuple[str, ...] = ()  # the 200 answer's other media types (a file route's formats)
     auth: Auth = Auth.OPEN
     errors: tuple[int, ...] = ()  # statuses the handler itself can answer, beyond the rules below
     metric: str | None = None  # label of the request metrics; None: not counted
     probe: bool = False  # answered whatever the load, never refused as busy
     forms: bool = False  # also takes form-encoded bodies (LibreTranslate's clients send them)
     binary: bool = False  # also takes the OIP binary tensor extension's octet-stream bodies
+    upload: bool = False  # takes multipart/form-data file uploads, up to `max_file_bytes`, instead of JSON
     names_served_model: bool = False  # its `{name}` is a model being served (the document lists them)
     documented: bool = True
     doc_extra: Mapping[str, Any] = field(default_factory=dict)  # merged into the document's operation

@@ -1,0 +1,253 @@
+"""Document routes: `POST /translate_file` and LibreTranslate's `translate_file` and `download_file`.
+
+HTTP in, HTTP out: the multipart upload is read, its format found by extension
+(`service.documents.registry`), its segments translated by the translation task
+(`service.documents.runner`: chunked so other requests interleave) and the file rendered again.
+The native route answers the file itself, with the counts in headers; LibreTranslate's answers a
+download URL. docs/documents.md has the rules and limits.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import quote
+
+from starlette.datastructures import Headers, UploadFile
+from starlette.formparsers import MultiPartException, MultiPartParser
+from starlette.responses import Response
+from starlette.types import ASGIApp
+
+from service.documents import registry, runner
+from service.documents.base import DocumentError, Format, Rendered, RenderInfo
+from service.errors import InvalidDocument, InvalidInput
+from service.http.dispatch import Call, json_answer
+from service.http.downloads import safe_filename
+from service.http.errors import NotFound
+from service.http.libretranslate import check_key, translator
+from service.http.table import Auth, Protocol, Route
+from service.tasks.base import Task, Work
+from service.tasks.translation import Translated, TranslationTask
+
+MAX_FIELDS = 16
+_PROTO, _HOST = re.compile(r"^https?$"), re.compile(r"^[A-Za-z0-9.-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
+_PREFIX = re.compile(r"^(/[A-Za-z0-9._~-]+)*/?$")
+
+
+@dataclass(frozen=True)
+class Upload:
+    filename: str  # as the client named it, reduced to a safe last part
+    data: bytes
+    fields: dict[str, str]
+
+
+async def read_upload(call: Call) -> Upload:
+    """The multipart body's `file` and its other fields (strings)."""
+
+    async def stream() -> Any:
+        yield call.body
+
+    try:
+        form = await MultiPartParser(Headers(scope=call.scope), stream(), max_files=1, max_fields=MAX_FIELDS).parse()
+    except MultiPartException as exc:
+        raise InvalidDocument(f"unreadable multipart body: {exc.message}") from None
+    upload = form.get("file")
+    if not isinstance(upload, UploadFile):
+        raise InvalidDocument("the multipart body needs a `file` part with a file name")
+    data = await upload.read()
+    fields = {k: v for k, v in form.multi_items() if isinstance(v, str)}
+    return Upload(safe_filename(upload.filename or ""), data, fields)
+
+
+def _format(upload: Upload, retranslate_fuzzy: bool = False) -> Format:
+    try:
+        return registry.find(upload.filename, retranslate_fuzzy)
+    except DocumentError as exc:
+        raise InvalidDocument(str(exc)) from None
+
+
+async def translate_file(
+    call: Call, task: Task, fmt: Format, upload: Upload, options: Any, deadline: float
+) -> Rendered:
+    """The upload translated by `task`: parsed (400 naming the line), within the file limits (413),
+    its distinct segments charged to the client and translated before `deadline` (504)."""
+    s = call.state.settings
+    try:
+        parsed = fmt.parse(upload.data)
+    except DocumentError as exc:
+        raise InvalidDocument(f"{upload.filename}: {exc}") from None
+    unique = runner.check_limits(parsed.segments, s.max_file_segments, s.max_file_chars)
+    call.charge(unique)
+    call.info.model = task.entry.name
+
+    async def translate(texts: list[str]) -> list[str]:
+        result = await task.run(Work(texts, options, deadline))
+        assert isinstance(result, Translated)
+        return [row[0].text for row in result.rows]
+
+    translations = await runner.translate_segments(
+        parsed.segments, translate, deadline, parallel=s.file_segments_in_flight
+    )
+    d = task.describe()
+    source, target = getattr(options, "source_language", None), getattr(options, "target_language", None)
+    info = RenderInfo(
+        model=task.entry.name,
+        version=task.entry.version,
+        source_lang=str(source or d.get("source_language") or ""),
+        target_lang=str(target or d.get("target_language") or ""),
+        generator=f"transformer-serve ({task.entry.name} {task.entry.version})",
+        now=datetime.now(UTC).strftime("%Y-%m-%d %H:%M+0000"),
+    )
+    return parsed.render(translations, info)
+
+
+def output_name(filename: str, target: str) -> str:
+    """`<stem>_<target><ext>`: "messages.po" -> "messages_de.po"."""
+    stem, dot, ext = filename.rpartition(".")
+    return f"{stem}_{target}.{ext}" if dot and stem else f"{filename}_{target}"
+
+
+async def translate_file_native(call: Call) -> ASGIApp:
+    """The uploaded file translated, in the answer's body (`X-Translated-Entries`,
+    `X-Kept-Entries`, `X-Failed-Entries`: what became of its entries)."""
+    state, deadline = call.admit(call.state.settings.file_timeout_s)
+    upload = await read_upload(call)
+    fuzzy = upload.fields.get("fuzzy", "false").lower()
+    if fuzzy not in ("true", "false", "1", "0"):
+        raise InvalidInput("fuzzy must be true or false")
+    fmt = _format(upload, fuzzy in ("true", "1"))
+    task = state.models.resolve(upload.fields.get("model") or None, TranslationTask.name, None)
+    options = task.Options.model_validate({})
+    done = await translate_file(call, task, fmt, upload, options, deadline)
+    target = str(task.describe().get("target_language") or "translated")
+    name = output_name(upload.filename, target)
+    headers = {
+        "content-type": fmt.media_type,
+        "content-disposition": _disposition(name),
+        "x-translated-entries": str(done.translated),
+        "x-kept-entries": str(done.kept),
+        "x-failed-entries": str(done.failed),
+    }
+    return Response(done.data, headers=headers)
+
+
+def _disposition(name: str) -> str:
+    ascii_name = name.encode("ascii", "replace").decode().replace("?", "_")
+    return f"attachment; filename=\"{ascii_name}\"; filename*=UTF-8''{quote(name)}"
+
+
+def base_url(call: Call) -> str:
+    """Where clients reach this server: the configured public URL, else the proxy's forwarded
+    headers (each ignored when malformed), else the request's own scheme and Host."""
+    public = call.state.settings.public_url
+    if public:
+        return public.rstrip("/")
+
+    def forwarded(name: bytes, valid: re.Pattern[str]) -> str | None:
+        value = (call.header(name) or "").split(",")[0].strip()
+        return value if value and valid.match(value) else None
+
+    scheme = forwarded(b"x-forwarded-proto", _PROTO) or call.scope.get("scheme", "http")
+    host = forwarded(b"x-forwarded-host", _HOST) or forwarded(b"host", _HOST)
+    if host is None:
+        server = call.scope.get("server") or ("localhost", None)
+        host = f"{server[0]}:{server[1]}" if server[1] else str(server[0])
+    prefix = (forwarded(b"x-forwarded-prefix", _PREFIX) or "").rstrip("/")
+    return f"{scheme}://{host}{prefix}"
+
+
+async def lt_translate_file(call: Call) -> ASGIApp:
+    """LibreTranslate's file translation: the translated file is kept for a while and its URL
+    answered as `translatedFileUrl`."""
+    state, deadline = call.admit(call.state.settings.file_timeout_s)
+    upload = await read_upload(call)
+    check_key(call, upload.fields)
+    source, target = upload.fields.get("source"), upload.fields.get("target")
+    if not source or not target:
+        raise InvalidInput("Invalid request: missing source or target parameter")
+    fmt = _format(upload)
+    task, source = translator(call, source, target)
+    options = task.Options.model_validate({"source_language": source, "target_language": target})
+    done = await translate_file(call, task, fmt, upload, options, deadline)
+    name = state.downloads.put(output_name(upload.filename, target), done.data)
+    return json_answer({"translatedFileUrl": f"{base_url(call)}/libretranslate/download_file/{name}"})
+
+
+async def lt_download_file(call: Call) -> ASGIApp:
+    """A translated file, until it expires (then 404, as for a name never given)."""
+    found = call.state.downloads.get(call.params["name"])
+    if found is None:
+        raise NotFound("no such file: it expired or never existed")
+    filename, data = found
+    fmt = _format(Upload(filename, b"", {}))
+    return Response(data, headers={"content-type": fmt.media_type, "content-disposition": _disposition(filename)})
+
+
+def _body(fields: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    schema = {"type": "object", "required": ["file", *required], "properties": fields}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
+
+
+FILE = {"type": "string", "format": "binary", "description": "the document; its extension names the format"}
+FILE_ERRORS = (400, 404, 413, 422, 429, 503, 504)
+
+
+def routes() -> list[Route]:
+    types = tuple(dict.fromkeys(f.media_type for f in registry.FORMATS))
+    lt = Protocol.LIBRETRANSLATE
+    native_fields = {
+        "file": FILE,
+        "model": {"type": "string", "description": "a translator; default: the only (or default) one"},
+        "fuzzy": {"type": "string", "enum": ["true", "false"], "description": "translate fuzzy entries again"},
+    }
+    lt_fields = {
+        "file": FILE,
+        "source": {"type": "string"},
+        "target": {"type": "string"},
+        "api_key": {"type": "string"},
+    }
+    return [
+        Route(
+            "/translate_file",
+            ("POST",),
+            translate_file_native,
+            "translate_file",
+            summary="Translate a document",
+            description=translate_file_native.__doc__ or "",
+            media_type=types[0],
+            media_types=types[1:],
+            auth=Auth.BEARER,
+            errors=FILE_ERRORS,
+            metric="/translate_file",
+            upload=True,
+            doc_extra=_body(native_fields, []),
+        ),
+        Route(
+            "/libretranslate/translate_file",
+            ("POST",),
+            lt_translate_file,
+            "libretranslate_translate_file",
+            lt,
+            summary="Translate file",
+            description=lt_translate_file.__doc__ or "",
+            auth=Auth.PARAM,
+            errors=(400, 429, 503, 504),
+            metric="/libretranslate/translate_file",
+            upload=True,
+            doc_extra=_body(lt_fields, ["source", "target"]),
+        ),
+        Route(
+            "/libretranslate/download_file/{name}",
+            ("GET",),
+            lt_download_file,
+            "libretranslate_download_file",
+            Protocol.REST,  # LibreTranslate folds 404 into 400; an expired file is a 404 here
+            summary="Download a translated file",
+            description=lt_download_file.__doc__ or "",
+            media_type=types[0],
+            media_types=types[1:],
+            errors=(404,),
+        ),
+    ]
