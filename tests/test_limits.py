@@ -247,7 +247,15 @@ def test_settings_leave_every_limit_off() -> None:
 def test_limits_apply_to_the_inference_routes_only(tiny_store: Path) -> None:
     table = create_app(Settings(model_store=tiny_store)).table
     limited = sorted(r.name for r in table.routes if r.inference)
-    assert limited == ["classification", "infer", "libretranslate_translate", "translation", "version_infer"]
+    assert limited == [
+        "classification",
+        "infer",
+        "libretranslate_translate",
+        "libretranslate_translate_file",
+        "translate_file",
+        "translation",
+        "version_infer",
+    ]
     for r in table.routes:
         if r.inference:  # 413 is LibreTranslate's 400
             assert {413 if r.protocol is not Protocol.LIBRETRANSLATE else 400, 429} <= set(

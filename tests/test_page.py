@@ -236,3 +236,30 @@ def test_static_routes_send_only_known_files_under_a_strict_policy(server: Serve
         for path in ("/static/page.py", "/static/..%2Fpage.py", "/static/%2e%2e%2fpage.py", "/static/"):
             r = c.get(path)
             assert r.status_code == 404 and r.json()["type"] == "not_found", path
+
+
+def test_a_catalog_uploaded_on_the_page_comes_back_translated(
+    server: Server, browser: WebDriver, tmp_path: Path
+) -> None:
+    catalog = tmp_path / "greetings.po"
+    catalog.write_text(
+        'msgid ""\nmsgstr ""\n"Content-Type: text/plain; charset=UTF-8\\n"\n\n'
+        'msgid "The cat sees a dog."\nmsgstr ""\n\nmsgid "A small dog runs."\nmsgstr "Ein kleiner Hund rennt."\n',
+        encoding="utf-8",
+    )
+    browser.get(server.url + "/")
+    by_id(browser, "document-file").send_keys(str(catalog))
+    by_id(browser, "document-submit").click()
+    wait_for(browser, "the document counts", lambda d: by_id(d, "document-counts").is_displayed())
+    assert by_id(browser, "document-counts").text.startswith("1 translated, 1 kept as they were, 0 left empty")
+    link = by_id(browser, "document-link")
+    assert link.get_attribute("download") == "greetings_de.po" and link.get_attribute("href").startswith("blob:")
+    downloads = tmp_path / "downloads"
+    browser.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    link.click()
+    wait_for(browser, "the download", lambda d: (downloads / "greetings_de.po").is_file())
+    shown = (downloads / "greetings_de.po").read_text(encoding="utf-8")
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        direct = c.post("/translate_file", files={"file": ("greetings.po", catalog.read_bytes())})
+    assert shown == direct.text and expected_translation("The cat sees a dog.") in shown
+    assert severe(browser) == []

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
+from service.documents import html, markdown, srt, text
 from service.documents.base import DocumentError, Format
 from service.documents.po import PoFormat
 
-FORMATS: tuple[Format, ...] = (PoFormat(),)
+FORMATS: tuple[Format, ...] = (PoFormat(), text.FORMAT, srt.FORMAT, html.FORMAT, markdown.FORMAT)
 
 
 def extensions() -> list[str]:

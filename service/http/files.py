@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
+from pydantic import ValidationError
 from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
 from starlette.responses import Response
@@ -30,6 +31,7 @@ from service.http.libretranslate import check_key, translator
 from service.http.table import Auth, Protocol, Route
 from service.tasks.base import Task, Work
 from service.tasks.translation import Translated, TranslationTask
+from service.validation import describe_validation
 
 MAX_FIELDS = 16
 _PROTO, _HOST = re.compile(r"^https?$"), re.compile(r"^[A-Za-z0-9.-]+(:\d{1,5})?$|^\[[0-9A-Fa-f:.]+\](:\d{1,5})?$")
@@ -119,9 +121,13 @@ async def translate_file_native(call: Call) -> ASGIApp:
         raise InvalidInput("fuzzy must be true or false")
     fmt = _format(upload, fuzzy in ("true", "1"))
     task = state.models.resolve(upload.fields.get("model") or None, TranslationTask.name, None)
-    options = task.Options.model_validate({})
+    languages = {k: v for k in ("source_language", "target_language") if (v := upload.fields.get(k))}
+    try:
+        options = task.Options.model_validate(languages)
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation(exc.errors(), {})) from None
     done = await translate_file(call, task, fmt, upload, options, deadline)
-    target = str(task.describe().get("target_language") or "translated")
+    target = str(languages.get("target_language") or task.describe().get("target_language") or "translated")
     name = output_name(upload.filename, target)
     headers = {
         "content-type": fmt.media_type,
@@ -201,6 +207,8 @@ def routes() -> list[Route]:
         "file": FILE,
         "model": {"type": "string", "description": "a translator; default: the only (or default) one"},
         "fuzzy": {"type": "string", "enum": ["true", "false"], "description": "translate fuzzy entries again"},
+        "source_language": {"type": "string", "description": "a multilingual model's source language"},
+        "target_language": {"type": "string", "description": "a multilingual model's target language"},
     }
     lt_fields = {
         "file": FILE,
