@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.documents import accelerators as acc
+from service.contract import accelerators as acc
 
 
 @pytest.mark.parametrize(

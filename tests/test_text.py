@@ -64,3 +64,15 @@ def test_tokenizer_is_lossless(s: str) -> None:
 def test_special_token_text_is_just_text() -> None:
     ids = TOKENIZER.encode("</s> <pad> <unk>").ids
     assert not {0, 1, 2, 3, 4} & set(ids)
+
+
+def test_a_labels_accelerator_is_translated_without_its_mark_and_put_back() -> None:
+    layout = text.split("Save _As…")
+    assert [s.text for s in layout.segments] == ["Save As…"]
+    assert text.join(layout, ["Speichern unter …"]) == "_Speichern unter …"  # no "a" in it: the first letter
+    assert text.join(layout, ["Speichern als …"]) == "Speichern _als …"  # the same letter at a word start
+    amp = text.split("&Open File")
+    assert [s.text for s in amp.segments] == ["Open File"] and text.join(amp, ["Datei öffnen"]) == "&Datei öffnen"
+    for plain in ("Call _private now", "R&D costs", "A & B", "a_b and c_d"):  # identifiers and prose stay text
+        assert text.split(plain).label is None
+    assert text.split("Save _As", protect=False).label is None

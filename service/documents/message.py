@@ -13,7 +13,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.documents import accelerators
+from service.contract import accelerators
 
 _EDGES = re.compile(r"^(\s*)(.*?)(\s*)$", re.DOTALL)
 

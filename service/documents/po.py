@@ -16,7 +16,8 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from service.documents import accelerators, placeholders, po_syntax
+from service.contract import accelerators
+from service.documents import placeholders, po_syntax
 from service.documents.base import DocumentError, Rendered, RenderInfo
 from service.documents.message import Message, split
 from service.documents.po_syntax import Entry

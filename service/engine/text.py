@@ -9,7 +9,9 @@ translated sentence by sentence (the per-sentence token limit stays, not a per-t
 
 Spans are found on the whole line before it is split into sentences (Wikimedia's `sentencex`),
 so the splitter never breaks a URL, a version number or a placeholder apart. A sentence with
-more spans than there are placeholder tokens keeps the extra ones as plain text.
+more spans than there are placeholder tokens keeps the extra ones as plain text. A control's
+label (``Save _As``, ``&Open File``: `service.contract.accelerators.in_label`) is translated
+without its accelerator mark, which `join` puts back before a sensible letter.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 
 import sentencex
 
-from service.contract import spans
+from service.contract import accelerators, spans
 
 LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 # A span's place while its line is split into sentences: <c>index<c>, c a character the line lacks.
@@ -40,6 +42,7 @@ class Layout:
 
     pieces: tuple[str | int, ...]
     segments: tuple[Segment, ...]
+    label: accelerators.Label | None = None  # a control's label: its accelerator goes back after `join`
 
 
 def split(
@@ -54,6 +57,9 @@ def split(
     does not hold (`spans`)."""
     pieces: list[str | int] = []
     segments: list[Segment] = []
+    label = accelerators.in_label(text) if protect else None
+    if label is not None:  # the model never saw accelerator marks: translated without, put back after
+        text = label.text
     pos = 0
     for brk in [*LINE_BREAK.finditer(text), None]:
         end = brk.start() if brk else len(text)
@@ -61,7 +67,7 @@ def split(
         if brk:
             pieces.append(brk.group())
             pos = brk.end()
-    return Layout(tuple(pieces), tuple(segments))
+    return Layout(tuple(pieces), tuple(segments), label)
 
 
 def join(layout: Layout, translations: list[str]) -> str:
@@ -72,7 +78,8 @@ def join(layout: Layout, translations: list[str]) -> str:
             out.append(spans.unmask(translations[piece], layout.segments[piece].spans))
         else:
             out.append(piece)
-    return "".join(out)
+    joined = "".join(out)
+    return layout.label.restore(joined) if layout.label else joined
 
 
 def _line(

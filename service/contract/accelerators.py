@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from service.contract.spans import find_spans
 
@@ -49,18 +50,20 @@ def strip(text: str, mark: str) -> tuple[str, str | None]:
     return text[:at] + text[at + 1 :], text[at + 1]
 
 
-def insert(translation: str, letter: str, mark: str) -> str:
+def insert(translation: str, letter: str, mark: str, near: float | None = None) -> str:
     """`translation` with `mark` before `letter` (case-insensitive), preferring a word start; when the
-    translation lacks that letter, before its first letter or digit. Unchanged when it has none."""
+    translation lacks that letter, before its first letter or digit. Unchanged when it has none.
+    `near` (0..1, where the mark stood in the source): among equal choices the closest to it."""
     wanted = letter.lower()
     starts = [
         i for i, c in enumerate(translation) if c.lower() == wanted and (i == 0 or not translation[i - 1].isalnum())
     ]
     anywhere = [i for i, c in enumerate(translation) if c.lower() == wanted]
     first = [i for i, c in enumerate(translation) if c.isalnum()]
-    for found in (starts, anywhere, first):
+    for found in (starts, anywhere, first[:1]):
         if found:
-            return translation[: found[0]] + mark + translation[found[0] :]
+            at = found[0] if near is None else min(found, key=lambda i: abs(i / len(translation) - near))
+            return translation[:at] + mark + translation[at:]
     return translation
 
 
@@ -73,3 +76,37 @@ def convention(messages: Iterable[str]) -> str | None:
             counts[mark] += _at_word_start(text, mark)
     best = max(MARKS, key=lambda m: counts[m])
     return best if counts[best] >= 2 else None
+
+
+LABEL_WORDS = 8  # a text of at most this many words can be a labelled control ("Save _As", "&Open File")
+
+
+@dataclass(frozen=True)
+class Label:
+    """A control's label without its accelerator: `text`, and the mark to put back before `letter`
+    near `at` (where it stood, as a share of the stripped text's length)."""
+
+    text: str
+    letter: str
+    mark: str
+    at: float
+
+    def restore(self, translation: str) -> str:
+        return insert(translation, self.letter, self.mark, self.at)
+
+
+def in_label(text: str) -> Label | None:
+    """A short one-line text with one accelerator mark at a word start, as a `Label`; None
+    otherwise. Outside a catalog nothing says a text is a control's label, so only the
+    unambiguous case counts (``_private``, ``a_b`` and ``R&D`` stay text)."""
+    if "\n" in text or "\r" in text or len(text.split()) > LABEL_WORDS:
+        return None
+    for mark in MARKS:
+        at = find(text, mark)
+        if at is None or (at > 0 and text[at - 1].isalnum()):
+            continue
+        letter = text[at + 1]
+        if mark == "&" or letter.isupper():  # `_x` is an identifier's more often
+            stripped = text[:at] + text[at + 1 :]
+            return Label(stripped, letter, mark, at / len(stripped))
+    return None
