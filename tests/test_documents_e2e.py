@@ -185,3 +185,37 @@ def test_keys_apply_and_a_file_past_its_deadline_is_a_504(tiny_store: Path, tmp_
         )
         assert late.status_code == 504 and time.monotonic() - t0 < 10, late.text
         assert c.get("/healthz").status_code == 200
+
+
+SUBTITLES = (
+    "1\r\n00:00:01,000 --> 00:00:02,500\r\nThe cat sees a dog.\r\n\r\n"
+    "2\r\n00:00:03,000 --> 00:00:04,000\r\n<i>A small dog runs.</i>\r\nThe cat sees a dog.\r\n"
+)
+MARKDOWN = (
+    "# The cat sees a dog.\n\nA small dog runs. See [the docs](https://example.org/a_dog).\n\n"
+    "```\nThe cat sees a dog.\n```\n"
+)
+TEXT = "The cat sees a dog.\n\n  A small dog runs.\n"
+HTML = '<p class="x">The cat sees a dog.</p><pre>A small dog runs.</pre>'
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "kept", "translated"),
+    [
+        ("film.SRT", SUBTITLES, ["00:00:01,000 --> 00:00:02,500\r\n", "\r\n2\r\n", "<i>"], 2),  # cues
+        ("notes.md", MARKDOWN, ["# ", "](https://example.org/a_dog)", "```\nThe cat sees a dog.\n```\n"], 2),  # blocks
+        ("notes.txt", TEXT, ["\n\n  "], 2),
+        ("page.html", HTML, ['<p class="x">', "<pre>A small dog runs.</pre>"], 1),
+    ],
+)
+def test_other_formats_keep_their_structure_and_translate_every_segment(
+    server: Server, name: str, source: str, kept: list[str], translated: int
+) -> None:
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        r = upload(c, name, source.encode())
+        sentence = c.post("/translate", json={"texts": ["The cat sees a dog."]}).json()["translations"][0]["text"]
+    assert r.status_code == 200, r.text
+    out = r.content.decode()
+    assert int(r.headers["x-translated-entries"]) == translated and r.headers["x-failed-entries"] == "0"
+    assert all(k in out for k in kept), out
+    assert sentence in out and out.count("\r\n") == source.count("\r\n") and out.count("\n") == source.count("\n")
