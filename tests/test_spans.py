@@ -134,7 +134,7 @@ def test_the_alphabet_leaves_out_byte_tokens() -> None:
     assert alphabet(["▁the", "<0xC3>", "<s>", "é"]) == frozenset("▁the<s>é")
 
 
-WORDS = frozenset("Edit Use now or Send the report to Run as root Voronoi Diagram Invalid option not set".split())
+WORDS = frozenset("We meet on in Edit Use now or Send the report to Run as root Voronoi Diagram Invalid option not set".split())
 VERBATIM_CASES = {
     "HOME not set": ["HOME"],
     "Run `make install` as root.": ["`make install`"],
@@ -149,6 +149,7 @@ VERBATIM_CASES = {
         "os.path.join()",
     ],
     "Voronoi Diagram": [],  # a title-case label: its words are words
+    "We meet Siobhan on Monday in Germany.": ["Siobhan"],  # days, months, countries have German names
     "DO NOT REMOVE THIS FILE": [],  # shouting: capitals are words
     "Edit /usr/lib/foo_bar now": ["/usr/lib/foo_bar"],  # a word inside a path stays the path's
     'Use "--force" or ‘HOME’': ['"--force"', "‘HOME’"],

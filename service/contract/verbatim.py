@@ -13,7 +13,8 @@ Candidates, found on the source text alone:
   snake     ``snake_case``, ``max_len2``; camelCase and PascalCase: ``maxLength``, ``GtkWindow``,
             ``iPhone``; calls: ``malloc()``, ``os.path.join()``
   name      a capitalised word the tokenizer holds neither as a whole word nor in lower case
-            (``Siobhan``, ``François``, ``Jürgen``), outside title-case labels (``Voronoi Diagram``)
+            (``Siobhan``, ``François``, ``Jürgen``), outside title-case labels (``Voronoi Diagram``);
+            never a day, a month, a language or a country (`TRANSLATED`: those have German names)
   dashes    a free-standing run of hyphens: the ``--`` of ``option -- '%c'``
   quotes    any span or candidate directly inside a pair of quotes, quotes included: ``'%c'``,
             ``‘--help’``, ``"HOME"`` (so GNU quoting survives as written)
@@ -38,6 +39,14 @@ _RULES: tuple[tuple[str, str], ...] = (
         rf"(?<![\w'’-])[{_UPPER}](?:[{_LOWER}]+|(?=['’][{_UPPER}]))(?:['’-][{_UPPER}]?[{_LOWER}]+)*(?![\w'’-])",
     ),
     ("dashes", r"(?<!\S)-{2,}(?!\S)"),
+)
+TRANSLATED = frozenset(
+    "Monday Tuesday Wednesday Thursday Friday Saturday Sunday January February March April May June July "
+    "August September October November December English German French Spanish Italian Dutch Portuguese "
+    "Russian Polish Swedish Danish Norwegian Finnish Greek Turkish Chinese Japanese Korean Arabic Hebrew "
+    "Germany France Spain Italy Netherlands Austria Switzerland Belgium Poland Sweden Denmark Norway "
+    "Finland Greece Turkey Russia China Japan Korea Europe European America American Africa Asia Australia "
+    "Christmas Easter".split()
 )
 _PATTERN = re.compile("|".join(f"(?P<{kind}{i}>{rx})" for i, (kind, rx) in enumerate(_RULES)))
 _WORD = re.compile(r"[^\W\d_]{2,}")
@@ -69,7 +78,7 @@ def candidates(text: str, words: frozenset[str] | None, spans: Iterable[tuple[in
         word = m.group()
         if kind == "caps" and shouting:
             continue
-        if kind == "name" and (words is None or title or word in words or word.lower() in words):
+        if kind == "name" and (words is None or title or word in TRANSLATED or word.lower() in words or word in words):
             continue
         found.append(Candidate(m.start(), m.end(), kind))
     inner = sorted([*((s, e) for s, e in spans), *((c.start, c.end) for c in found)])
