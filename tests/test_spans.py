@@ -134,7 +134,9 @@ def test_the_alphabet_leaves_out_byte_tokens() -> None:
     assert alphabet(["▁the", "<0xC3>", "<s>", "é"]) == frozenset("▁the<s>é")
 
 
-WORDS = frozenset("We meet on in Edit Use now or Send the report to Run as root Voronoi Diagram Invalid option not set".split())
+WORDS = frozenset(
+    "We meet on in Edit Use now or Send the report to Run as root Voronoi Diagram Invalid option not set".split()
+)
 VERBATIM_CASES = {
     "HOME not set": ["HOME"],
     "Run `make install` as root.": ["`make install`"],
