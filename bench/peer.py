@@ -121,9 +121,8 @@ def warm(url: str) -> None:
 
 def failed(*results: dict[str, Any]) -> int:
     """Answers other than 200 and socket errors: the load was not the load the figures claim."""
-    return sum(int(n) for r in results for code, n in r["codes"].items() if code != "200") + sum(
-        r["socket_errors"] for r in results
-    )
+    refused = sum(int(n) for r in results for code, n in r["codes"].items() if code != "200")
+    return refused + sum(int(r["socket_errors"]) for r in results)
 
 
 def settle(url: str) -> None:
