@@ -69,6 +69,14 @@ bench-service: install
 	@command -v wrk >/dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends wrk
 	$(PYTHON) -m bench.service_load --store $(STORE)
 
+# Peer comparison (bench/peer.py): the server against LitServe 0.2.19 serving the same engines, same
+# CPU and threads, alternating rounds (~20 min at the defaults, an idle machine; PEER_ARGS="--rounds 7").
+# Writes bench/results/peer.json. Smoke run: $(PYTHON) -m bench.peer --smoke
+.PHONY: bench-peer
+bench-peer: $(VENV)/.bench-installed
+	@command -v wrk >/dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends wrk
+	$(PYTHON) -m bench.peer --store $(STORE) $(PEER_ARGS)
+
 # Rolling update through HAProxy (bench/rolling.py): two replicas replaced in turn under mixed load,
 # with SERVE_DRAIN_GRACE_S 0, 1 and 2; failures and p99 before/during/after. Writes
 # bench/results/rolling.json (~2 min, an idle machine). ROLLING_ARGS="--grace 2 --publish" also

@@ -1,7 +1,9 @@
 """The engines alone, for `bench.service_load`: what the server's CPUs can do without HTTP.
 
 Run pinned to the server's CPUs; prints one JSON line: /predict texts/s at batch 32 and one
-text's classify time (tokenize + graph), /translate beam-4 texts/s at batch 32.
+text's classify time (tokenize + graph), /translate beam-4 texts/s at batch 32. `--parts`
+picks them; `predict-graph` adds the classifier without its tokenizer at batch 32 (texts
+tokenized once, outside the timing), the other denominator `bench.peer` reports.
 """
 
 from __future__ import annotations
@@ -35,14 +37,19 @@ def main() -> None:
     p.add_argument("--store", type=Path, required=True)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--parts", default="predict,translate", help="predict, predict-graph, translate")
     args = p.parse_args()
+    parts = args.parts.split(",")
     options = LoadOptions(threads=args.threads)
     engines = {
         e.require_manifest().task: load_engine(e, options) for e in newest(scan(args.store)).values() if e.manifest
     }
     clf, mt = engines.get("classification"), engines.get("translation")
     out: dict[str, float] = {}
-    if isinstance(clf, ClassifierEngine):
+    if isinstance(clf, ClassifierEngine) and "predict-graph" in parts:
+        ids = clf.encode((REVIEWS * 4)[:32])
+        out["predict_graph_texts_per_s"] = rate(lambda: len(clf.classify_ids(ids)), args.seconds)
+    if isinstance(clf, ClassifierEngine) and "predict" in parts:
         batch = (REVIEWS * 4)[:32]
         out["predict_texts_per_s"] = rate(lambda: len(clf.classify_ids(clf.encode(batch))), args.seconds)
         times = []
@@ -51,7 +58,7 @@ def main() -> None:
             clf.classify_ids(clf.encode(REVIEWS[:1]))
             times.append(time.perf_counter() - t0)
         out["predict_single_ms"] = 1000 * statistics.median(times)
-    if isinstance(mt, TranslatorEngine):
+    if isinstance(mt, TranslatorEngine) and "translate" in parts:
         batch = (SHORT * 4)[:32]
         params = DecodeParams(beam_size=4, max_new_tokens=mt.max_new_tokens)
         out["translate_beam4_texts_per_s"] = rate(lambda: len(mt.translate(batch, params)), args.seconds)

@@ -74,13 +74,14 @@ def start(
     return ServerProcess(f"http://127.0.0.1:{port}", port, proc, log)
 
 
-def wait_ready(server: ServerProcess, timeout: float = 180.0) -> None:
+def wait_ready(server: ServerProcess, timeout: float = 180.0, path: str = "/readyz") -> None:
+    """Until `path` answers 200 (another server's readiness path: a peer's for comparisons)."""
     end = time.monotonic() + timeout
     while True:
         if server.proc.poll() is not None:
             raise RuntimeError(f"server exited with {server.proc.returncode}:\n{server.log_text()[-3000:]}")
         with contextlib.suppress(httpx.TransportError):
-            if httpx.get(server.url + "/readyz", timeout=2).status_code == 200:
+            if httpx.get(server.url + path, timeout=2).status_code == 200:
                 return
         if time.monotonic() > end:
             raise RuntimeError(f"server not ready after {timeout:.0f} s:\n{server.log_text()[-3000:]}")
