@@ -596,12 +596,19 @@ async def files_async(server: ServerProcess, store: Path, pristine: Path, step_s
         add_version(model_dir, pristine / name / str(model["version"]), version, damage)
         await asyncio.sleep(step_s)
     outcomes = await load
-    versions = {
-        m["version"]: m["status"]
-        for m in httpx.get(server.url + "/v1/models", timeout=10).json()["models"]
-        if m["name"] == name
-    }
-    return {"load": summary(outcomes, 6 * step_s), "versions": versions}
+    return {"load": summary(outcomes, 6 * step_s), "versions": await settled_versions(server.url, name)}
+
+
+async def settled_versions(url: str, name: str, timeout_s: float = 60) -> dict[int, str]:
+    """The model's versions and their states once none is loading any more (a busy machine loads
+    slower; what counts is the state a version settles in, not how fast)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        models = httpx.get(url + "/v1/models", timeout=10).json()["models"]
+        versions = {m["version"]: m["status"] for m in models if m["name"] == name}
+        if "loading" not in versions.values() or time.monotonic() > deadline:
+            return versions
+        await asyncio.sleep(0.2)
 
 
 def faults(args: argparse.Namespace, log: Path) -> Scenario:
