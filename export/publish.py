@@ -76,6 +76,7 @@ class ExportOptions(PublishOptions):
     train_metrics: Mapping[str, object] = field(default_factory=dict)
     data_sources: tuple[Mapping[str, str], ...] = ()
     figures: tuple[Path, ...] = ()  # PNGs kept in the version, named by their stem (the run's curves.png)
+    span_rules: int = 1  # translators: the masking rules of its training (the run's report says)
 
 
 def next_version(store: Path, name: str) -> int:
@@ -272,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             source_language=source,
             target_language=target,
             train_metrics={k: v for k, v in train_report.items() if k not in ("curves", "examples", "args")},
+            span_rules=int(train_report.get("span_rules", 1)),
             data_sources=data_sources_of(args.data_dir, sub),
             figures=(curves,) if curves.is_file() else (),
             test_rows=args.test_rows,

@@ -21,9 +21,10 @@ from pathlib import Path
 
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from service.contract import spans, verbatim
+from service.contract import spans
 from service.contract.graphs import SPECIAL_IDS
 from service.contract.spans import PLACEHOLDERS
+from service.contract.verbatim import whole_words
 
 PAD, BOS, EOS, UNK, MASK = "<pad>", "<s>", "</s>", "<unk>", "<mask>"
 SPECIAL_TOKENS = [PAD, BOS, EOS, UNK, MASK]  # ids 0..4, fixed across every model of the project
@@ -79,10 +80,12 @@ def encode_texts(tok: Tokenizer, texts: Sequence[str], max_len: int) -> list[lis
     return [e.ids[:max_len] or [SPECIAL_IDS["unk_id"]] for e in tok.encode_batch(list(texts))]
 
 
-def encode_sources(tok: Tokenizer, texts: Sequence[str], max_len: int) -> tuple[list[list[int]], list[spans.Masked]]:
+def encode_sources(
+    tok: Tokenizer, texts: Sequence[str], max_len: int, verbatim: bool = True
+) -> tuple[list[list[int]], list[spans.Masked]]:
     """Translator source ids as the service builds them (spans masked, EOS appended, at most
     `max_len` ids in all) and the masks that restore the spans after decoding."""
-    known, words = spans.alphabet(tok.get_vocab()), verbatim.whole_words(tok.get_vocab())
-    masked = [spans.mask(t, known, words) for t in texts]
+    known, words = spans.alphabet(tok.get_vocab()), whole_words(tok.get_vocab())
+    masked = [spans.mask(t, known, words, verbatim) for t in texts]
     ids = encode_texts(tok, [m.text for m in masked], max_len - 1)
     return [s + [SPECIAL_IDS["eos_id"]] for s in ids], masked

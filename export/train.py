@@ -667,6 +667,7 @@ def run_translator(args: argparse.Namespace) -> dict:
     hyps = translate_greedy(model, tok, [r["en"] for r in test], torch.device("cpu"), mc.max_len)
     report = {
         "task": "translation",
+        "span_rules": spans.SPAN_RULES,  # the masking rules of these pairs; publish writes them in the manifest
         "parameters": count_parameters(model),
         "train_seconds": round(train_s, 1),
         "steps_run": histories["translator"].step[-1] if histories["translator"].step else 0,

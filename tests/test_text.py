@@ -76,3 +76,9 @@ def test_a_labels_accelerator_is_translated_without_its_mark_and_put_back() -> N
     for plain in ("Call _private now", "R&D costs", "A & B", "a_b and c_d"):  # identifiers and prose stay text
         assert text.split(plain).label is None
     assert text.split("Save _As", protect=False).label is None
+
+
+def test_identifiers_are_masked_only_for_a_model_trained_with_them() -> None:
+    assert [s.text for s in text.split("HOME not set").segments] == ["⟨1⟩ not set"]
+    assert [s.text for s in text.split("HOME not set", verbatim=False).segments] == ["HOME not set"]
+    assert [s.text for s in text.split("Open %s", verbatim=False).segments] == ["Open ⟨1⟩"]  # strict spans stay

@@ -44,6 +44,7 @@ class Description:
     targets: dict[str, list[int]] = field(default_factory=dict)
     generation: Generation = field(default_factory=Generation)
     skip_ids: list[int] = field(default_factory=list)
+    span_rules: int = 1
     origin: dict[str, object] = field(default_factory=dict)
     data_sources: list[dict[str, str]] = field(default_factory=list)
 

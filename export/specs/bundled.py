@@ -164,7 +164,7 @@ class BundledTranslator(BundledSpec):
         return min(MAX_NEW_TOKENS, self.model.config.max_len)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return encode_sources(self.tok, texts, self.model.config.max_len)[0]
+        return encode_sources(self.tok, texts, self.model.config.max_len, self.options.span_rules >= 2)[0]
 
     def write_graphs(self, folder: Path) -> dict[str, str]:
         return write_translator(self.model, folder)
@@ -210,7 +210,8 @@ class BundledTranslator(BundledSpec):
         if not self.test_rows:
             return {}
         enc, dec = folder / roles["encoder"], folder / roles["decoder"]
-        result = validate.eval_translator_variant(enc, dec, self.model, self.tok, self.test_rows)
+        verbatim = self.options.span_rules >= 2
+        result = validate.eval_translator_variant(enc, dec, self.model, self.tok, self.test_rows, verbatim)
         return {f"test_{variant}_greedy": result}
 
     def describe(self) -> Description:
@@ -220,4 +221,5 @@ class BundledTranslator(BundledSpec):
             max_new_tokens=self.max_new_tokens,
             source_language=self.options.source_language,
             target_language=self.options.target_language,
+            span_rules=self.options.span_rules,
         )

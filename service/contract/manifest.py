@@ -95,6 +95,7 @@ class Manifest(BaseModel):
     targets: dict[str, list[int]] = Field(default_factory=dict)
     generation: Generation = Field(default_factory=Generation)
     skip_ids: list[int] = Field(default_factory=list)  # ids left out of decoded text; none: the special ids
+    span_rules: int = Field(default=1, ge=1, le=2)  # the masking rules it was trained with (spans.SPAN_RULES)
     origin: dict[str, object] = Field(default_factory=dict)  # an imported checkpoint: family, config, licence
     metrics: dict[str, object] = Field(default_factory=dict)
     data_sources: list[dict[str, str]] = Field(default_factory=list)

@@ -51,10 +51,11 @@ def split(
     protect: bool = True,
     alphabet: frozenset[str] | None = None,
     words: frozenset[str] | None = None,
+    verbatim: bool = True,
 ) -> Layout:
     """Lines, then sentences; `protect=False` (a model without placeholder tokens) masks nothing;
     `alphabet` and `words`, the tokenizer's, protect the words it cannot spell and the names it
-    does not hold (`spans`)."""
+    does not hold (`spans`); `verbatim`, identifiers, code and names too (a model trained so)."""
     pieces: list[str | int] = []
     segments: list[Segment] = []
     label = accelerators.in_label(text) if protect else None
@@ -63,7 +64,7 @@ def split(
     pos = 0
     for brk in [*LINE_BREAK.finditer(text), None]:
         end = brk.start() if brk else len(text)
-        _line(text[pos:end], language, protect, (alphabet, words), pieces, segments)
+        _line(text[pos:end], language, protect, (alphabet, words, verbatim), pieces, segments)
         if brk:
             pieces.append(brk.group())
             pos = brk.end()
@@ -86,7 +87,7 @@ def _line(
     line: str,
     language: str,
     protect: bool,
-    known: tuple[frozenset[str] | None, frozenset[str] | None],
+    known: tuple[frozenset[str] | None, frozenset[str] | None, bool],
     pieces: list[str | int],
     segments: list[Segment],
 ) -> None:
@@ -97,8 +98,8 @@ def _line(
     lead = line[: len(line) - len(line.lstrip())]
     trail = line[len(line.rstrip()) :]
     mark = next((c for c in _MARK_CHARS if c not in core), None)
-    alphabet, words = known
-    found = spans.find_spans(core, True, alphabet, verbatim=True, words=words) if protect and mark else []
+    alphabet, words, verbatim = known
+    found = spans.find_spans(core, True, alphabet, verbatim=verbatim, words=words) if protect and mark else []
     originals = [core[s.start : s.end] for s in found]
     marked, last = [], 0
     for k, s in enumerate(found):

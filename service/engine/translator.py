@@ -74,6 +74,7 @@ class TranslatorEngine:
         self.language = manifest.source_language or "en"
         # A model trained on masked text has one token per placeholder; an older one gets raw spans.
         self.protects_spans = codec.has_tokens(spans.PLACEHOLDERS)
+        self.verbatim = manifest.span_rules >= 2  # identifiers, code and names masked as in its training
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Source ids of whole texts (no line or sentence splitting: see `prepare`)."""
@@ -106,7 +107,10 @@ class TranslatorEngine:
     def prepare(self, texts: Sequence[str], source_language: str | None = None) -> Prepared:
         """Texts as sentences to translate: lines and sentences split, spans masked, ids encoded."""
         language, framing = self.source_framing(source_language)
-        layouts = [text.split(t, language, self.protects_spans, self.codec.alphabet, self.codec.words) for t in texts]
+        layouts = [
+            text.split(t, language, self.protects_spans, self.codec.alphabet, self.codec.words, self.verbatim)
+            for t in texts
+        ]
         owner = [i for i, layout in enumerate(layouts) for _ in layout.segments]
         names = [
             f"texts[{i}] sentence {j + 1}" for i, layout in enumerate(layouts) for j in range(len(layout.segments))
