@@ -57,17 +57,23 @@ def test_a_new_version_takes_over_without_losing_a_request(tiny_store: Path, tmp
     shutil.copytree(tiny_store, store)
     statuses: Counter[int] = Counter()
     versions: list[int] = []
+    after_switch: list[int] = []  # versions of the requests sent once an answer came from version 2
     texts: set[str] = set()
-    stop = threading.Event()
+    stop, switched = threading.Event(), threading.Event()
 
     def client(url: str) -> None:
         with httpx.Client(base_url=url, timeout=30) as c:
             while not stop.is_set():
+                sent_after = switched.is_set()  # a request sent earlier may still run on version 1
                 r = c.post("/translate", json={"texts": ["The cat sees a dog."], "decode": "greedy"})
                 statuses[r.status_code] += 1
                 if r.status_code == 200:
                     versions.append(r.json()["version"])
                     texts.add(r.json()["translations"][0]["text"])
+                    if versions[-1] == 2:
+                        switched.set()
+                    if sent_after:
+                        after_switch.append(versions[-1])
 
     with run_server(store, tmp_path / "server.log", watch_interval_s="0.2") as server:
         threads = [threading.Thread(target=client, args=(server.url,)) for _ in range(3)]
@@ -77,9 +83,8 @@ def test_a_new_version_takes_over_without_losing_a_request(tiny_store: Path, tmp
             until("traffic on version 1", lambda: len(versions) >= 3)
             add_version(store / "tiny-mt", 1, 2)
             until("version 2 served", lambda: bool(versions) and versions[-1] == 2)
-            switched = len(versions)
-            until("more answers", lambda: len(versions) >= switched + 6)
-            assert set(versions[switched:]) == {2}  # every request after the switch: the new version
+            until("more answers", lambda: len(after_switch) >= 6)
+            assert set(after_switch) == {2}  # every request sent after the switch: the new version
             add_version(store / "tiny-mt", 2, 3, corrupt="decoder.onnx")
             until("version 3 refused", lambda: refused(server.url) == 1)
             after = len(versions)
