@@ -197,3 +197,8 @@ def test_tokenizer_file_is_the_one_pinned(tiny_store: Path, tiny_tokenizer: Toke
     entry = newest(scan(tiny_store))["tiny-mt"]
     data = read_pinned(entry, "tokenizer.json")
     assert Tokenizer.from_str(data.decode()).encode("The cat.").ids == tiny_tokenizer.encode("The cat.").ids
+
+
+def test_the_engine_masks_with_the_rules_its_model_was_trained_with(mt: TranslatorEngine) -> None:
+    assert mt.manifest.span_rules == 1 and not mt.verbatim  # the tiny model's publish records no verbatim masks
+    assert mt.prepare(["HOME not set"]).layouts[0].segments[0].text == "HOME not set"
