@@ -1,7 +1,8 @@
 """PyTorch modules as ONNX graphs with the contract's fixed IO names (`service.contract.graphs`).
 
-TorchScript-based exporter, opset 17, single-file models. The translator's first decoder step
-takes a cache with no used slot (position 0), so one decoder graph serves every step.
+TorchScript-based exporter, opset 17 (and ONNX Runtime's contrib domain for the decoder's fused
+self-attention, `export.fused`), single-file models. The translator's first decoder step takes a
+cache with no used slot (position 0), so one decoder graph serves every step.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import onnx
 import torch
 from torch import Tensor, nn
 
+from export.fused import CONTRIB_DOMAIN, CONTRIB_OPSET
 from export.model import Classifier, Translator
 from export.validate import ExportError
 from service.contract import graphs as io
@@ -55,9 +57,11 @@ class DecoderStepGraph(nn.Module):
     ) -> tuple[Tensor, ...]:
         cache = [(kv[2 * i], kv[2 * i + 1]) for i in range(self.n)]
         cross = [(kv[2 * self.n + 2 * i], kv[2 * self.n + 2 * i + 1]) for i in range(self.n)]
-        logits, new_kv, weights = self.model.decode_step(input_ids, position_ids, cache, cross, encoder_attention_mask)
+        logits, present, weights = self.model.decode_step(
+            input_ids, position_ids, cache, cross, encoder_attention_mask, in_place=True
+        )
         logprobs = torch.log_softmax(logits, dim=-1)  # (R, V)
-        return (logprobs, *[t for kv_ in new_kv for t in kv_], weights)
+        return (logprobs, *[t for kv_ in present for t in kv_], weights)
 
 
 def classifier_io(model: Classifier) -> dict[str, GraphSpec]:
@@ -100,7 +104,7 @@ def translator_io(model: Translator | Seq2Seq) -> dict[str, GraphSpec]:
     ]
     dec_out = [
         TensorSpec(name=io.LOGPROBS, dtype="float32", shape=["batch", c.vocab_size]),
-        *kv(io.new_kv_names(n), 1),
+        *kv(io.present_names(n), "slots"),
         TensorSpec(name=io.CROSS_ATTENTIONS, dtype="float32", shape=["batch", n, h, "source"]),
     ]
     return {"encoder": GraphSpec(inputs=enc_in, outputs=enc_out), "decoder": GraphSpec(inputs=dec_in, outputs=dec_out)}
@@ -123,7 +127,8 @@ def _declare_output_shapes(graph: onnx.GraphProto, spec: GraphSpec) -> None:
                 dim.dim_param = want
 
 
-def _export(module: nn.Module, args: tuple[Tensor, ...], spec: GraphSpec, path: Path) -> None:
+def _export(module: nn.Module, args: tuple[Tensor, ...], spec: GraphSpec, path: Path, contrib: bool = False) -> None:
+    """`contrib`: the graph uses ONNX Runtime's contrib operators (the decoder step, `export.fused`)."""
     # The exporter restores the wrapper's training flag recursively afterwards: a wrapper left in
     # training mode would switch dropout back on in the model that validation then compares against.
     module.eval()
@@ -135,6 +140,7 @@ def _export(module: nn.Module, args: tuple[Tensor, ...], spec: GraphSpec, path: 
         output_names=[t.name for t in spec.outputs],
         dynamic_axes=_dynamic_axes(spec),
         opset_version=OPSET,
+        custom_opsets={CONTRIB_DOMAIN: CONTRIB_OPSET} if contrib else None,
         dynamo=False,
         do_constant_folding=True,
     )
@@ -172,5 +178,6 @@ def write_translator(model: Translator, folder: Path) -> dict[str, str]:
             (torch.tensor([[15], [16]]), torch.tensor([3, 2]), mask, *cache, *cross),
             spec["decoder"],
             folder / "decoder.onnx",
+            contrib=True,
         )
     return {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}

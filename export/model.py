@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from export.fused import cached_attention
+
 NEG_INF = -1e9  # finite "minus infinity": keeps fully masked rows NaN-free in fp16 and ONNX
 
 KV = tuple[Tensor, Tensor]
@@ -166,6 +168,15 @@ class MultiHeadAttention(nn.Module):
         out, _ = attention_with_new(q, cache, cache_bias, k, v)
         return self.merge_token(out), (k, v)
 
+    def step_in_place(self, x: Tensor, cache: KV, positions: Tensor) -> tuple[Tensor, KV]:
+        """`step` as the exported graph runs it (`export.fused`, IO contract 5): the new key and
+        value go into each row's slot `position`; returns the output and the whole cache."""
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
+        bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
+        q, k, v = F.linear(x, weight, bias).split(self.n_heads * self.d_k, dim=-1)  # (R, 1, D) each
+        out, present = cached_attention(q, k, v, cache, positions, self.n_heads, self.d_k**-0.5)
+        return self.dropout(self.out_proj(out)), present
+
     def merge(self, out: Tensor) -> Tensor:
         """(B, H, T, d_k) heads -> the output projection of (B, T, D)."""
         b, _, t, _ = out.shape
@@ -225,6 +236,13 @@ class DecoderLayer(nn.Module):
         states, the token's key and value, the cross-attention weights (R, H, 1, S)."""
         out, new = self.self_attn.step(self.norm1(x), cache, cache_bias)
         return self._cross_and_ffn(x + out, cross, src_bias, new, one_token=True)
+
+    def step_in_place(
+        self, x: Tensor, cache: KV, cross: KV, positions: Tensor, src_bias: Tensor
+    ) -> tuple[Tensor, KV, Tensor]:
+        """`step` over the fused in-place self-attention: returns the whole cache, new slots written."""
+        out, present = self.self_attn.step_in_place(self.norm1(x), cache, positions)
+        return self._cross_and_ffn(x + out, cross, src_bias, present, one_token=True)
 
     def _cross_and_ffn(
         self, x: Tensor, cross: KV, src_bias: Tensor, kv: KV, one_token: bool = False
@@ -341,14 +359,21 @@ class Translator(nn.Module):
         return logits, presents
 
     def decode_step(
-        self, tokens: Tensor, positions: Tensor, cache: list[KV], cross: list[KV], src_mask: Tensor
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: list[KV],
+        cross: list[KV],
+        src_mask: Tensor,
+        in_place: bool = False,
     ) -> tuple[Tensor, list[KV], Tensor]:
         """One token for each of R rows that may stand at different positions (the serving step).
 
         tokens (R, 1), positions (R,) the index of each row's token = how many of its keys are
         cached; cache (R, H, C, d_k) per layer holds them in slots 0 .. position-1 (later slots
         are masked, whatever they hold). Returns logits (R, V), the token's key and value per
-        layer (R, H, 1, d_k), which the caller writes into slot `position`, and the
+        layer (R, H, 1, d_k), which the caller writes into slot `position` (`in_place`: the whole
+        cache with them written there, as the fused graph of IO contract 5 returns it), and the
         cross-attention weights of the token over the source, (R, layers, H, S).
         """
         x = self.embed(tokens, positions=positions[:, None])  # (R, 1, D)
@@ -357,7 +382,10 @@ class Translator(nn.Module):
         src_bias = padding_bias(src_mask)  # (R, 1, 1, S)
         new_kv, weights = [], []
         for layer, layer_cache, layer_cross in zip(self.layers, cache, cross, strict=True):
-            x, kv, cross_weights = layer.step(x, layer_cache, layer_cross, cache_bias, src_bias)
+            if in_place:
+                x, kv, cross_weights = layer.step_in_place(x, layer_cache, layer_cross, positions, src_bias)
+            else:
+                x, kv, cross_weights = layer.step(x, layer_cache, layer_cross, cache_bias, src_bias)
             new_kv.append(kv)
             weights.append(cross_weights.transpose(1, 2))  # (R, 1, H, S)
         logits = self.norm(x[:, 0]) @ self.embed.tokens.weight.T  # (R, V), tied projection

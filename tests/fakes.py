@@ -49,6 +49,9 @@ class FakeRuntime:
         cross[:, 0, :, 0] = np.where(mask == 1, ids[:, :1], -1.0)
         return [cross, cross]
 
+    def binding(self) -> None:
+        """No IO binding: the fake returns each step's keys for the batch to write (contract 4)."""
+
     def decode(
         self,
         tokens: np.ndarray,
@@ -57,6 +60,7 @@ class FakeRuntime:
         cache: Sequence[np.ndarray],
         cross: Sequence[np.ndarray],
         attention: bool = False,
+        binding: None = None,
     ) -> DecoderStep:
         if self.gate is not None:
             self.gate.wait(20)

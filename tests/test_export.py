@@ -44,7 +44,7 @@ def test_translator_graphs_have_documented_names_and_dynamic_axes(tiny_store: Pa
     vocab = m.architecture["vocab_size"]
     assert dec["input_ids"] == ["batch", 1] and dec["position_ids"] == ["batch"]
     assert dec[f"cache.{n - 1}.value"] == ["batch", heads, "slots", d_k]
-    assert dec["new_key_values.0.key"] == ["batch", heads, 1, d_k]  # the caller writes it into its slot
+    assert dec["present.0.key"] == ["batch", heads, "slots", d_k]  # the cache, new slot written in place
     assert dec["logprobs"] == ["batch", vocab]
     for role in ("encoder", "decoder"):
         spec = m.graphs[role]

@@ -496,9 +496,9 @@ async def test_deadline_answers_504_and_the_sentence_leaves(tiny_store: Path) ->
         rt = state_of(application).models.models["tiny-mt"].task.engine.rt  # type: ignore[union-attr]
         gate, decode = threading.Event(), rt.decode
 
-        def stuck(*args: Any) -> Any:  # the scheduler thread hangs inside a step
+        def stuck(*args: Any, **kwargs: Any) -> Any:  # the scheduler thread hangs inside a step
             gate.wait(60)
-            return decode(*args)
+            return decode(*args, **kwargs)
 
         rt.decode = stuck
         try:

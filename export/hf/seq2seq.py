@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from export.fused import cached_attention
 from export.graphs import EncoderGraph, _export, translator_io
 from export.hf import ImportProblem
 from export.validate import ExportError, session
@@ -192,18 +193,29 @@ class Seq2Seq(nn.Module):
         return [(_heads(a.k_proj(memory), self.heads), _heads(a.v_proj(memory), self.heads)) for a in e]
 
     def decode_step(
-        self, tokens: Tensor, positions: Tensor, cache: list[KV], cross: list[KV], src_mask: Tensor
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: list[KV],
+        cross: list[KV],
+        src_mask: Tensor,
+        in_place: bool = False,
     ) -> tuple[Tensor, list[KV], Tensor]:
         """One token per row at each row's own position (`export.model.Translator.decode_step`):
         log-probabilities (R, V) with the suppressed ids at -inf, each layer's new key and value
-        (R, H, 1, d_k), the cross-attention weights (R, layers, H, S)."""
+        (R, H, 1, d_k) (`in_place`: the whole cache with them in slot `position`, the fused graph's
+        output), the cross-attention weights (R, layers, H, S)."""
         x = self.dec.embed(tokens, positions[:, None])  # (R, 1, D)
         slots = torch.arange(cache[0][0].shape[2], device=tokens.device)
         cache_bias = _bias(slots[None, :] < positions[:, None])  # (R, 1, 1, C)
         src_bias = _bias(src_mask)  # (R, 1, 1, S)
         new_kv, weights = [], []
         for layer, layer_cache, layer_cross in zip(self.layers, cache, cross, strict=True):
-            step = partial(self._cached_attn, layer.self_attn, layer_cache, cache_bias)
+            step = (
+                partial(self._in_place_attn, layer.self_attn, layer_cache, positions)
+                if in_place
+                else partial(self._cached_attn, layer.self_attn, layer_cache, cache_bias)
+            )
             x, kv = self._residual(x, layer.self_attn_layer_norm, step)
             cross_step = partial(self._cross_attn, layer.encoder_attn, layer_cross, src_bias)
             x, w = self._residual(x, layer.encoder_attn_layer_norm, cross_step)
@@ -225,6 +237,14 @@ class Seq2Seq(nn.Module):
         )
         w = torch.softmax(scores, -1)
         return a.out_proj(_merge(w[..., :1] * v + w[..., 1:] @ cache[1])), (k, v)
+
+    def _in_place_attn(self, a: nn.Module, cache: KV, positions: Tensor, h: Tensor) -> tuple[Tensor, KV]:
+        """`_cached_attn` as the exported graph runs it (`export.fused`): returns the whole cache."""
+        weight = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+        bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
+        q, k, v = F.linear(h, weight, bias).split(a.q_proj.out_features, dim=-1)  # (R, 1, D) each
+        out, present = cached_attention(q, k, v, cache, positions, self.heads, a.scaling)
+        return a.out_proj(out), present
 
     def _cross_attn(self, a: nn.Module, kv: KV, bias: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
         out, w = _attend(a, _heads(a.q_proj(h), self.heads), kv[0], kv[1], bias)
@@ -269,8 +289,10 @@ class StepGraph(nn.Module):
         n = self.n
         cache = [(kv[2 * i], kv[2 * i + 1]) for i in range(n)]
         cross = [(kv[2 * n + 2 * i], kv[2 * n + 2 * i + 1]) for i in range(n)]
-        logp, new_kv, weights = self.model.decode_step(input_ids, position_ids, cache, cross, encoder_attention_mask)
-        return (logp, *[t for pair in new_kv for t in pair], weights)
+        logp, present, weights = self.model.decode_step(
+            input_ids, position_ids, cache, cross, encoder_attention_mask, in_place=True
+        )
+        return (logp, *[t for pair in present for t in pair], weights)
 
 
 # -- export and the checks against transformers ------------------------------------------------
@@ -287,7 +309,7 @@ def export_translator(model: Seq2Seq, folder: Path) -> dict[str, str]:
         cross = [t for kv in model.cross_kv(model.encode(ids, mask)) for t in kv]
         cache = [t for kv in model.empty_cache(2, 5) for t in kv]
         args = (torch.tensor([[12], [13]]), torch.tensor([3, 1]), mask, *cache, *cross)
-        _export(StepGraph(model), args, spec["decoder"], folder / "decoder.onnx")
+        _export(StepGraph(model), args, spec["decoder"], folder / "decoder.onnx", contrib=True)
     return {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}
 
 
@@ -335,7 +357,7 @@ def check_against_transformers(
         res = dec.run(None, feed)
         got = res[0]
         worst = max(worst, float(np.abs(got[:, live] - ref[active, pos][:, live]).max()))
-        for j, new in enumerate(res[1 : 1 + 2 * n]):
+        for j, new in enumerate(io.new_kv_from_present(res[1 : 1 + 2 * n], pos)):
             cache[j][active, :, pos] = new[:, :, 0]
     if worst > tol:
         raise ExportError(f"decoder log-probabilities differ from transformers by {worst:.2e} > {tol:.0e}")

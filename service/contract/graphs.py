@@ -21,6 +21,11 @@ different positions, so sentences can join and leave a running batch at any step
 Attention weights are outputs of the serving graphs rather than of extra graphs: they are
 computed anyway, a caller fetches them only when asked, and extra graphs would carry a second
 copy of every weight (the bundled store has a size budget).
+Contract 5 (the decoder's self-attention fused, `export.fused`) returns, instead of
+new_key_values, present.{i}.key/value (R, heads, slots, d_k): the cache with each row's new key and
+value written into its slot `position`. A caller that binds each cache input and its present output
+to the same memory (ONNX Runtime's IO binding) gets the slot written in place and nothing else
+copied; a plain call gets a copy of the cache (`new_kv_from_present` reads the new slot from it).
 Contract 4 (imported checkpoints) keeps contract 3's graphs and adds to the manifest what differs
 between models: special ids (`decoder_start_id`, the first step's input, defaults to `bos_id`),
 each source language's framing, each target language's forced first tokens, decoding defaults.
@@ -38,9 +43,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-IO_CONTRACT_VERSION = 4
+IO_CONTRACT_VERSION = 5
 """Bumped whenever a graph's inputs or outputs change meaning; the service refuses other versions."""
-READABLE_IO_CONTRACTS = (3, 4)  # 3: the bundled models' export, read with contract 4's defaults
+READABLE_IO_CONTRACTS = (3, 4, 5)  # 3: the bundled models' export, read with contract 4's defaults
+IN_PLACE_CONTRACT = 5  # the first whose decoder writes its cache in place
 
 SPECIAL_IDS = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "mask_id": 4}
 """Fixed across every model of the project (the tokenizer trainer checks it)."""
@@ -65,6 +71,17 @@ def new_kv_names(n_layers: int) -> list[str]:
 
 def cross_names(n_layers: int) -> list[str]:
     return kv_names("cross_key_values", n_layers)
+
+
+def present_names(n_layers: int) -> list[str]:
+    return kv_names("present", n_layers)
+
+
+def new_kv_from_present(present: Sequence[np.ndarray], positions: np.ndarray) -> list[np.ndarray]:
+    """Each row's new key and value, (R, heads, 1, d_k), from contract 5's present outputs (R,
+    heads, slots, d_k): the slot at the row's position (for callers that keep their own caches)."""
+    rows = np.arange(len(positions))
+    return [p[rows, :, positions][:, :, None] for p in present]
 
 
 def pad(seqs: Sequence[Sequence[int]], pad_id: int = SPECIAL_IDS["pad_id"]) -> tuple[np.ndarray, np.ndarray]:

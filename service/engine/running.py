@@ -2,7 +2,7 @@
 
 Every active sentence holds a block of `width` consecutive rows (its `Search` decides what they
 do). One `step()` runs the decoder graph once for all rows, each row at its own position with
-its own cache (IO contract 3), then lets each search strategy take its sentences' step at once
+its own cache (IO contracts 3 to 5), then lets each search strategy take its sentences' step at once
 (one pass over the vocabulary for all greedy rows, one sort for the candidates of all beams).
 Nothing a sentence sees depends on its neighbours: a row attends to its own cache slots only,
 padding is masked.
@@ -10,7 +10,8 @@ padding is masked.
 Data kept between steps, all in preallocated per-row buffers whose capacity grows by doubling
 (rows, cache slots) or as needed (source columns), so that little of it moves:
 - the self-attention cache: row r's keys and values in slots 0 .. t-1 (t: its position). The
-  graph returns only the step's new key and value, written here into slot t in place; a beam
+  graph writes the step's new key and value into slot t itself (contract 5, the buffers bound to
+  it by `StepBinding`) or returns them to be written here (contracts 3, 4); a beam
   reorder copies just the rows whose parent changed; a joining row needs no copy at all (slot
   contents beyond a row's position are never attended);
 - cross-attention K/V and the source mask: a joining sentence writes its block once.
@@ -32,7 +33,7 @@ import numpy as np
 
 from service.contract.graphs import pad
 from service.engine.decoding import Hypothesis, Search, Strategy
-from service.engine.runtime import TranslatorRuntime
+from service.engine.runtime import StepBinding, TranslatorRuntime
 from service.priority import lower_priority
 
 T = TypeVar("T")
@@ -164,6 +165,7 @@ class RunningBatch(Generic[T]):
         self.blocks: list[Block[T]] = []
         self.rows = 0
         self.buf = _Buffers()
+        self._bindings: dict[int, StepBinding | None] = {}  # per runtime (id): kept across steps
 
     def set_timer(self, timer: Callable[[str, float], None] | None) -> None:
         self.timer = timer
@@ -228,11 +230,17 @@ class RunningBatch(Generic[T]):
             self.buf.resize_slots(self.rows, max(needed, 2 * self.buf.slots))
         tokens = np.concatenate([b.search.tokens for b in self.blocks])
         out = self.rt.decode(
-            tokens, positions, self.buf.mask[:r], [c[:r] for c in self.buf.cache], [c[:r] for c in self.buf.cross]
+            tokens,
+            positions,
+            self.buf.mask[:r],
+            [c[:r] for c in self.buf.cache],
+            [c[:r] for c in self.buf.cross],
+            binding=self._binding(),
         )
         every = np.arange(r)
-        for buf, new in zip(self.buf.cache, out.new_kv, strict=True):
-            buf[every, :, positions] = new[:, :, 0]  # each row's new key into its slot t
+        if not out.written:
+            for buf, new in zip(self.buf.cache, out.new_kv, strict=True):
+                buf[every, :, positions] = new[:, :, 0]  # each row's new key into its slot t
         parents = every.copy()
         finished: list[Block[T]] = []
         by_strategy: dict[Strategy, list[Block[T]]] = {}
@@ -256,6 +264,13 @@ class RunningBatch(Generic[T]):
         return [(b.tag, b.search.hypotheses()) for b in finished]
 
     # -- bookkeeping ---------------------------------------------------------------------------
+
+    def _binding(self) -> StepBinding | None:
+        """This batch's binding to its current runtime's decoder (a shard switches between two)."""
+        key = id(self.rt)
+        if key not in self._bindings:
+            self._bindings[key] = self.rt.binding()
+        return self._bindings[key]
 
     def _remove(self, gone: Sequence[Block[T]]) -> None:
         """The leaving blocks' rows are filled (cross rows, source mask, cache): by the last blocks

@@ -107,23 +107,88 @@ def classifier_attention(session: ort.InferenceSession, ids: np.ndarray, mask: n
 
 @dataclass(frozen=True)
 class DecoderStep:
-    """One decoder step's outputs for R rows (IO contract 3, `service.contract.graphs`)."""
+    """One decoder step's outputs for R rows (`service.contract.graphs`)."""
 
     logprobs: np.ndarray  # (R, V)
-    new_kv: list[np.ndarray]  # 2L arrays (R, H, 1, d_k): the step's keys and values
+    new_kv: list[np.ndarray]  # 2L arrays (R, H, 1, d_k): the step's keys and values; empty when written in place
     attention: np.ndarray | None = None  # (R, L, H, S) cross-attention weights, when asked for
+
+    @property
+    def written(self) -> bool:
+        """The graph wrote the new keys into the caller's cache itself (IO contract 5, bound)."""
+        return not self.new_kv
+
+
+class StepBinding:
+    """One caller's buffers bound to one decoder session (IO contract 5), kept across steps: the
+    cache, cross-attention K/V and source mask are rebound only when their memory or row count
+    changes (a resize, rows joining or leaving), the log-probabilities land in a buffer of this
+    binding's own, and each cache input shares its memory with its present output, so the fused
+    attention writes the new slot in place and nothing else of the cache moves. Not thread-safe:
+    one per caller thread (each shard of a sharded batch has its own)."""
+
+    def __init__(self, rt: TranslatorRuntime) -> None:
+        self.rt = rt
+        self.io = rt.decoder.io_binding()
+        self._key: tuple[tuple[int, tuple[int, ...]], ...] = ()
+        self._held: list[ort.OrtValue] = []  # the bound values (each keeps its numpy memory alive)
+        self._logprobs = np.zeros((0, rt.vocab), np.float32)
+
+    def run(
+        self,
+        tokens: np.ndarray,
+        positions: np.ndarray,
+        enc_mask: np.ndarray,
+        cache: Sequence[np.ndarray],
+        cross: Sequence[np.ndarray],
+    ) -> np.ndarray:
+        """One step; returns the log-probabilities (R, V), a view valid until the next call."""
+        rt, io, r = self.rt, self.io, len(tokens)
+        key = tuple((a.__array_interface__["data"][0], a.shape) for a in (enc_mask, *cache, *cross))
+        if key != self._key:
+            held = []
+            for name, out_name, a in zip(rt.cache_names, rt.present_names, cache, strict=True):
+                value = ort.OrtValue.ortvalue_from_numpy(a)  # shares a's memory (a contiguous leading-row view)
+                io.bind_ortvalue_input(name, value)
+                io.bind_ortvalue_output(out_name, value)
+                held.append(value)
+            for name, a in zip(rt.cross_names, cross, strict=True):
+                held.append(ort.OrtValue.ortvalue_from_numpy(a))
+                io.bind_ortvalue_input(name, held[-1])
+            held.append(ort.OrtValue.ortvalue_from_numpy(enc_mask))
+            io.bind_ortvalue_input(graphs.ENCODER_ATTENTION_MASK, held[-1])
+            if self._logprobs.shape[0] < r:
+                self._logprobs = np.zeros((max(r, 2 * self._logprobs.shape[0]), rt.vocab), np.float32)
+            held.append(ort.OrtValue.ortvalue_from_numpy(self._logprobs[:r]))
+            io.bind_ortvalue_output(graphs.LOGPROBS, held[-1])
+            self._key, self._held = key, held
+        ids = np.ascontiguousarray(tokens.reshape(-1, 1), np.int64)  # held until the run ends
+        pos = np.ascontiguousarray(positions, np.int64)
+        io.bind_cpu_input(graphs.INPUT_IDS, ids)
+        io.bind_cpu_input(graphs.POSITION_IDS, pos)
+        rt.decoder.run_with_iobinding(io)
+        return self._logprobs[:r]
 
 
 class TranslatorRuntime:
-    """The translator's two graphs behind plain numpy calls (IO contract 3, `service.contract.graphs`)."""
+    """The translator's two graphs behind plain numpy calls (`service.contract.graphs`)."""
 
     def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, n_layers: int) -> None:
         self.encoder, self.decoder, self.n_layers = encoder, decoder, n_layers
         self.cache_names = graphs.cache_names(n_layers)
         self.cross_names = graphs.cross_names(n_layers)
-        self.outputs = [graphs.LOGPROBS, *graphs.new_kv_names(n_layers)]
+        self.present_names = graphs.present_names(n_layers)
+        outputs = {o.name: o for o in decoder.get_outputs()}
+        self.in_place = self.present_names[0] in outputs  # IO contract 5
+        self.outputs = [graphs.LOGPROBS, *(self.present_names if self.in_place else graphs.new_kv_names(n_layers))]
         shape = next(i for i in decoder.get_inputs() if i.name == self.cache_names[0]).shape  # (R, H, slots, d_k)
         self.heads, self.d_k = int(shape[1]), int(shape[3])
+        self.vocab = int(outputs[graphs.LOGPROBS].shape[1])
+
+    def binding(self) -> StepBinding | None:
+        """A binding for one caller's steps where the graph writes its cache in place, else None.
+        CPU only: bound to host memory, a CUDA session would copy the whole cache back each step."""
+        return StepBinding(self) if self.in_place and not uses_cuda(self.decoder) else None
 
     def encode(self, ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
         """Cross-attention K/V of every decoder layer: 2L arrays (B, H, S, d_k), once per sentence."""
@@ -138,9 +203,14 @@ class TranslatorRuntime:
         cache: Sequence[np.ndarray],
         cross: Sequence[np.ndarray],
         attention: bool = False,
+        binding: StepBinding | None = None,
     ) -> DecoderStep:
         """One step for R rows: row r's token at `positions[r]`, its keys in cache slots
-        0 .. positions[r]-1 (2L arrays (R, H, slots, d_k), contiguous: leading rows of a buffer)."""
+        0 .. positions[r]-1 (2L arrays (R, H, slots, d_k), contiguous: leading rows of a buffer;
+        contract 5 needs a slot for the new key too). With a `binding` (contract 5), the new keys
+        are written into `cache` in place; without, they are returned for the caller to write."""
+        if binding is not None and not attention:
+            return DecoderStep(binding.run(tokens, positions, enc_mask, cache, cross), [])
         feed = {
             graphs.INPUT_IDS: tokens.reshape(-1, 1),
             graphs.POSITION_IDS: positions,
@@ -150,7 +220,8 @@ class TranslatorRuntime:
         feed.update(zip(self.cross_names, cross, strict=True))
         outs = self.decoder.run(self.outputs + ([graphs.CROSS_ATTENTIONS] if attention else []), feed)
         weights = outs.pop() if attention else None
-        return DecoderStep(outs[0], outs[1:], weights)
+        new_kv = graphs.new_kv_from_present(outs[1:], positions) if self.in_place else outs[1:]
+        return DecoderStep(outs[0], new_kv, weights)
 
 
 def choose_variant(manifest: Manifest, requested: str | None) -> str:

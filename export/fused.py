@@ -1,0 +1,90 @@
+"""The decoder step's self-attention as one fused ONNX Runtime operator that writes the cache in place.
+
+`cached_attention` runs in PyTorch as plain math (the reference) and exports as
+`com.microsoft.GroupQueryAttention` (ONNX Runtime's contrib op, CPU and CUDA kernels, fp32 and fp16):
+each row's new key and value go into its own slot `position` of the cache, and the row attends to
+slots 0 .. position only, so rows at different positions share one call with no mask, scatter or
+concatenation in the graph. When the caller binds the cache input and the present output to the same
+memory (IO binding), the operator writes only the new slot: no copy of the cache per step (IO contract 5,
+`service.contract.graphs`). Measured beside the unfused graph it replaces in `docs/engine.md`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+CONTRIB_DOMAIN = "com.microsoft"
+CONTRIB_OPSET = 1
+
+
+class _CachedAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(  # type: ignore[override]
+        ctx: object,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        cache_k: Tensor,
+        cache_v: Tensor,
+        positions: Tensor,
+        heads: int,
+        scale: float,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        r, slots, d_k = cache_k.shape[0], cache_k.shape[2], cache_k.shape[3]
+        rows = torch.arange(r)
+        present_k, present_v = cache_k.clone(), cache_v.clone()
+        present_k[rows, :, positions] = k.reshape(r, heads, d_k)
+        present_v[rows, :, positions] = v.reshape(r, heads, d_k)
+        q_heads = q.reshape(r, heads, 1, d_k)
+        scores = (q_heads @ present_k.transpose(-2, -1)) * scale  # (R, H, 1, slots)
+        unused = torch.arange(slots)[None, :] > positions[:, None]  # (R, slots): after the row's token
+        scores = scores.masked_fill(unused[:, None, None, :], float("-inf"))
+        out = torch.softmax(scores, dim=-1) @ present_v  # (R, H, 1, d_k)
+        return out.reshape(r, 1, heads * d_k), present_k, present_v
+
+    @staticmethod
+    def symbolic(  # the TorchScript exporter's hook
+        g: torch.Graph,
+        q: torch.Value,
+        k: torch.Value,
+        v: torch.Value,
+        cache_k: torch.Value,
+        cache_v: torch.Value,
+        positions: torch.Value,
+        heads: int,
+        scale: float,
+    ) -> tuple[torch.Value, torch.Value, torch.Value]:
+        int32 = 6  # TensorProto.INT32
+        seqlens = g.op("Cast", positions, to_i=int32)  # per row: total length - 1 = the token's slot
+        slots = g.op("Gather", g.op("Shape", cache_k), g.op("Constant", value_t=torch.tensor(2)), axis_i=0)
+        total = g.op("Cast", slots, to_i=int32)  # every slot may be attended (seqlens decide which)
+        out, present_k, present_v = g.op(
+            f"{CONTRIB_DOMAIN}::GroupQueryAttention",
+            q,
+            k,
+            v,
+            cache_k,
+            cache_v,
+            seqlens,
+            total,
+            num_heads_i=heads,
+            kv_num_heads_i=heads,
+            scale_f=scale,
+            outputs=3,
+        )
+        out.setType(q.type())
+        present_k.setType(cache_k.type())
+        present_v.setType(cache_v.type())
+        return out, present_k, present_v
+
+
+def cached_attention(
+    q: Tensor, k: Tensor, v: Tensor, cache: tuple[Tensor, Tensor], positions: Tensor, heads: int, scale: float
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """One new token per row over its cache: q, k, v (R, 1, H*d_k) (un-scaled queries), cache
+    (R, H, slots, d_k) each with the row's earlier keys in slots 0 .. position-1, positions (R,).
+    Returns the attended values (R, 1, H*d_k) and the cache with each row's new key and value in
+    slot `position` (`softmax(scale * q kᵀ) v` over slots 0 .. position)."""
+    out, present_k, present_v = _CachedAttention.apply(q, k, v, cache[0], cache[1], positions, heads, scale)
+    return out, (present_k, present_v)
