@@ -202,3 +202,29 @@ def test_tokenizer_file_is_the_one_pinned(tiny_store: Path, tiny_tokenizer: Toke
 def test_the_engine_masks_with_the_rules_its_model_was_trained_with(mt: TranslatorEngine) -> None:
     assert mt.manifest.span_rules == 1 and not mt.verbatim  # the tiny model's publish records no verbatim masks
     assert mt.prepare(["HOME not set"]).layouts[0].segments[0].text == "HOME not set"
+
+
+def test_the_bound_step_writes_only_the_new_slot_and_rebinds_new_buffers(mt: TranslatorEngine) -> None:
+    """Contract 5 with IO binding: the graph writes each row's new key into its slot of the caller's
+    buffer (the other slots stay as they were, the row's rest bit for bit), the log-probabilities
+    equal an unbound call's, and a binding kept across steps follows buffers that were replaced."""
+    rt = mt.rt
+    assert rt.in_place and (binding := rt.binding()) is not None
+    rows, slots = 3, 8
+    ids = np.array([[5, 6, 7, mt.eos_id], [8, 9, mt.eos_id, 0], [10, mt.eos_id, 0, 0]], np.int64)
+    mask = (ids != 0).astype(np.int64)
+    cross = rt.encode(ids, mask)
+    rng = np.random.default_rng(0)
+    for replaced in (False, True):  # the second round: new arrays where the binding had others
+        cache = [rng.normal(size=(rows, rt.heads, slots, rt.d_k)).astype(np.float32) for _ in range(2 * rt.n_layers)]
+        positions = np.array([0, 3, 5], np.int64)
+        tokens = np.array([1, 11, 12], np.int64)
+        before = [c.copy() for c in cache]
+        plain = rt.decode(tokens, positions, mask, [c.copy() for c in cache], cross)
+        bound = rt.decode(tokens, positions, mask, cache, cross, binding=binding)
+        assert bound.written and not plain.written
+        assert np.array_equal(bound.logprobs, plain.logprobs), f"replaced buffers: {replaced}"
+        for c, b, new in zip(cache, before, plain.new_kv, strict=True):
+            for r, p in enumerate(positions):
+                assert np.array_equal(c[r, :, p], new[r, :, 0])  # the new slot, written by the graph
+                assert np.array_equal(np.delete(c[r], p, axis=1), np.delete(b[r], p, axis=1))  # nothing else
