@@ -25,6 +25,7 @@ from service.engine.classifier import ClassifierEngine
 from service.engine.decoding import DecodeParams
 from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine
+from service.errors import InputTooLong
 from service.store import scan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,13 +123,37 @@ def calibration_error(confidence: list[float], correct: list[bool], bins: int = 
     return out
 
 
+def encode_fitting(engine: ClassifierEngine, texts: list[str]) -> tuple[list[list[int]], int]:
+    """The service's encoding of each text; one longer than the model takes is cut to the longest
+    prefix (in characters) that fits, as the training's evaluation truncates (the service itself
+    would refuse it with 413). Returns the ids and how many texts were cut."""
+    out, cut = [], 0
+    for text in texts:
+        try:
+            out += engine.encode([text])
+            continue
+        except InputTooLong:
+            cut += 1
+        lo, hi = 0, len(text)  # lo fits, hi does not
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            try:
+                engine.encode([text[:mid]])
+                lo = mid
+            except InputTooLong:
+                hi = mid
+        out += engine.encode([text[:lo]])
+    return out, cut
+
+
 def classifier_quality(engine: ClassifierEngine, rows: list[dict[str, str]]) -> dict[str, object]:
     from export.metrics import classification_report  # the training's own report, for one definition
     from export.train import vader_baseline
 
     labels = engine.labels
     texts = [r["text"] for r in rows]
-    probs = [p for s in range(0, len(rows), 256) for p in engine.classify_ids(engine.encode(texts[s : s + 256]))]
+    ids, cut = encode_fitting(engine, texts)
+    probs = [p for s in range(0, len(rows), 256) for p in engine.classify_ids(ids[s : s + 256])]
     pred = [int(p.argmax()) for p in probs]
     gold = [labels.index(r["label"]) for r in rows]
     sources = [r.get("source", "all") for r in rows]
@@ -138,6 +163,7 @@ def classifier_quality(engine: ClassifierEngine, rows: list[dict[str, str]]) -> 
             [float(p.max()) for p in probs], [p == g for p, g in zip(pred, gold, strict=True)]
         ),
         "vader": classification_report(gold, vader_baseline(texts), sources, len(labels))["all"],
+        "truncated": cut,
     }
 
 
