@@ -1,6 +1,8 @@
 """The decoder step before and after the fused in-place self-attention (IO contract 4 vs 5), same weights.
 
     python -m bench.fused_step                  # bench shape (d 256, 4 heads, FFN 1024, 3+3 layers, vocab 8000)
+    python -m bench.fused_step --variant int8   # both graphs quantized as publish does (static, calibrated here)
+    python -m bench.fused_step --profile        # also: where contract 5's step spends its time, by operator
     python -m bench.fused_step --tiny           # a smoke run
 
 One random-weight `export.model.Translator` is exported twice in fp32: with contract 4's decoder
@@ -21,14 +23,17 @@ import json
 import statistics
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import torch
 from torch import Tensor, nn
 
 from export.graphs import _export, translator_io, write_translator
 from export.model import Translator, TranslatorConfig
+from export.quantize import make_int8
 from service.contract import graphs as io
 from service.contract.manifest import TensorSpec
 from service.engine.runtime import TranslatorRuntime, make_session
@@ -66,8 +71,11 @@ def export_both(model: Translator, folder: Path) -> tuple[Path, Path, Path]:
     return folder / roles["encoder"], folder / "decoder4.onnx", folder / roles["decoder"]
 
 
-def decode(rt: TranslatorRuntime, rows: int, steps: int, source: int, slots: int) -> tuple[float, list[np.ndarray]]:
-    """Seconds for `steps` decoder steps of `rows` rows from position 0, and each step's log-probabilities."""
+def decode(
+    rt: TranslatorRuntime, rows: int, steps: int, source: int, slots: int, record: list[dict] | None = None
+) -> tuple[float, list[np.ndarray]]:
+    """Seconds for `steps` decoder steps of `rows` rows from position 0, and each step's
+    log-probabilities; `record` collects each step's inputs (int8 calibration)."""
     rng = np.random.default_rng(0)
     ids = rng.integers(5, 100, size=(rows, source)).astype(np.int64)
     mask = np.ones_like(ids)
@@ -80,6 +88,10 @@ def decode(rt: TranslatorRuntime, rows: int, steps: int, source: int, slots: int
     t0 = time.perf_counter()
     for t in range(steps):
         positions = np.full(rows, t, np.int64)
+        if record is not None:
+            feed = {io.INPUT_IDS: tokens[:, None], io.POSITION_IDS: positions, io.ENCODER_ATTENTION_MASK: mask}
+            feed.update({name: c.copy() for name, c in zip(rt.cache_names, cache, strict=True)})
+            record.append({**feed, **dict(zip(rt.cross_names, cross, strict=True))})
         step = rt.decode(tokens, positions, mask, cache, cross, binding=binding)
         if not step.written:
             for buf, new in zip(cache, step.new_kv, strict=True):
@@ -89,12 +101,35 @@ def decode(rt: TranslatorRuntime, rows: int, steps: int, source: int, slots: int
     return time.perf_counter() - t0, out
 
 
+def profile(path: Path, encoder: ort.InferenceSession, layers: int, rows: int) -> str:
+    """ONNX Runtime's own profile of 24 steps of `rows` rows: each operator type's share of the
+    kernel time, and the share of the whole step that no kernel took (the runtime and Python)."""
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.enable_profiling = 1, True
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    rt = TranslatorRuntime(encoder, ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]), layers)
+    wall, _ = decode(rt, rows, 24, 24, 32)
+    trace = Path(rt.decoder.end_profiling())
+    events = json.loads(trace.read_text())
+    trace.unlink()
+    by_op: Counter[str] = Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            by_op[e["args"]["op_name"]] += e["dur"]
+    kernels = sum(by_op.values()) / 1e6
+    lines = [f"{path.name}, {rows} rows: {1000 * wall / 24:.2f} ms per step, kernels {100 * kernels / wall:.0f} %"]
+    lines += [f"  {op:24s} {100 * us / 1e6 / wall:5.1f} %" for op, us in by_op.most_common(12)]
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--rows", default="1,32")
     p.add_argument("--steps", type=int, default=24)
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--variant", choices=("fp32", "int8"), default="fp32")
+    p.add_argument("--profile", action="store_true", help="first, where contract 5's step spends its time, by operator")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "fused_step.json")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -105,12 +140,21 @@ def main() -> None:
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         enc, dec4, dec5 = export_both(model, Path(tmp))
-        encoder = make_session(enc.read_bytes(), ["CPUExecutionProvider"], 1, spin=False)
         cpu, layers = ["CPUExecutionProvider"], len(model.layers)
+        encoder = make_session(enc.read_bytes(), cpu, 1, spin=False)
+        graphs = {"contract 4": dec4, "contract 5": dec5}
+        if args.variant == "int8":  # static int8 as publish makes it, calibrated on this bench's own steps
+            feeds: list[dict] = []
+            decode(TranslatorRuntime(encoder, make_session(dec5.read_bytes(), cpu, 1), layers), 8, 8, 24, 32, feeds)
+            for name, path in list(graphs.items()):
+                graphs[name] = path.with_suffix(".int8.onnx")
+                make_int8(path, graphs[name], feeds)
         runtimes = {
             name: TranslatorRuntime(encoder, make_session(path.read_bytes(), cpu, 1), layers)
-            for name, path in (("contract 4", dec4), ("contract 5", dec5))
+            for name, path in graphs.items()
         }
+        if args.profile:
+            print(profile(graphs["contract 5"], encoder, layers, max(int(r) for r in args.rows.split(","))))
         for rows in [int(r) for r in args.rows.split(",")]:
             times: dict[str, list[float]] = {name: [] for name in runtimes}
             worst = 0.0
@@ -130,7 +174,7 @@ def main() -> None:
                 flush=True,
             )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    report = {"steps": args.steps, "rounds": args.rounds, "threads": 1, "rows": results}
+    report = {"variant": args.variant, "steps": args.steps, "rounds": args.rounds, "threads": 1, "rows": results}
     args.out.write_text(json.dumps(report, indent=2))
     print(f"wrote {args.out}")
 
