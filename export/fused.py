@@ -12,7 +12,10 @@ memory (IO binding), the operator writes only the new slot: no copy of the cache
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+KV = tuple[Tensor, Tensor]
 
 CONTRIB_DOMAIN = "com.microsoft"
 CONTRIB_OPSET = 1
@@ -80,11 +83,28 @@ class _CachedAttention(torch.autograd.Function):
 
 
 def cached_attention(
-    q: Tensor, k: Tensor, v: Tensor, cache: tuple[Tensor, Tensor], positions: Tensor, heads: int, scale: float
-) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    q: Tensor, k: Tensor, v: Tensor, cache: KV, positions: Tensor, heads: int, scale: float
+) -> tuple[Tensor, KV]:
     """One new token per row over its cache: q, k, v (R, 1, H*d_k) (un-scaled queries), cache
     (R, H, slots, d_k) each with the row's earlier keys in slots 0 .. position-1, positions (R,).
     Returns the attended values (R, 1, H*d_k) and the cache with each row's new key and value in
     slot `position` (`softmax(scale * q kᵀ) v` over slots 0 .. position)."""
     out, present_k, present_v = _CachedAttention.apply(q, k, v, cache[0], cache[1], positions, heads, scale)
     return out, (present_k, present_v)
+
+
+def fused_self_attention(
+    x: Tensor,
+    projections: tuple[nn.Linear, nn.Linear, nn.Linear],
+    cache: KV,
+    positions: Tensor,
+    heads: int,
+    scale: float,
+) -> tuple[Tensor, KV]:
+    """The decoder step's self-attention of x (R, 1, D) through `cached_attention`: queries, keys
+    and values from one matmul over the three projections side by side (one larger GEMM in the
+    graph). Returns the attended values (R, 1, D), before the output projection, and the cache."""
+    weight = torch.cat([p.weight for p in projections])
+    bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.out_features) for p in projections])
+    q, k, v = F.linear(x, weight, bias).split(projections[0].out_features, dim=-1)  # (R, 1, D) each
+    return cached_attention(q, k, v, cache, positions, heads, scale)

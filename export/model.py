@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from export.fused import cached_attention
+from export.fused import fused_self_attention
 
 NEG_INF = -1e9  # finite "minus infinity": keeps fully masked rows NaN-free in fp16 and ONNX
 
@@ -171,10 +171,8 @@ class MultiHeadAttention(nn.Module):
     def step_in_place(self, x: Tensor, cache: KV, positions: Tensor) -> tuple[Tensor, KV]:
         """`step` as the exported graph runs it (`export.fused`, IO contract 5): the new key and
         value go into each row's slot `position`; returns the output and the whole cache."""
-        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
-        bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
-        q, k, v = F.linear(x, weight, bias).split(self.n_heads * self.d_k, dim=-1)  # (R, 1, D) each
-        out, present = cached_attention(q, k, v, cache, positions, self.n_heads, self.d_k**-0.5)
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        out, present = fused_self_attention(x, projections, cache, positions, self.n_heads, self.d_k**-0.5)
         return self.dropout(self.out_proj(out)), present
 
     def merge(self, out: Tensor) -> Tensor:

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from export.fused import cached_attention
+from export.fused import fused_self_attention
 from export.graphs import EncoderGraph, _export, translator_io
 from export.hf import ImportProblem
 from export.validate import ExportError, session
@@ -240,10 +240,7 @@ class Seq2Seq(nn.Module):
 
     def _in_place_attn(self, a: nn.Module, cache: KV, positions: Tensor, h: Tensor) -> tuple[Tensor, KV]:
         """`_cached_attn` as the exported graph runs it (`export.fused`): returns the whole cache."""
-        weight = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
-        bias = torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias])
-        q, k, v = F.linear(h, weight, bias).split(a.q_proj.out_features, dim=-1)  # (R, 1, D) each
-        out, present = cached_attention(q, k, v, cache, positions, self.heads, a.scaling)
+        out, present = fused_self_attention(h, (a.q_proj, a.k_proj, a.v_proj), cache, positions, self.heads, a.scaling)
         return a.out_proj(out), present
 
     def _cross_attn(self, a: nn.Module, kv: KV, bias: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
