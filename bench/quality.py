@@ -3,8 +3,9 @@
 Translator (beam 4, lines and sentences split, spans masked): sacreBLEU BLEU and chrF, the
 share of outputs with an immediate repetition the reference lacks (a word twice in a row, or a
 word pair twice in a row: "Änderungen speichern speichern?"), and retention: of the identifiers,
-inline code, names, quoted spans and dash runs (`service.contract.verbatim`) that the reference
-keeps as written, the share the translation keeps as written too; on the test split and, with
+inline code, names, quoted spans and dash runs (`service.contract.verbatim`, as the service finds
+them) that the reference keeps as written, the share the translation keeps as written too (and,
+apart, the same for the capitalised words the service leaves to the model); on the test split and, with
 `--ood`, on the out-of-domain stand-in of `bench.ood`. Classifier: accuracy and macro-F1 overall
 and per source, the expected calibration error, and the VADER lexicon on the same split for
 scale; and the same on `bench/data/short_texts.jsonl`, everyday texts of one to eight words
@@ -75,16 +76,34 @@ RETAINED = {"caps": "identifiers", "snake": "identifiers", "code": "code", "name
 RETAINED |= {"quotes": "quotes and dashes", "dashes": "quotes and dashes"}
 
 
-def retention(sources: list[str], refs: list[str], hyps: list[str], words: frozenset[str]) -> dict[str, object]:
+UNMASKED_WORDS = "words the model translates"
+
+
+def retention(
+    sources: list[str],
+    refs: list[str],
+    hyps: list[str],
+    words: frozenset[str],
+    vocab_words: frozenset[str] | None = None,
+) -> dict[str, object]:
     """Per group of `RETAINED`: the candidates each reference keeps as written, and how many of
-    them the translation keeps as written (as often as the source has them)."""
+    them the translation keeps as written (as often as the source has them). With `vocab_words`
+    (the tokenizer's whole words alone), also `UNMASKED_WORDS`: the capitalised words the
+    vocabulary lacks but the training text writes in lower case, which the service leaves to the
+    model ("Tasks", "Tablet"; a reference may keep one in English)."""
     total: Counter[str] = Counter()
     kept: Counter[str] = Counter()
     lost: dict[str, list[dict[str, str]]] = {}
     for src, ref, hyp in zip(sources, refs, hyps, strict=True):
         strict = [(s.start, s.end) for s in spans.find_spans(src)]
-        for c in verbatim.candidates(src, words, strict):
-            word, group = src[c.start : c.end], RETAINED[c.kind]
+        served = verbatim.candidates(src, words, strict)
+        found = [(c, RETAINED[c.kind]) for c in served]
+        if vocab_words is not None:
+            starts = {(c.start, c.end) for c in served}
+            broad = verbatim.candidates(src, vocab_words, strict)
+            found += [(c, UNMASKED_WORDS) for c in broad if c.kind == "name" and (c.start, c.end) not in starts]
+        for c, group in found:
+            word = src[c.start : c.end]
             if not verbatim.kept_in(ref, word):
                 continue
             total[group] += 1
@@ -92,9 +111,10 @@ def retention(sources: list[str], refs: list[str], hyps: list[str], words: froze
                 kept[group] += 1
             elif len(lost.setdefault(group, [])) < 5:
                 lost[group].append({"word": word, "en": src, "hyp": hyp})
-    every = sum(total.values())
+    every = sum(n for g, n in total.items() if g != UNMASKED_WORDS)
+    every_kept = sum(n for g, n in kept.items() if g != UNMASKED_WORDS)
     return {
-        "all": {"kept": sum(kept.values()), "of": every, "share": sum(kept.values()) / every if every else 1.0},
+        "all": {"kept": every_kept, "of": every, "share": every_kept / every if every else 1.0},
         **{g: {"kept": kept[g], "of": n, "share": kept[g] / n, "lost": lost.get(g, [])} for g, n in total.items()},
     }
 
@@ -105,7 +125,7 @@ def translator_quality(engine: TranslatorEngine, rows: list[dict[str, str]]) -> 
     rep = [repeats_beyond_reference(h, r) for h, r in zip(hyps, refs, strict=True)]
     return {
         **translation_scores(hyps, refs),
-        "retention": retention([r["en"] for r in rows], refs, hyps, engine.codec.words),
+        "retention": retention([r["en"] for r in rows], refs, hyps, engine.codec.words, engine.codec.vocab_words),
         "repeated_examples": [{"hyp": h, "ref": r} for h, r, x in zip(hyps, refs, rep, strict=True) if x][:10],
         "examples": [{"en": r["en"], "ref": r["de"], "hyp": h} for r, h in list(zip(rows, hyps, strict=True))[:10]],
     }

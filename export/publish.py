@@ -31,6 +31,7 @@ from export.quantize import CALIBRATED, MAKERS
 from export.specs import ModelSpec
 from export.specs.bundled import spec_for
 from export.validate import ExportError
+from service.contract import verbatim
 from service.contract.graphs import IO_CONTRACT_VERSION
 from service.contract.manifest import MANIFEST, Manifest, file_entry
 
@@ -77,6 +78,7 @@ class ExportOptions(PublishOptions):
     data_sources: tuple[Mapping[str, str], ...] = ()
     figures: tuple[Path, ...] = ()  # PNGs kept in the version, named by their stem (the run's curves.png)
     span_rules: int = 1  # translators: the masking rules of its training (the run's report says)
+    common_words: frozenset[str] = frozenset()  # translators: never masked as names (verbatim.common_words)
 
 
 def next_version(store: Path, name: str) -> int:
@@ -261,6 +263,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         report_file = args.checkpoint / "report.json"
         train_report = json.loads(report_file.read_text()) if report_file.is_file() else {}
         curves = args.checkpoint / "curves.png"  # written by export.train
+        span_rules = int(train_report.get("span_rules", 1))
+        common = frozenset[str]()
+        if span_rules >= 2:  # names are masked: the training text says which capitalised words are words
+            train_file = data_file(args.data_dir, sub, "train.jsonl", why=why)
+            common = verbatim.common_words(r[kind.text_field] for r in load_jsonl(train_file))
         source, target = (_list(args.languages) + (None, None))[:2]
         options = ExportOptions(
             name=args.name,
@@ -273,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             source_language=source,
             target_language=target,
             train_metrics={k: v for k, v in train_report.items() if k not in ("curves", "examples", "args")},
-            span_rules=int(train_report.get("span_rules", 1)),
+            span_rules=span_rules,
+            common_words=common,
             data_sources=data_sources_of(args.data_dir, sub),
             figures=(curves,) if curves.is_file() else (),
             test_rows=args.test_rows,

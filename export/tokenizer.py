@@ -81,11 +81,12 @@ def encode_texts(tok: Tokenizer, texts: Sequence[str], max_len: int) -> list[lis
 
 
 def encode_sources(
-    tok: Tokenizer, texts: Sequence[str], max_len: int, verbatim: bool = True
+    tok: Tokenizer, texts: Sequence[str], max_len: int, verbatim: bool = True, common: frozenset[str] = frozenset()
 ) -> tuple[list[list[int]], list[spans.Masked]]:
     """Translator source ids as the service builds them (spans masked, EOS appended, at most
-    `max_len` ids in all) and the masks that restore the spans after decoding."""
-    known, words = spans.alphabet(tok.get_vocab()), whole_words(tok.get_vocab())
+    `max_len` ids in all) and the masks that restore the spans after decoding; `common`: the
+    model's `common_words`, never names."""
+    known, words = spans.alphabet(tok.get_vocab()), whole_words(tok.get_vocab()) | common
     masked = [spans.mask(t, known, words, verbatim) for t in texts]
     ids = encode_texts(tok, [m.text for m in masked], max_len - 1)
     return [s + [SPECIAL_IDS["eos_id"]] for s in ids], masked

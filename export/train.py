@@ -413,11 +413,18 @@ def translator_loss(model: Translator, src: Tensor, src_mask: Tensor, tgt: Tenso
 
 
 def translate_greedy(
-    model: Translator, tok: Tokenizer, texts: Sequence[str], device: torch.device, max_len: int, batch: int = 64
+    model: Translator,
+    tok: Tokenizer,
+    texts: Sequence[str],
+    device: torch.device,
+    max_len: int,
+    common: frozenset[str] = frozenset(),
+    batch: int = 64,
 ) -> list[str]:
-    """Mask, encode, greedy-decode and restore, as the service does (without its line splitting)."""
+    """Mask, encode, greedy-decode and restore, as the service does (without its line splitting);
+    `common`: the words never masked as names (`verbatim.common_words`)."""
     model.eval()
-    srcs, masked = tokenizer_lib.encode_sources(tok, texts, max_len)
+    srcs, masked = tokenizer_lib.encode_sources(tok, texts, max_len, True, common)
 
     def run(idx: list[int]) -> list[list[int]]:
         ids, mask = pad([srcs[i] for i in idx])
@@ -630,6 +637,7 @@ def run_translator(args: argparse.Namespace) -> dict:
     data = Path(args.data_dir)
     out = Path(args.out)
     split = {s: load_jsonl(data_file(data, "translation", f"{s}.jsonl")) for s in ("train", "valid", "test")}
+    common = verbatim.common_words(r["en"] for r in split["train"])  # as publish computes them
     split["train"] = spread(split["train"], args.train_rows)
     seed_everything(args.seed, args.threads)
     # Names are masked where the tokenizer lacks them as words: a first masking without names
@@ -664,7 +672,7 @@ def run_translator(args: argparse.Namespace) -> dict:
     train_s = time.perf_counter() - t0
     model.cpu()
     test = split["test"]
-    hyps = translate_greedy(model, tok, [r["en"] for r in test], torch.device("cpu"), mc.max_len)
+    hyps = translate_greedy(model, tok, [r["en"] for r in test], torch.device("cpu"), mc.max_len, common)
     report = {
         "task": "translation",
         "span_rules": spans.SPAN_RULES,  # the masking rules of these pairs; publish writes them in the manifest

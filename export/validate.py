@@ -321,11 +321,17 @@ def eval_classifier_variant(
 
 
 def eval_translator_variant(
-    enc_path: Path, dec_path: Path, model: Translator, tok: Tokenizer, rows: Sequence[dict], verbatim: bool = True
+    enc_path: Path,
+    dec_path: Path,
+    model: Translator,
+    tok: Tokenizer,
+    rows: Sequence[dict],
+    verbatim: bool = True,
+    common: frozenset[str] = frozenset(),
 ) -> dict[str, float]:
     enc, dec = session(enc_path), session(dec_path)
     c = model.config
-    seqs, masked = encode_sources(tok, [r["en"] for r in rows], c.max_len, verbatim)
+    seqs, masked = encode_sources(tok, [r["en"] for r in rows], c.max_len, verbatim, common)
     outs = in_length_order(seqs, 64, lambda idx: ort_greedy(enc, dec, model, [seqs[i] for i in idx], c.max_len))
     hyps = [spans.unmask(tok.decode(out), m.spans) for out, m in zip(outs, masked, strict=True)]
     return metrics.bleu_chrf(hyps, [r["de"] for r in rows])

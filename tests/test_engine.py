@@ -228,3 +228,20 @@ def test_the_bound_step_writes_only_the_new_slot_and_rebinds_new_buffers(mt: Tra
             for r, p in enumerate(positions):
                 assert np.array_equal(c[r, :, p], new[r, :, 0])  # the new slot, written by the graph
                 assert np.array_equal(np.delete(c[r], p, axis=1), np.delete(b[r], p, axis=1))  # nothing else
+
+
+def test_a_version_trained_with_names_masked_ships_the_words_that_are_no_names(
+    tiny_translator: Translator, tiny_tokenizer: Tokenizer, tmp_path: Path
+) -> None:
+    from export.publish import ExportOptions, export_model
+    from service.contract.manifest import verify_folder
+
+    options = ExportOptions("mt", 1, variants=("fp32",), span_rules=2, common_words=frozenset({"siobhan"}))
+    folder = export_model(tiny_translator, tiny_tokenizer, tmp_path, options, sentences(120, seed=7), log=print)
+    manifest = verify_folder(folder)  # the word file is pinned like every other
+    assert manifest.common_words and (folder / manifest.common_words).read_text() == "siobhan\n"
+    engine = load_translator(newest(scan(tmp_path))["mt"], LoadOptions(threads=1))
+    assert "siobhan" in engine.codec.words and "siobhan" not in engine.codec.vocab_words
+    for name, masked in (("Siobhan", False), ("Aoife", True)):  # neither is a whole word of the vocabulary
+        segment = engine.prepare([f"Send the report to {name}."]).layouts[0].segments[0]
+        assert (name not in segment.text) is masked, segment.text

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from service.contract import verbatim
 from service.contract.spans import PLACEHOLDER_COUNT, alphabet, find_spans, mask, mask_pair, placeholder, unmask
 
 CASES = {
@@ -173,3 +174,20 @@ def test_training_masks_a_candidate_only_where_the_reference_keeps_it() -> None:
     quoted = mask_pair("Invalid option -- '%c'", "Ungültige Option -- »%c«", verbatim=True)
     assert quoted == ("Invalid option ⟨1⟩ '⟨2⟩'", "Ungültige Option ⟨1⟩ »⟨2⟩«")  # the quotes changed: %c alone
     assert mask_pair("HOME not set", "HOME nicht gesetzt") == ("HOME not set", "HOME nicht gesetzt")
+
+
+def test_words_the_training_text_writes_in_lower_case_are_not_names() -> None:
+    training = ["Add the tasks to the list", "tasks and subtotals", "no subtotals", "mail it to sarah"]
+    common = verbatim.common_words(training)
+    assert {"tasks", "subtotals"} <= common and "sarah" not in common  # once in lower case: maybe a name
+    text = "Tasks: send the Subtotals to Sarah."
+    found = [text[s.start : s.end] for s in find_spans(text, verbatim=True, words=WORDS)]
+    assert found == ["Tasks", "Subtotals", "Sarah"]  # the vocabulary alone lacks all three whole
+    found = [text[s.start : s.end] for s in find_spans(text, verbatim=True, words=WORDS | common)]
+    assert found == ["Sarah"]
+
+
+def test_a_contraction_of_a_known_word_is_no_name() -> None:
+    words = WORDS | verbatim.common_words(["we couldn't", "it couldn’t", "let's go", "let’s see"])
+    assert find_spans("Couldn't open it, Let’s retry", verbatim=True, words=words) == []
+    assert [s.kind for s in find_spans("Send it to O'Brien", verbatim=True, words=words)] == ["name"]

@@ -30,6 +30,8 @@ from service.contract.graphs import SPECIAL_IDS
 if TYPE_CHECKING:
     from export.publish import ExportOptions
 
+COMMON_WORDS = "common_words.txt"  # a translator's words never masked as names (verbatim.common_words)
+
 
 class BundledSpec(ModelSpec):
     """A checkpoint of `export.train`: its tokenizer, its run's figures and metrics, the data build's
@@ -164,7 +166,8 @@ class BundledTranslator(BundledSpec):
         return min(MAX_NEW_TOKENS, self.model.config.max_len)
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return encode_sources(self.tok, texts, self.model.config.max_len, self.options.span_rules >= 2)[0]
+        c, o = self.model.config, self.options
+        return encode_sources(self.tok, texts, c.max_len, o.span_rules >= 2, o.common_words)[0]
 
     def write_graphs(self, folder: Path) -> dict[str, str]:
         return write_translator(self.model, folder)
@@ -211,7 +214,9 @@ class BundledTranslator(BundledSpec):
             return {}
         enc, dec = folder / roles["encoder"], folder / roles["decoder"]
         verbatim = self.options.span_rules >= 2
-        result = validate.eval_translator_variant(enc, dec, self.model, self.tok, self.test_rows, verbatim)
+        result = validate.eval_translator_variant(
+            enc, dec, self.model, self.tok, self.test_rows, verbatim, self.options.common_words
+        )
         return {f"test_{variant}_greedy": result}
 
     def describe(self) -> Description:
@@ -222,4 +227,11 @@ class BundledTranslator(BundledSpec):
             source_language=self.options.source_language,
             target_language=self.options.target_language,
             span_rules=self.options.span_rules,
+            common_words=COMMON_WORDS if self.options.common_words else None,
         )
+
+    def write_tokenizer(self, folder: Path) -> str:
+        """The tokenizer, and beside it the words never masked as names, one a line."""
+        if self.options.common_words:
+            (folder / COMMON_WORDS).write_text("".join(w + "\n" for w in sorted(self.options.common_words)))
+        return super().write_tokenizer(folder)

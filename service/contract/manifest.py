@@ -96,6 +96,9 @@ class Manifest(BaseModel):
     generation: Generation = Field(default_factory=Generation)
     skip_ids: list[int] = Field(default_factory=list)  # ids left out of decoded text; none: the special ids
     span_rules: int = Field(default=1, ge=1, le=2)  # the masking rules it was trained with (spans.SPAN_RULES)
+    # A file of words its training text writes in lower case, one a line: never masked as names
+    # (verbatim.common_words); none: the tokenizer's whole words decide alone.
+    common_words: str | None = None
     origin: dict[str, object] = Field(default_factory=dict)  # an imported checkpoint: family, config, licence
     metrics: dict[str, object] = Field(default_factory=dict)
     data_sources: list[dict[str, str]] = Field(default_factory=list)
@@ -145,7 +148,7 @@ def verify_folder(folder: Path) -> Manifest:
             "ships a version under a new number)"
         )
     referenced = {manifest.tokenizer} | {f for v in manifest.variants.values() for f in v.values()}
-    referenced |= set(manifest.figures.values())
+    referenced |= set(manifest.figures.values()) | ({manifest.common_words} if manifest.common_words else set())
     if unlisted := referenced - set(manifest.files):
         problems.append(f"files used but not pinned in the manifest: {sorted(unlisted)}")
     for name, entry in manifest.files.items():

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from tokenizers import Tokenizer
 
@@ -24,6 +24,7 @@ class TextCodec:
         framing: Framing | None = None,
         unk_id: int = SPECIAL_IDS["unk_id"],
         skip_ids: Sequence[int] = tuple(SPECIAL_IDS.values()),
+        common_words: Iterable[str] = (),
     ) -> None:
         self.tok = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
         self.max_tokens = max_tokens
@@ -31,15 +32,20 @@ class TextCodec:
         self.unk_id = unk_id
         self._skip = frozenset(skip_ids)
         self.alphabet = spans.alphabet(self.tok.get_vocab())  # what it spells without byte tokens
-        self.words = verbatim.whole_words(self.tok.get_vocab())  # what it holds whole: not names
+        self.vocab_words = verbatim.whole_words(self.tok.get_vocab())  # what it holds whole: not names
+        self.words = self.vocab_words | frozenset(common_words)  # nor what its training wrote in lower case
 
     @classmethod
-    def of(cls, manifest: Manifest, tokenizer_json: bytes, fallback: Framing | None = None) -> TextCodec:
-        """The codec a manifest describes; `fallback`: the framing of an export that states none."""
+    def of(
+        cls, manifest: Manifest, tokenizer_json: bytes, fallback: Framing | None = None, common_words: bytes = b""
+    ) -> TextCodec:
+        """The codec a manifest describes; `fallback`: the framing of an export that states none;
+        `common_words`: the manifest's `common_words` file, one word a line."""
         m, st = manifest, manifest.special_tokens
         framing = m.sources.get("") or fallback
         skip = m.skip_ids or [*st.values()]
-        return cls(tokenizer_json, m.max_source_tokens, framing, st.get("unk_id", SPECIAL_IDS["unk_id"]), skip)
+        unk = st.get("unk_id", SPECIAL_IDS["unk_id"])
+        return cls(tokenizer_json, m.max_source_tokens, framing, unk, skip, common_words.decode("utf-8").split())
 
     def encode(
         self, texts: Sequence[str], names: Sequence[str] | None = None, framing: Framing | None = None
