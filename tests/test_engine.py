@@ -245,3 +245,17 @@ def test_a_version_trained_with_names_masked_ships_the_words_that_are_no_names(
     for name, masked in (("Siobhan", False), ("Aoife", True)):  # neither is a whole word of the vocabulary
         segment = engine.prepare([f"Send the report to {name}."]).layouts[0].segments[0]
         assert (name not in segment.text) is masked, segment.text
+
+
+@pytest.mark.parametrize("contract", [3, 4])
+def test_a_translator_of_an_older_contract_is_refused_with_how_to_re_export(
+    tiny_store: Path, tmp_path: Path, contract: int
+) -> None:
+    from service.contract.manifest import ManifestError
+
+    shutil.copytree(tiny_store / "tiny-mt", tmp_path / "tiny-mt")
+    path = tmp_path / "tiny-mt" / "1" / "manifest.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"io_contract": contract}))
+    how = f"IO contract {contract}.*python -m export.publish CHECKPOINT --name tiny-mt"
+    with pytest.raises(ManifestError, match=how):
+        load_translator(newest(scan(tmp_path))["tiny-mt"], LoadOptions(threads=1))

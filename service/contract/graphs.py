@@ -30,7 +30,8 @@ Contract 4 (imported checkpoints) keeps contract 3's graphs and adds to the mani
 between models: special ids (`decoder_start_id`, the first step's input, defaults to `bos_id`),
 each source language's framing, each target language's forced first tokens, decoding defaults.
 Its log-probabilities may hold -inf: suppressed ids (Marian's pad), never renormalised, as in
-transformers' logits processors. A contract 3 version reads as contract 4 with the defaults.
+transformers' logits processors. The service reads contract 5 only: a version of 3 or 4 is
+refused with the command that re-exports it (its decoder would copy the cache every step).
 Contract 1 (before step-level batching) had no position_ids; contract 2 returned the grown
 cache (the past gathered by a row_index input, the new key appended), which copied every row's
 cache twice per step. The candidates of a beam are ranked by the caller, for all rows at once:
@@ -45,8 +46,7 @@ import numpy as np
 
 IO_CONTRACT_VERSION = 5
 """Bumped whenever a graph's inputs or outputs change meaning; the service refuses other versions."""
-READABLE_IO_CONTRACTS = (3, 4, 5)  # 3: the bundled models' export, read with contract 4's defaults
-IN_PLACE_CONTRACT = 5  # the first whose decoder writes its cache in place
+READABLE_IO_CONTRACTS = (5,)  # a decoder of contract 3 or 4 copies its cache each step: re-export it
 
 SPECIAL_IDS = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "mask_id": 4}
 """Fixed across every model of the project (the tokenizer trainer checks it)."""

@@ -252,7 +252,8 @@ def load_translator(entry: StoreEntry, options: runtime.LoadOptions | None = Non
     if m.io_contract not in READABLE_IO_CONTRACTS:
         raise ManifestError(
             f"{entry.folder}: exported for IO contract {m.io_contract}, this service needs {IO_CONTRACT_VERSION} "
-            f"(step-level batching); re-export the checkpoint: python -m export.publish CHECKPOINT --name {m.name}"
+            f"(the decoder writes its cache in place); re-export the checkpoint: python -m export.publish CHECKPOINT "
+            f"--name {m.name} (a transformers checkpoint: python -m export.import_hf DIR --name {m.name})"
         )
     encoder = read_pinned(entry, files["encoder"])
     enc = runtime.make_session(encoder, providers, threads, spin=False)
