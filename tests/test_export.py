@@ -198,6 +198,15 @@ def test_missing_file_is_detected(tiny_store: Path, tmp_path: Path) -> None:
         verify_folder(folder)
 
 
+def test_a_word_file_the_manifest_names_must_be_pinned(tiny_store: Path, tmp_path: Path) -> None:
+    folder = copy_version(tiny_store, tmp_path)
+    (folder / "common_words.txt").write_text("tasks\n")  # in the folder, but its hash is not in the manifest
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").write_text(json.dumps(manifest | {"common_words": "common_words.txt"}))
+    with pytest.raises(ManifestError, match=r"not pinned in the manifest: \['common_words.txt'\]"):
+        verify_folder(folder)
+
+
 def test_missing_manifest_and_path_like_names_are_rejected(tiny_store: Path, tmp_path: Path) -> None:
     folder = copy_version(tiny_store, tmp_path)
     manifest = json.loads((folder / "manifest.json").read_text())
