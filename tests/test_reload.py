@@ -159,9 +159,12 @@ def test_lifecycle_answers_agree(tiny_store: Path, tmp_path: Path) -> None:
         assert {v for (n, _), v in index().items() if n == "tiny-clf"} == {
             ("UNAVAILABLE", "not loaded: the model is unloaded")
         }
-        copy = store / "tiny-clf" / "3"  # copied by hand: wrong number, and a file lost on the way
+        # copied by hand: wrong number, and a file lost on the way; put in place at once, so the
+        # watcher (every 0.2 s) never scans a half-made copy, which would be a second problem
+        copy = tmp_path / "copy"
         shutil.copytree(store / "tiny-clf" / "2", copy)
         (copy / "tokenizer.json").unlink()
+        copy.rename(store / "tiny-clf" / "3")
         assert c.post("/v2/repository/models/tiny-clf/load").status_code == 200
         assert c.post("/predict", json={"texts": ["fine"]}).json()["version"] == 2
         state, reason = index()[("tiny-clf", "3")]
