@@ -7,6 +7,12 @@ in the vocabulary, never as "added tokens": a user who types ``</s>`` gets those
 not an end-of-sentence. So ``decode(encode(s)) == NFC(s)`` for every string, except that the
 word marker ``▁`` (U+2581) reads back as a space (the translator protects it as a span).
 
+A classifier's tokenizer also lowers a capital that starts a sentence before a lower-case
+letter (`sentence_case`): "Impressive results." reads as "impressive results.". That capital is
+spelling, not meaning, and BPE pieces are cased: the bundled classifier, trained without this,
+put "Impressive." and "Rude staff." on the wrong side and "impressive" and "rude" on the right
+one. A classifier never decodes, so this loss is free; the translator's tokenizer stays lossless.
+
 Metaspace pre-tokenisation splits on spaces only, never on punctuation, so identifiers such as
 `dpkg-split` or `|FILE|` decode exactly as written. The translator's placeholders (``⟨1⟩``...,
 `service.contract.spans`) are added tokens: one id each, matched before BPE.
@@ -19,7 +25,7 @@ import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from service.contract import spans
 from service.contract.graphs import SPECIAL_IDS
@@ -32,17 +38,45 @@ BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]
 _PLACEHOLDER = re.compile("|".join(map(re.escape, PLACEHOLDERS)))  # one id each: kept out of BPE training
 
 
+# Where a sentence starts: the text's start, or after . ! ? (and a closing quote) and one space;
+# an opening quote or parenthesis may come first.
+_SENTENCE_START = r"""(?<=^|^\s|^["'“‘(]|[.!?]\s|[.!?]["'”’)]\s|[.!?]\s["'“‘(])"""
+
+
+def sentence_case() -> normalizers.Normalizer:
+    """Lowers A-Z at a sentence start when a lower-case letter follows ("Awful." -> "awful.";
+    "AWFUL!", "I" and "iPhone" stay): one rule per letter, since a replacement is a literal."""
+    letters = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    return normalizers.Sequence(
+        [normalizers.Replace(Regex(f"{_SENTENCE_START}{c}(?=[a-z])"), c.lower()) for c in letters]
+    )
+
+
+def _normalizer(lower_sentence_starts: bool) -> normalizers.Normalizer:
+    return normalizers.Sequence([normalizers.NFC(), sentence_case()]) if lower_sentence_starts else normalizers.NFC()
+
+
+def with_sentence_case(tok: Tokenizer) -> Tokenizer:
+    """`tok` with `sentence_case` after its NFC: for a classifier tokenizer trained before it."""
+    out = Tokenizer.from_str(tok.to_str())
+    out.normalizer = _normalizer(True)
+    return out
+
+
 def _pre_tokenizer() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
-    """A BPE tokenizer of `vocab_size` ids in all: specials, learned pieces, 256 bytes, placeholders."""
+def train_bpe(
+    texts: Iterable[str], vocab_size: int, min_frequency: int = 2, lower_sentence_starts: bool = False
+) -> Tokenizer:
+    """A BPE tokenizer of `vocab_size` ids in all: specials, learned pieces, 256 bytes, placeholders;
+    `lower_sentence_starts`: with `sentence_case` (classifiers)."""
     learned = vocab_size - len(BYTE_TOKENS) - len(PLACEHOLDERS)
     if learned <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size {vocab_size} leaves no room for learned pieces")
     base = Tokenizer(models.BPE(unk_token=UNK))
-    base.normalizer = normalizers.NFC()
+    base.normalizer = _normalizer(lower_sentence_starts)
     base.pre_tokenizer = _pre_tokenizer()
     trainer = trainers.BpeTrainer(
         vocab_size=learned, min_frequency=min_frequency, special_tokens=SPECIAL_TOKENS, show_progress=False
@@ -55,7 +89,7 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
         vocab.setdefault(b, len(vocab))
 
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, unk_token=UNK, byte_fallback=True))
-    tok.normalizer = normalizers.NFC()
+    tok.normalizer = _normalizer(lower_sentence_starts)
     tok.pre_tokenizer = _pre_tokenizer()
     tok.decoder = decoders.Sequence(
         [decoders.ByteFallback(), decoders.Metaspace(replacement="▁", prepend_scheme="first")]

@@ -541,12 +541,14 @@ def write_report(out: Path, report: dict, histories: dict[str, History]) -> None
     plot_history(histories, out / "curves.png")
 
 
-def run_tokenizer(out: Path, texts: Callable[[], list[str]], vocab_size: int) -> Tokenizer:
+def run_tokenizer(
+    out: Path, texts: Callable[[], list[str]], vocab_size: int, lower_sentence_starts: bool = False
+) -> Tokenizer:
     """The run's tokenizer: trained once and kept in the run folder, so a resumed run reuses it."""
     path = out / "tokenizer.json"
     if path.is_file():
         return tokenizer_lib.load(path)
-    tok = tokenizer_lib.train_bpe(texts(), vocab_size)
+    tok = tokenizer_lib.train_bpe(texts(), vocab_size, lower_sentence_starts=lower_sentence_starts)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer_lib.save(tok, path)
     return tok
@@ -569,7 +571,7 @@ def run_classifier(args: argparse.Namespace) -> dict:
         pairs = load_jsonl(data_file(data, "translation", "train.jsonl"))
         unlabelled += [r["en"] for r in spread(pairs, args.train_rows)]
     seed_everything(args.seed, args.threads)
-    tok = run_tokenizer(out, lambda: unlabelled, args.vocab_size)
+    tok = run_tokenizer(out, lambda: unlabelled, args.vocab_size, lower_sentence_starts=True)
     mc = ClassifierConfig(
         vocab_size=tok.get_vocab_size(),
         d_model=args.d_model,

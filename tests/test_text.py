@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import unicodedata
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -59,6 +60,31 @@ def test_tokenizer_is_lossless(s: str) -> None:
     """decode(encode(s)) is s up to NFC, with leading spaces dropped and ▁ (U+2581) read as a space."""
     decoded = TOKENIZER.decode(TOKENIZER.encode(s).ids, skip_special_tokens=False)
     assert decoded == unicodedata.normalize("NFC", s).replace("▁", " ").lstrip(" ")
+
+
+@pytest.mark.parametrize(
+    ("raw", "normalised"),
+    [
+        ("Impressive results.", "impressive results."),
+        ("Rude staff. Awful food! Never again?", "rude staff. awful food! never again?"),
+        ('"Great!" Loved it. (Really) yes', '"great!" loved it. (really) yes'),
+        (" Leading space", " leading space"),
+        ("AWFUL! I think so. iPhone works.", "AWFUL! I think so. iPhone works."),  # shouting, "I", camel case
+        ("Made by Siobhan in Paris. OK.", "made by Siobhan in Paris. OK."),  # mid-sentence capitals stay
+    ],
+)
+def test_a_classifier_tokenizer_lowers_only_a_capital_that_starts_a_sentence(raw: str, normalised: str) -> None:
+    assert tokenizer_lib.sentence_case().normalize_str(raw) == normalised
+
+
+def test_sentence_case_makes_a_sentence_start_encode_as_the_word_does_mid_sentence() -> None:
+    texts = [*sentences(300), "it was impressive and rude"]
+    cased = tokenizer_lib.train_bpe(texts, vocab_size=400, lower_sentence_starts=True)
+    assert cased.encode("Impressive. Rude staff.").ids == cased.encode("impressive. rude staff.").ids
+    patched = tokenizer_lib.with_sentence_case(TOKENIZER)
+    assert patched.encode("Open the file.").ids == TOKENIZER.encode("open the file.").ids
+    assert TOKENIZER.encode("Open the file.").ids != TOKENIZER.encode("open the file.").ids  # unpatched: cased
+    assert patched.encode("open the file.").ids == TOKENIZER.encode("open the file.").ids  # nothing else changes
 
 
 def test_special_token_text_is_just_text() -> None:
