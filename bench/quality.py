@@ -89,9 +89,8 @@ def retention(
     """Per group of `RETAINED`: the candidates each reference keeps as written, and how many of
     them the translation keeps as written (as often as the source has them). With `vocab_words`
     (the tokenizer's whole words alone), also `UNMASKED_WORDS`: the capitalised words the
-    vocabulary lacks but the model's `common_words` hold (its training text or its dictionary
-    writes them in lower case), which the service leaves to the model ("Tasks", "Tablet"; a
-    reference may keep one in English)."""
+    vocabulary lacks but the training text writes in lower case, which the service leaves to the
+    model ("Tasks", "Tablet"; a reference may keep one in English)."""
     total: Counter[str] = Counter()
     kept: Counter[str] = Counter()
     lost: dict[str, list[dict[str, str]]] = {}

@@ -32,12 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from export import derived
-from service.contract import spans, verbatim
+from service.contract import spans
 from service.contract.manifest import sha256_file
 
 SENTIMENT_LABELS = ("negative", "neutral", "positive")
 SPLITS = ("train", "valid", "test")
-WORDS_FILE = "words.txt"  # translation: the dictionary's lower-case English words
 
 
 class SourceError(RuntimeError):
@@ -192,9 +191,6 @@ TRANSLATION_RULES = (
     "English side, first occurrence wins in the "
     "order: Ding, then the gettext packages in the order listed, files sorted by path.",
     "Split by sha1 of the English text: 2% valid, 2% test, rest train; rows sorted by that sha1.",
-    "words.txt: the words the Ding's English entries (headwords and phrases, not the example "
-    "sentences the splits hold) write in lower case, sorted; a capitalised source word among them "
-    "is not masked as a name.",
     "Every Debian package name exists as given in Debian 12 (bookworm): no substitution. "
     "Debian versions are whatever apt-get's candidate is (exact versions and sha256 above).",
 )
@@ -743,20 +739,6 @@ def ding_sentence_pairs(line: str) -> list[tuple[str, str]]:
     return out
 
 
-def ding_entry_words(text: str) -> list[str]:
-    """The words the Ding's English entries write in lower case, sorted. Its headwords and phrases
-    know ``mountaineers`` and ``circumcision``, which software catalogs never write in lower case;
-    a capitalised word among them is a word, not a name (`verbatim.common_words`). Its example
-    sentences are left out: the splits hold them, and test text must not shape the masking."""
-    entries = []
-    for line in text.split("\n"):
-        if line.startswith("#") or " :: " not in line:
-            continue
-        for piece in line.split(" :: ", 1)[1].split(" | "):
-            entries += [a for a in _DING_TAG.sub(" ", piece).split(";") if a.strip() and not is_sentence(a.strip())]
-    return sorted(verbatim.common_words(entries, min_count=1))
-
-
 def read_ding(root: Path) -> list[Pair]:
     """Example sentences of the Ding dictionary, in file order."""
     path = root / DING_FILE
@@ -764,11 +746,6 @@ def read_ding(root: Path) -> list[Pair]:
         raise SourceError(f"{DING.package}: {DING_FILE} not in the package")
     text = decode_lenient(path.read_bytes())
     return [Pair(en, de, DING.package) for line in text.split("\n") for en, de in ding_sentence_pairs(line)]
-
-
-def read_ding_words(root: Path) -> list[str]:
-    """`ding_entry_words` of the package's dictionary file."""
-    return ding_entry_words(decode_lenient((root / DING_FILE).read_bytes()))
 
 
 def dedupe_on_english(pairs: Iterable[Pair]) -> list[Pair]:
@@ -837,15 +814,13 @@ def write_dataset(
     read: dict[str, int],
     fetched: Sequence[Fetched],
     rules: Sequence[str],
-    extra: dict[str, str] | None = None,
 ) -> dict:
-    """Write the split files (and `extra`: file name -> text) and return this dataset's datacard
-    section."""
-    texts = {f"{split}.jsonl": jsonl_text(splits[split]) for split in SPLITS} | (extra or {})
+    """Write the split files and return this dataset's datacard section."""
     files = {}
-    for name, text in texts.items():
-        write_atomic(folder / name, text)
-        files[f"{folder.name}/{name}"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    for split in SPLITS:
+        text = jsonl_text(splits[split])
+        write_atomic(folder / f"{split}.jsonl", text)
+        files[f"{folder.name}/{split}.jsonl"] = hashlib.sha256(text.encode("utf-8")).hexdigest()
     return {
         "sources": [
             {
@@ -944,17 +919,7 @@ def build_translation(data_dir: Path, workdir: Path) -> dict:
         pairs += read_gettext_pairs(root, src.package)
     read = Counter(p.source for p in pairs)
     splits = split_translation(dedupe_on_english(pairs))
-    words = "".join(f"{w}\n" for w in read_ding_words(ding_root))
-    return write_dataset(data_dir / "translation", splits, read, fetched, TRANSLATION_RULES, {WORDS_FILE: words})
-
-
-def translator_common_words(data_dir: Path, train: Iterable[dict[str, str]]) -> frozenset[str]:
-    """The words a translator never masks as names (`verbatim.common_words`): those its training
-    English writes in lower case at least twice, and the dictionary's (`WORDS_FILE`) where the
-    data was built with them. Training's evaluation and publish both take them from here."""
-    common = verbatim.common_words(r["en"] for r in train)
-    words = data_dir / "translation" / WORDS_FILE
-    return common | frozenset(words.read_text(encoding="utf-8").split()) if words.is_file() else common
+    return write_dataset(data_dir / "translation", splits, read, fetched, TRANSLATION_RULES)
 
 
 BUILDERS = {"sentiment": build_sentiment, "translation": build_translation}

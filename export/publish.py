@@ -31,6 +31,7 @@ from export.quantize import CALIBRATED, MAKERS
 from export.specs import ModelSpec
 from export.specs.bundled import spec_for
 from export.validate import ExportError
+from service.contract import verbatim
 from service.contract.graphs import IO_CONTRACT_VERSION
 from service.contract.manifest import MANIFEST, Manifest, file_entry
 
@@ -244,7 +245,7 @@ def _list(value: str) -> tuple[str, ...]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from export.data import load_jsonl, translator_common_words
+    from export.data import load_jsonl
     from export.train import load_checkpoint
 
     args = build_parser().parse_args(argv)
@@ -266,7 +267,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         common = frozenset[str]()
         if span_rules >= 2:  # names are masked: the training text says which capitalised words are words
             train_file = data_file(args.data_dir, sub, "train.jsonl", why=why)
-            common = translator_common_words(args.data_dir, load_jsonl(train_file))
+            common = verbatim.common_words(r[kind.text_field] for r in load_jsonl(train_file))
         source, target = (_list(args.languages) + (None, None))[:2]
         options = ExportOptions(
             name=args.name,

@@ -634,12 +634,12 @@ def run_classifier(args: argparse.Namespace) -> dict:
 
 
 def run_translator(args: argparse.Namespace) -> dict:
-    from export.data import load_jsonl, spread, translator_common_words
+    from export.data import load_jsonl, spread
 
     data = Path(args.data_dir)
     out = Path(args.out)
     split = {s: load_jsonl(data_file(data, "translation", f"{s}.jsonl")) for s in ("train", "valid", "test")}
-    common = translator_common_words(data, split["train"])  # as publish computes them
+    common = verbatim.common_words(r["en"] for r in split["train"])  # as publish computes them
     split["train"] = spread(split["train"], args.train_rows)
     seed_everything(args.seed, args.threads)
     # Names are masked where the tokenizer lacks them as words: a first masking without names

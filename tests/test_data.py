@@ -29,7 +29,6 @@ from export.data import (
     decode_lenient,
     dedupe_labelled,
     dedupe_on_english,
-    ding_entry_words,
     ding_sentence_pairs,
     has_placeholder,
     is_sentence,
@@ -272,29 +271,6 @@ def test_ding_comments_and_misaligned_lines() -> None:
     assert split_ding_line("") == []
     assert split_ding_line("A | B :: only one") == []
     assert split_ding_line("ein Satz. :: a sentence. :: extra") == []
-
-
-def test_ding_entry_words_are_lower_case_words_of_entries_never_of_example_sentences() -> None:
-    text = (
-        "# Version :: devel\n"
-        "Bergsteiger {pl} | Bergsteigerin :: mountaineers; climbers | female mountaineer\n"
-        "Siobhan {f} :: Siobhan\n"
-        "Sie hat den Gipfel erreicht. :: She reached the summit with Siobhan.\n"
-        "Ausweichen {n} (vor) :: evasion (of) [fig.]\n"
-    )
-    words = ding_entry_words(text)
-    assert words == sorted(words)
-    assert {"mountaineers", "climbers", "female", "mountaineer", "evasion"} <= set(words)
-    assert "siobhan" not in words  # written with a capital only: a name
-    assert not {"reached", "summit", "fig", "of", "version"} & set(words)  # sentences, tags, comments
-
-
-def test_translator_common_words_add_the_dictionary_words_when_the_data_has_them(tmp_path: Path) -> None:
-    train = [{"en": "open the file", "de": "Datei öffnen"}, {"en": "Close the file", "de": "Datei schließen"}]
-    assert data.translator_common_words(tmp_path, train) == {"the", "file"}  # twice in lower case
-    (tmp_path / "translation").mkdir()
-    (tmp_path / "translation" / data.WORDS_FILE).write_text("mountaineers\nopen\n", encoding="utf-8")
-    assert data.translator_common_words(tmp_path, train) == {"the", "file", "mountaineers", "open"}
 
 
 # --------------------------------------------------------------------------- decoding
