@@ -14,7 +14,7 @@ import torch
 from tokenizers import Tokenizer
 
 from export import publish as exporter
-from export import validate
+from export import quantize, validate
 from export.model import Classifier, Translator, greedy
 from export.publish import ExportOptions
 from export.tokenizer import encode_texts
@@ -131,7 +131,25 @@ def test_int8_matmuls_take_their_bias_and_give_float(tiny_store: Path) -> None:
         fused = [n for n in nodes if n.op_type == "MatMulIntegerToFloat"]
         assert fused and all(n.domain == "com.microsoft" for n in fused)
         assert not [n for n in nodes if n.op_type == "DequantizeLinear"]
-        assert sum(1 for n in fused if n.input[6]) >= len(fused) - 1  # the tied output projection has no bias
+        assert all(n.input[6] for n in fused)  # the tied output projection, which has none, stays float
+
+
+@pytest.mark.parametrize(
+    ("model", "graph", "has_head"),
+    [("tiny-clf", "model", True), ("tiny-mt", "decoder", True), ("tiny-mt", "encoder", False)],
+)
+def test_int8_keeps_the_output_head_float_and_nothing_else(
+    tiny_store: Path, model: str, graph: str, has_head: bool
+) -> None:
+    """One calibrated scale for every row of the head's input moved output probabilities past the
+    gate; the head is the only weight matmul left float, and an encoder has none."""
+    folder = tiny_store / model / "1"
+    head = quantize.output_head(folder / f"{graph}.onnx")
+    assert bool(head) == has_head
+    proto = onnx.load(str(folder / f"{graph}.int8.onnx"))
+    inits = {i.name for i in proto.graph.initializer}
+    float_weight = [n.name for n in proto.graph.node if n.op_type == "MatMul" and any(i in inits for i in n.input)]
+    assert float_weight == head
 
 
 def test_decoder_step_is_bit_identical_whatever_the_slot_count(tiny_store: Path) -> None:
