@@ -43,28 +43,21 @@ class _Reader(CalibrationDataReader):
         return next(self._it, None)
 
 
-def weight_matmuls(path: Path) -> tuple[list[str], list[str]]:
-    """Names of the MatMul nodes with a constant (weight) input, and of those between two activations."""
+def float_matmuls(path: Path) -> tuple[list[str], list[str]]:
+    """The MatMul nodes int8 leaves float: those between two activations, and the output head (the
+    last one with a weight, in a graph that outputs scores: `logits`, `logprobs`; an encoder has none)."""
     proto = onnx.load(str(path))
     inits = {i.name for i in proto.graph.initializer}
     mm = [n for n in proto.graph.node if n.op_type == "MatMul"]
     with_weight = [n.name for n in mm if any(x in inits for x in n.input)]
-    return with_weight, [n.name for n in mm if n.name not in with_weight]
-
-
-def output_head(path: Path) -> list[str]:
-    """The output head's MatMul (the last one with a weight) in a graph that outputs scores
-    (`logits`, `logprobs`); none in an encoder."""
-    proto = onnx.load(str(path))
-    if not {o.name for o in proto.graph.output} & {LOGITS, LOGPROBS}:
-        return []
-    return weight_matmuls(path)[0][-1:]
+    scores = {o.name for o in proto.graph.output} & {LOGITS, LOGPROBS}
+    return [n.name for n in mm if n.name not in with_weight], with_weight[-1:] if scores else []
 
 
 def make_int8(src: Path, dst: Path, calibration: Feeds) -> None:
     """Static int8: weights per channel, activation scales from `calibration` feeds (MinMax); the
     output head stays float."""
-    _, activation_only = weight_matmuls(src)
+    activation_only, head = float_matmuls(src)
     quantize_static(
         str(src),
         str(dst),
@@ -74,7 +67,7 @@ def make_int8(src: Path, dst: Path, calibration: Feeds) -> None:
         activation_type=QuantType.QUInt8,
         weight_type=QuantType.QInt8,
         op_types_to_quantize=["MatMul"],
-        nodes_to_exclude=activation_only + output_head(src),
+        nodes_to_exclude=activation_only + head,
         calibrate_method=CalibrationMethod.MinMax,
         extra_options={"OpTypesToExcludeOutputQuantization": ["MatMul"]},
     )

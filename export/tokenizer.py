@@ -12,6 +12,8 @@ letter (`sentence_case`): "Impressive results." reads as "impressive results.". 
 spelling, not meaning, and BPE pieces are cased: the bundled classifier, trained without this,
 put "Impressive." and "Rude staff." on the wrong side and "impressive" and "rude" on the right
 one. A classifier never decodes, so this loss is free; the translator's tokenizer stays lossless.
+Its 26 rules make tokenizing 1.4x slower (the bundled tokenizer, test texts in batches of 32:
+about 35 instead of 25 µs a text), against some 870 µs of model time a text at batch 32.
 
 Metaspace pre-tokenisation splits on spaces only, never on punctuation, so identifiers such as
 `dpkg-split` or `|FILE|` decode exactly as written. The translator's placeholders (``⟨1⟩``...,

@@ -144,7 +144,7 @@ def test_int8_keeps_the_output_head_float_and_nothing_else(
     """One calibrated scale for every row of the head's input moved output probabilities past the
     gate; the head is the only weight matmul left float, and an encoder has none."""
     folder = tiny_store / model / "1"
-    head = quantize.output_head(folder / f"{graph}.onnx")
+    _, head = quantize.float_matmuls(folder / f"{graph}.onnx")
     assert bool(head) == has_head
     proto = onnx.load(str(folder / f"{graph}.int8.onnx"))
     inits = {i.name for i in proto.graph.initializer}

@@ -97,6 +97,7 @@ def test_classifier_cli_writes_checkpoint_report_and_curves(tiny_data: Path, tmp
     assert (out / "curves.png").stat().st_size > 1000
     model, tok = train.load_checkpoint(out)
     assert tok.token_to_id("<mask>") == 4 and model.config.num_labels == 3
+    assert tok.normalizer.normalize_str("Awful food. Rude staff.") == "awful food. rude staff."  # sentence_case
 
 
 def test_translator_cli_writes_checkpoint_and_scores(tiny_data: Path, tmp_path: Path) -> None:
@@ -105,9 +106,10 @@ def test_translator_cli_writes_checkpoint_and_scores(tiny_data: Path, tmp_path: 
     train.main([*args, *TINY, "--eval-every", "4", "--batch-tokens", "400", "--average-last", "2"])
     report = json.loads((out / "report.json").read_text())
     assert set(report["test_greedy"]) == {"bleu", "chrf"} and report["steps_run"] == 12
-    model, _ = train.load_checkpoint(out)
+    model, tok = train.load_checkpoint(out)
     # the tied embedding is stored once and re-tied at load
     assert model.encoder.embed is model.embed
+    assert tok.normalizer.normalize_str("Awful food.") == "Awful food."  # the translator's stays lossless
 
 
 def test_an_interrupted_run_resumes_to_the_same_weights(
