@@ -9,16 +9,18 @@ offers on CPU, each against the graph the engine runs now, same inputs, same pro
 - attention of one query per row and head (R rows, 4 heads, d_k 64, 24 keys): the exported
   composite (FusedMatMul with transposed K and scale, mask add, Softmax, MatMul) against
   com.microsoft.MultiHeadAttention with the keys given per head, and against Mul + ReduceSum;
-- a weight MatMul (256 -> 1024, the FFN's first): fp32, static int8 QDQ as shipped (per-channel
-  weights, a fixed activation scale), and 8-bit weight-only MatMulNBits (block 128, activations
-  quantized per block at accuracy level 4).
-Prints the median time of each and its ratio to the current choice (< 1: faster).
+- a weight MatMul (256 -> 1024, the FFN's first): fp32; static int8 as shipped (int8 weights per
+  column, one calibrated activation scale, MatMulIntegerToFloat); the same with 7-bit weights;
+  per-row activation scales from standard operators; and 8-bit weight-only MatMulNBits (block
+  128, activations quantized per block at accuracy level 4).
+Prints the median time of each and its ratio to the current choice (< 1: faster), and how far
+the int8 matmul is from the exact integer product with 7- and 8-bit weights: without VNNI, ONNX
+Runtime's uint8 x int8 kernel adds pairs of products into 16 bits and saturates (VPMADDUBSW).
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import statistics
 import time
 from collections.abc import Callable
@@ -129,51 +131,125 @@ def attention_cases(r: int, threads: int, rng: np.random.Generator) -> dict[str,
     }
 
 
-def matmul_cases(r: int, threads: int, rng: np.random.Generator) -> dict[str, Callable[[], object]]:
-    from onnxruntime.quantization.matmul_nbits_quantizer import DefaultWeightOnlyQuantConfig, MatMulNBitsQuantizer
+def _int8_weights(w: np.ndarray, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 weights per output column in -qmax .. qmax, and their scales."""
+    scale = (np.abs(w).max(axis=0) / qmax).astype(np.float32)
+    return np.clip(np.round(w / scale), -qmax, qmax).astype(np.int8), scale
 
+
+def _integer_matmul(
+    x: np.ndarray, qmax: int, rng: np.random.Generator, threads: int
+) -> tuple[Callable[[], object], float]:
+    """The int8 graphs' weight matmul (uint8 activations at one calibrated scale around 128, int8
+    weights per column in -qmax .. qmax, a bias): its run, and how far ONNX Runtime's result is
+    from the exact integer product, as a share of the largest output (0 where the kernel is exact)."""
     vi = helper.make_tensor_value_info
-    w = (rng.standard_normal((E, FF)) * 0.05).astype(np.float32)
-    x = rng.standard_normal((r, E)).astype(np.float32)
-    fp32_nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
-    fp32 = session(fp32_nodes, [vi("x", FLOAT, [r, E])], [numpy_helper.from_array(w, "w")], threads)
-    # static QDQ as the export makes it: uint8 activations with a fixed scale, int8 weights per column
-    x_scale, w_scale = np.float32(8 / 255), (np.abs(w).max(axis=0) / 127).astype(np.float32)
-    w_q = np.clip(np.round(w / w_scale), -127, 127).astype(np.int8)
-    qdq = session(
+    w_q, w_scale = _int8_weights((rng.standard_normal((E, FF)) * 0.05).astype(np.float32), qmax)
+    x_scale = np.float32(np.abs(x).max() / 127)  # MinMax calibration on these rows
+    sess = session(
         [
             helper.make_node("QuantizeLinear", ["x", "xs", "xz"], ["xq"]),
-            helper.make_node("DequantizeLinear", ["xq", "xs", "xz"], ["xd"]),
-            helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], axis=1),
-            helper.make_node("MatMul", ["xd", "wd"], ["y"]),
+            helper.make_node(
+                "MatMulIntegerToFloat", ["xq", "wq", "xs", "ws", "xz", "", "b"], ["y"], domain="com.microsoft"
+            ),
         ],
-        [vi("x", FLOAT, [r, E])],
+        [vi("x", FLOAT, [x.shape[0], E])],
         [
             numpy_helper.from_array(np.array(x_scale), "xs"),
             numpy_helper.from_array(np.array(128, np.uint8), "xz"),
             numpy_helper.from_array(w_q, "wq"),
             numpy_helper.from_array(w_scale, "ws"),
-            numpy_helper.from_array(np.zeros(FF, np.int8), "wz"),
+            numpy_helper.from_array(np.zeros(FF, np.float32), "b"),
         ],
         threads,
     )
-    graph = helper.make_graph(
-        fp32_nodes, "g", [vi("x", FLOAT, [r, E])], [vi("y", FLOAT, None)], [numpy_helper.from_array(w, "w")]
+    x_q = np.clip(np.round(x / x_scale), -128, 127)
+    exact = (x_q @ w_q.astype(np.float64)) * x_scale * w_scale
+    got = sess.run(None, {"x": x})[0]
+    return (lambda: sess.run(None, {"x": x})), float(np.abs(got - exact).max() / np.abs(exact).max())
+
+
+def _row_scaled(x: np.ndarray, rng: np.random.Generator, threads: int) -> Callable[[], object]:
+    """Per-row activation scales (each row's own maximum, as CTranslate2 quantizes), built from
+    standard operators: MatMulIntegerToFloat takes one activation scale, so the row is divided by
+    its scale before quantizing and the float result multiplied by it after, the bias added then."""
+    vi = helper.make_tensor_value_info
+    w_q, w_scale = _int8_weights((rng.standard_normal((E, FF)) * 0.05).astype(np.float32), 64)
+    sess = session(
+        [
+            helper.make_node("Abs", ["x"], ["ax"]),
+            helper.make_node("ReduceMax", ["ax"], ["mx"], axes=[-1], keepdims=1),
+            helper.make_node("Max", ["mx", "tiny"], ["mx1"]),
+            helper.make_node("Mul", ["mx1", "inv127"], ["rs"]),  # (R, 1) the rows' scales
+            helper.make_node("Div", ["x", "rs"], ["xn"]),
+            helper.make_node("QuantizeLinear", ["xn", "one", "xz"], ["xq"]),
+            helper.make_node("MatMulIntegerToFloat", ["xq", "wq", "one", "ws", "xz"], ["y0"], domain="com.microsoft"),
+            helper.make_node("Mul", ["y0", "rs"], ["y1"]),
+            helper.make_node("Add", ["y1", "b"], ["y"]),
+        ],
+        [vi("x", FLOAT, [x.shape[0], E])],
+        [
+            numpy_helper.from_array(np.array(1e-12, np.float32), "tiny"),
+            numpy_helper.from_array(np.array(1 / 127, np.float32), "inv127"),
+            numpy_helper.from_array(np.array(1.0, np.float32), "one"),
+            numpy_helper.from_array(np.array(128, np.uint8), "xz"),
+            numpy_helper.from_array(w_q, "wq"),
+            numpy_helper.from_array(w_scale, "ws"),
+            numpy_helper.from_array(np.zeros(FF, np.float32), "b"),
+        ],
+        threads,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
-    config = DefaultWeightOnlyQuantConfig(block_size=128, is_symmetric=True, accuracy_level=4, bits=8)
-    quantizer = MatMulNBitsQuantizer(
-        model, bits=8, block_size=128, is_symmetric=True, accuracy_level=4, algo_config=config
+    return lambda: sess.run(None, {"x": x})
+
+
+def _nbits(x: np.ndarray, rng: np.random.Generator, threads: int, block: int = 128) -> Callable[[], object]:
+    """8-bit weight-only MatMulNBits (symmetric blocks of `block` weights; activations quantized per
+    block of each row at accuracy level 4), built by hand in the operator's layout."""
+    vi = helper.make_tensor_value_info
+    w = (rng.standard_normal((E, FF)) * 0.05).astype(np.float32)
+    blocks = w.T.reshape(FF, E // block, block)
+    scale = np.abs(blocks).max(axis=2, keepdims=True) / 127
+    packed = (np.clip(np.round(blocks / scale), -127, 127) + 128).astype(np.uint8)  # zero point 128
+    sess = session(
+        [
+            helper.make_node(
+                "MatMulNBits",
+                ["x", "B", "S"],
+                ["y"],
+                domain="com.microsoft",
+                K=E,
+                N=FF,
+                bits=8,
+                block_size=block,
+                accuracy_level=4,
+            )
+        ],
+        [vi("x", FLOAT, [x.shape[0], E])],
+        [numpy_helper.from_array(packed, "B"), numpy_helper.from_array(scale.reshape(-1).astype(np.float32), "S")],
+        threads,
     )
-    quantizer.process()
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    nbits = ort.InferenceSession(quantizer.model.model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return lambda: sess.run(None, {"x": x})
+
+
+def matmul_cases(r: int, threads: int, rng: np.random.Generator) -> dict[str, Callable[[], object]]:
+    vi = helper.make_tensor_value_info
+    w = (rng.standard_normal((E, FF)) * 0.05).astype(np.float32)
+    x = rng.standard_normal((r, E)).astype(np.float32)
+    fp32 = session(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [vi("x", FLOAT, [r, E])],
+        [numpy_helper.from_array(w, "w")],
+        threads,
+    )
+    seven, off7 = _integer_matmul(x, 64, rng, threads)
+    full, off8 = _integer_matmul(x, 127, rng, threads)
+    print(f"rows {r:>4}  int8 matmul off the exact integer product: 7-bit weights {off7:.4f}, 8-bit {off8:.4f}")
     return {
         "matmul 256x1024: fp32": lambda: fp32.run(None, {"x": x}),
-        "matmul 256x1024: static int8 QDQ (current)": lambda: qdq.run(None, {"x": x}),
-        "matmul 256x1024: MatMulNBits 8-bit": lambda: nbits.run(None, {"x": x}),
+        "matmul 256x1024: static int8 (current)": full,
+        "matmul 256x1024: static int8, 7-bit weights": seven,
+        "matmul 256x1024: per-row activation scales": _row_scaled(x, rng, threads),
+        "matmul 256x1024: MatMulNBits 8-bit": _nbits(x, rng, threads),
     }
 
 
@@ -182,7 +258,6 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rows", default="1,128", help="decoder rows per step (batch x beam)")
     args = p.parse_args()
-    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     rng = np.random.default_rng(0)
     print(f"ONNX Runtime {ort.__version__}, {args.threads} thread(s); median us per run, x the current choice")
     for r in (int(x) for x in args.rows.split(",")):

@@ -13,6 +13,15 @@ cost is within the noise of `bench.engine` (int8 tokens/s, head float ÷ head in
 and hour: 1.04x greedy and 1.15x beam 4 at batch 1, 0.99x and 0.98x at batch 32); per-row
 activation scales would let the head be int8 again.
 
+Weights keep all 8 bits, knowingly. Without VNNI, ONNX Runtime's uint8 x int8 kernel adds pairs of
+products into 16 bits and saturates (VPMADDUBSW), so an int8 matmul is off the exact integer
+product there (`bench.kernels`: by 10 to 15 % of its largest output on random activations) and
+exact on CPUs with VNNI. 7-bit weights (`reduce_range`) make it exact everywhere at the same
+speed, but measured worse on the bundled models (`bench.quality`, int8, 2026-12-02): translator
+BLEU / chrF 42.20 / 61.21 against 42.32 / 61.26, stand-in chrF 49.87 against 50.06, classifier
+0.7266 against 0.7271. Per-row activation scales built from standard operators (MatMulIntegerToFloat
+takes one activation scale) cost 1.27x / 1.36x the static matmul at 1 / 128 rows there.
+
 A matmul's output stays float (requantizing it cost a pass over every output and 256 levels of
 precision, the logits' included), and each weight matmul and its bias are one operator: at one
 row a decoder step is mostly per-operator overhead. (A residual Add and its layer norm as one
