@@ -336,15 +336,56 @@ def pretrain_mlm(
     run_loop(model, cfg, batches, loss_fn, evaluate, "mlm", history, state_file)
 
 
-def predict_classes(model: Classifier, seqs: Sequence[list[int]], device: torch.device, batch: int = 256) -> np.ndarray:
+def class_logits(model: Classifier, seqs: Sequence[list[int]], device: torch.device, batch: int = 256) -> np.ndarray:
+    """(N, C) label scores in the order of `seqs`."""
     model.eval()
 
     @torch.no_grad()
-    def run(idx: list[int]) -> list[int]:
+    def run(idx: list[int]) -> list[list[float]]:
         ids, mask = pad([seqs[i] for i in idx])
-        return model(ids.to(device), mask.to(device)).argmax(-1).cpu().tolist()
+        return model(ids.to(device), mask.to(device)).float().cpu().tolist()
 
-    return np.asarray(in_length_order(seqs, batch, run), dtype=np.int64)
+    return np.asarray(in_length_order(seqs, batch, run), dtype=np.float64).reshape(len(seqs), -1)
+
+
+def predict_classes(model: Classifier, seqs: Sequence[list[int]], device: torch.device, batch: int = 256) -> np.ndarray:
+    return class_logits(model, seqs, device, batch).argmax(-1)
+
+
+def fit_temperature(logits: np.ndarray, labels: np.ndarray, lo: float = 0.05, hi: float = 20.0) -> float:
+    """The temperature T that minimises the cross-entropy of softmax(logits / T) on held-out rows
+    (temperature scaling, Guo et al. 2017): the checkpoint chosen for accuracy may be more
+    confident than right, and dividing its scores by one number fixes that without moving any
+    argmax. Golden-section search on log T; the loss is unimodal there."""
+    rows = np.arange(len(labels))
+
+    def nll(log_t: float) -> float:
+        z = logits / math.exp(log_t)
+        z = z - z.max(axis=1, keepdims=True)
+        return float(np.mean(np.log(np.exp(z).sum(axis=1)) - z[rows, labels]))
+
+    a, b = math.log(lo), math.log(hi)
+    g = (math.sqrt(5) - 1) / 2
+    c, d = b - g * (b - a), a + g * (b - a)
+    fc, fd = nll(c), nll(d)
+    for _ in range(60):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - g * (b - a)
+            fc = nll(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + g * (b - a)
+            fd = nll(d)
+    return math.exp((a + b) / 2)
+
+
+def scale_head(model: Classifier, factor: float) -> None:
+    """Multiplies the label scores by `factor` (1 / temperature) inside the model, so the exported
+    graph and every variant carry the calibration."""
+    with torch.no_grad():
+        model.head.weight.mul_(factor)
+        model.head.bias.mul_(factor)
 
 
 def finetune_classifier(
@@ -610,6 +651,9 @@ def run_classifier(args: argparse.Namespace) -> dict:
     finetune_classifier(model, train, valid, phase_config(args), histories["classifier"], state_path(out, "classifier"))
     train_s = time.perf_counter() - t0
     model.cpu()
+    valid_gold = np.asarray([y for _, y in valid], dtype=np.int64)
+    temperature = fit_temperature(class_logits(model, [x for x, _ in valid], torch.device("cpu")), valid_gold)
+    scale_head(model, 1.0 / temperature)
     preds = predict_classes(model, [x for x, _ in test], torch.device("cpu")).tolist()
     gold = [y for _, y in test]
     sources = [r["source"] for r in split["test"]]
@@ -626,6 +670,7 @@ def run_classifier(args: argparse.Namespace) -> dict:
             gold, vader_baseline([r["text"] for r in split["test"]]), sources, mc.num_labels
         ),
         "majority_test_accuracy": max(gold.count(c) for c in range(mc.num_labels)) / len(gold),
+        "temperature": round(temperature, 4),  # fitted on the validation split, folded into the head
         "args": vars(args),
     }
     save_checkpoint(model, mc, tok, out)

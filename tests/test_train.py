@@ -7,6 +7,7 @@ import math
 import zipfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -98,6 +99,24 @@ def test_classifier_cli_writes_checkpoint_report_and_curves(tiny_data: Path, tmp
     model, tok = train.load_checkpoint(out)
     assert tok.token_to_id("<mask>") == 4 and model.config.num_labels == 3
     assert tok.normalizer.normalize_str("Awful food. Rude staff.") == "awful food. rude staff."  # sentence_case
+    # the head carries the temperature fitted on validation: the saved model's scores are the
+    # fine-tuned state's divided by it
+    state = train.load_state(out / "state-classifier.safetensors")["best_state"]
+    assert report["temperature"] > 0
+    np.testing.assert_allclose(
+        model.head.bias.detach().numpy(), state["head.bias"].numpy() / report["temperature"], rtol=1e-3
+    )
+
+
+def test_fit_temperature_undoes_overconfidence() -> None:
+    """Labels drawn from softmax(z) and scores given as 3z: the fitted temperature is about 3, and
+    scores that are already calibrated keep a temperature of about 1."""
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal((20000, 3)) * 1.5
+    p = np.exp(z) / np.exp(z).sum(axis=1, keepdims=True)
+    labels = np.array([rng.choice(3, p=row) for row in p])
+    assert abs(train.fit_temperature(3 * z, labels) - 3) < 0.15
+    assert abs(train.fit_temperature(z, labels) - 1) < 0.05
 
 
 def test_translator_cli_writes_checkpoint_and_scores(tiny_data: Path, tmp_path: Path) -> None:
