@@ -357,12 +357,10 @@ def fit_temperature(logits: np.ndarray, labels: np.ndarray, lo: float = 0.05, hi
     (temperature scaling, Guo et al. 2017): the checkpoint chosen for accuracy may be more
     confident than right, and dividing its scores by one number fixes that without moving any
     argmax. Golden-section search on log T; the loss is unimodal there."""
-    rows = np.arange(len(labels))
+    scores, gold = torch.from_numpy(logits), torch.from_numpy(labels)
 
     def nll(log_t: float) -> float:
-        z = logits / math.exp(log_t)
-        z = z - z.max(axis=1, keepdims=True)
-        return float(np.mean(np.log(np.exp(z).sum(axis=1)) - z[rows, labels]))
+        return float(F.cross_entropy(scores / math.exp(log_t), gold))
 
     a, b = math.log(lo), math.log(hi)
     g = (math.sqrt(5) - 1) / 2
