@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import shutil
@@ -18,7 +19,7 @@ from export.model import Classifier, Translator, greedy
 from service.engine import runtime
 from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.decoding import DecodeParams, Hypothesis
-from service.engine.running import RunningBatch
+from service.engine.running import RunningBatch, encode_sources, length_groups
 from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine, load_translator
 from service.errors import InputTooLong, InvalidInput
@@ -74,6 +75,42 @@ def test_mixed_decoding_in_one_batch_equals_each_alone(mt: TranslatorEngine) -> 
     together = mt.translate_ids(seqs, params)
     for s, p, got in zip(seqs, params, together, strict=True):
         same(got, mt.translate_ids([s], p)[0])
+
+
+def test_length_groups_is_the_cheapest_grouping() -> None:
+    """Against every way of cutting the sorted lengths into runs (2^(n-1) of them)."""
+
+    def cost(groups: list[list[int]], lengths: list[int], call: int) -> int:
+        return sum(len(g) * max(lengths[i] for i in g) + call for g in groups)
+
+    rng = random.Random(5)
+    for _ in range(60):
+        lengths = [rng.choice([rng.randint(2, 12), rng.randint(2, 90)]) for _ in range(rng.randint(1, 8))]
+        call = rng.choice([0, 4, 8, 30])
+        groups = length_groups(lengths, call)
+        assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+        ordered = sorted(lengths)
+        cheapest = min(
+            sum(len(run) * run[-1] + call for run in np.split(np.array(ordered), list(cuts)))
+            for k in range(len(lengths))
+            for cuts in itertools.combinations(range(1, len(lengths)), k)
+        )
+        assert cost(groups, lengths, call) == cheapest
+    assert length_groups([7] * 5, 8) == [[0, 1, 2, 3, 4]]
+    assert length_groups([4, 120, 5, 6], 8) == [[0, 2, 3], [1]]  # the long one alone
+    assert length_groups([], 8) == []
+
+
+def test_sentences_encoded_in_length_groups_equal_each_alone(mt: TranslatorEngine) -> None:
+    seqs = sorted(mt.encode(sentences(24, seed=31)), key=len)
+    seqs = seqs[:8] + seqs[-1:]  # the longest apart
+    assert len(length_groups([len(s) for s in seqs], 8)) > 1
+    together = encode_sources(mt.rt, seqs, mt.pad_id)
+    for s, got in zip(seqs, together, strict=True):
+        (want,) = encode_sources(mt.rt, [s], mt.pad_id)
+        assert got.length == want.length == len(s)
+        for a, b in zip(got.cross, want.cross, strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
 @pytest.mark.parametrize("variant", ["fp32", "int8", "fp16"])

@@ -237,8 +237,8 @@ def test_concurrent_requests_with_mixed_parameters_equal_alone() -> None:
 @pytest.mark.parametrize("ahead, runs", [(16, 1), (0, 12)])
 def test_waiting_sentences_are_encoded_ahead_in_one_run(ahead: int, runs: int) -> None:
     """With the batch full, sentences join one at a step; they are encoded ahead with the first
-    one that joins (one encoder run for a dozen instead of a dozen runs), and each still decodes
-    as it would alone."""
+    one that joins (one encode for a dozen, in runs of similar length, instead of a dozen), and
+    each still decodes as it would alone."""
     rt, rng = FakeRuntime(seed=3), random.Random(2)
     items = [(source(i, rng), DecodeParams(beam_size=2, max_new_tokens=6)) for i in range(12)]
 

@@ -40,6 +40,7 @@ T = TypeVar("T")
 SOURCE_SLACK = 8  # shrink the source buffer once this many columns are padding for every row
 SOURCE_ALIGN = 8  # the source buffer's width is a multiple of this (see `_aligned`)
 SLOT_CHUNK = 8  # the fewest cache slots; they double when rows need more (each growth copies the cache)
+ENCODE_CALL_TOKENS = 8  # an encoder run's fixed cost in padded tokens' worth (`encode_sources`)
 IDLE_SLOTS = 16  # an idle batch keeps the cache slots of sentences this long (up to 4x: 64), releases more
 
 
@@ -65,13 +66,38 @@ class Encoded:
     length: int
 
 
+def length_groups(lengths: Sequence[int], call_tokens: int) -> list[list[int]]:
+    """Indices of `lengths` in groups of similar length, one encoder run each: the grouping with
+    the least cost, a run costing its rows times its longest length plus `call_tokens` (its fixed
+    cost in tokens' worth). Found exactly over the sorted lengths (a group is a run of them)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    ordered = np.array([lengths[i] for i in order], np.int64)
+    best = np.zeros(len(order) + 1, np.int64)  # best[j]: the cost of the j shortest
+    cut = np.zeros(len(order) + 1, np.int64)  # where the group ending at j starts
+    for j in range(1, len(order) + 1):
+        cost = best[:j] + (j - np.arange(j)) * ordered[j - 1] + call_tokens
+        cut[j] = int(np.argmin(cost))
+        best[j] = cost[cut[j]]
+    groups, j = [], len(order)
+    while j:
+        groups.append(order[cut[j] : j])
+        j = int(cut[j])
+    return groups[::-1]
+
+
 def encode_sources(rt: TranslatorRuntime, sources: Sequence[Sequence[int]], pad_id: int) -> list[Encoded]:
-    """One encoder run for `sources`; each sentence's part without the padding columns (masked
-    anyway: a sentence's result does not depend on the others in its run)."""
-    ids, mask = pad(sources, pad_id)
-    cross = rt.encode(ids, mask)  # 2L arrays (n, H, S, d_k)
-    lengths = mask.sum(axis=1).tolist()
-    return [Encoded([c[i, :, :n].copy() for c in cross], int(n)) for i, n in enumerate(lengths)]
+    """Encoder runs for `sources`, sentences of similar length together (`length_groups`): the
+    encoder's time is its padded tokens' (one thread: 0.065 ms a token, 0.25 ms a run, int8 on
+    the 2-vCPU EPYC VM; 32 test sentences of 9 to 38 tokens took 72 ms as one run, 30 in 7). Each
+    sentence's part without the padding columns (masked anyway: a sentence's result does not
+    depend on the others in its run)."""
+    out: list[Encoded | None] = [None] * len(sources)
+    for group in length_groups([len(s) for s in sources], ENCODE_CALL_TOKENS):
+        ids, mask = pad([sources[i] for i in group], pad_id)
+        cross = rt.encode(ids, mask)  # 2L arrays (n, H, S, d_k)
+        for row, (i, n) in enumerate(zip(group, mask.sum(axis=1).tolist(), strict=True)):
+            out[i] = Encoded([c[row, :, :n].copy() for c in cross], int(n))
+    return [e for e in out if e is not None]
 
 
 @dataclass(eq=False)
@@ -176,12 +202,12 @@ class RunningBatch(Generic[T]):
     # -- sentences in and out ----------------------------------------------------------------
 
     def join(self, sources: Sequence[Sequence[int]], searches: Sequence[Search], tags: Sequence[T]) -> None:
-        """Adds sentences (source ids with EOS): one encoder run for all of them, then their blocks."""
+        """Adds sentences (source ids with EOS): encoded together (`encode_sources`), then their blocks."""
         if sources:
             self.join_encoded(self.encode(sources), searches, tags)
 
     def encode(self, sources: Sequence[Sequence[int]]) -> list[Encoded]:
-        """One encoder run for sentences that join now or later (a scheduler may encode ahead)."""
+        """Encodes sentences that join now or later (a scheduler may encode ahead)."""
         t0 = time.perf_counter()
         out = encode_sources(self.rt, sources, self.pad_id)
         self._record("encode", time.perf_counter() - t0)
