@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bench.search_drivers import beam_search, greedy
+from service.engine import decoding
 from service.engine.decoding import BEAM, GREEDY, SAMPLING, DecodeParams, Hypothesis, Search, Strategy, _top_candidates
 
 BOS, EOS = 0, 1
@@ -458,16 +459,39 @@ def test_finish_reason_says_how_a_hypothesis_ended() -> None:
     widths=st.lists(st.integers(1, 8), min_size=1, max_size=5),
     vocab=st.sampled_from([5, 12, 40, 300]),
     ties=st.booleans(),
+    stopping=st.sampled_from([True, False, "never"]),
+    vectorised=st.booleans(),
 )
 def test_candidates_ranked_for_a_whole_batch_decide_as_each_sentence_alone(
-    seed: int, widths: list[int], vocab: int, ties: bool
+    seed: int, widths: list[int], vocab: int, ties: bool, stopping: bool | str, vectorised: bool
 ) -> None:
     """Each strategy's batch-level step over several sentences of different beam widths decides
     exactly what a beam search decides for each sentence alone from its own log-probabilities,
     also with many tied scores and vocabularies too small to supply 2K candidates; a greedy
-    sentence from its best token alone (`Greedy`), the others from one ranking (`Beam`)."""
+    sentence from its best token alone (`Greedy`), the others from one ranking (`Beam`), whose
+    beams continue in one vectorised pass or sentence by sentence (`_VECTORISED_FROM`)."""
     rng = np.random.default_rng(seed)
-    params = [DecodeParams(beam_size=k, num_hypotheses=k, max_new_tokens=6) for k in widths]
+    params = [
+        DecodeParams(  # greedy (one row) stops at its EOS whatever `early_stopping` says
+            beam_size=k,
+            num_hypotheses=k,
+            max_new_tokens=6,
+            length_penalty=1.2,
+            early_stopping=stopping if k > 1 else True,
+        )
+        for k in widths
+    ]
+    default = decoding._VECTORISED_FROM
+    decoding._VECTORISED_FROM = 1 if vectorised else 1000
+    try:
+        _decide_as_alone(rng, params, widths, vocab, ties)
+    finally:
+        decoding._VECTORISED_FROM = default
+
+
+def _decide_as_alone(
+    rng: np.random.Generator, params: list[DecodeParams], widths: list[int], vocab: int, ties: bool
+) -> None:
     alone = [Search(p, BOS, EOS, strategy=BEAM) for p in params]
     batched = [Search(p, BOS, EOS) for p in params]
     assert [s.strategy for s in batched] == [GREEDY if k == 1 else BEAM for k in widths]

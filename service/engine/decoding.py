@@ -32,6 +32,10 @@ _FIRST_ROW = np.zeros(1, dtype=np.int64)  # a sentence alone: its block starts a
 # Block count for the top-k threshold: enough blocks that few extra tokens pass it, few enough
 # that the per-row maximum over blocks stays a cheap contiguous reduction.
 _THRESHOLD_BLOCKS = 512
+# Plain beams ranked together continue in one vectorised pass from this many sentences on (below
+# it, sentence by sentence is quicker). Beam.step over 8000 tokens, beam 4, one vs vectorised: one
+# sentence 0.25 / 0.33 ms, 8 sentences 0.71 / 0.65 ms, 32 sentences 2.96 / 2.30 ms (2-vCPU EPYC VM).
+_VECTORISED_FROM = 8
 
 
 @dataclass(frozen=True)
@@ -249,10 +253,11 @@ class Beam(Strategy):
             else:
                 own, first = logp[_rows(starts[plain], widths)], (np.cumsum(widths) - widths).tolist()
             score, row, tok = rank_candidates(own, cum, widths, 2 * widths, searches[plain[0]].eos_id)
-            for j, i in enumerate(plain):  # first[j]: the block's first row in `own`
-                s, c = searches[i], 2 * width[j]
-                s.t += 1
-                out[i] = _continue(s, score[j, :c], row[j, :c] - first[j], tok[j, :c])
+            row -= np.asarray(first, np.int64)[:, None]  # within each block
+            group = [searches[i] for i in plain]
+            each = _continue_all if len(group) >= _VECTORISED_FROM else _continue_each
+            for i, chosen in zip(plain, each(group, score, row, tok), strict=True):
+                out[i] = chosen
         for i, s in enumerate(searches):
             if penalised[i]:
                 s.t += 1
@@ -271,20 +276,71 @@ def _rows(starts: NDArray[np.int64], widths: NDArray[np.integer]) -> NDArray[np.
 
 def _continue(s: Search, score: np.ndarray, row: np.ndarray, tok: np.ndarray) -> np.ndarray | None:
     """A beam's step after ranking: (2K,) candidates best first (cumulative score, row, token)."""
-    k, t, lp, stopping = s.width, s.t, s.params.length_penalty, s.params.early_stopping
+    k = s.width
     is_eos = tok == s.eos_id
-    # fairseq: an EOS among the K best candidates ends that hypothesis. Stopping early, the first
-    # K are kept; otherwise the K best scores (transformers).
-    for j in np.flatnonzero(is_eos[:k] & np.isfinite(score[:k])):
-        if len(s.found) < k or stopping is not True:
-            s.found.append(_hypothesis(s.hist[row[j], : t - 1], score[j], t, True, lp))
-    if stopping is not True and len(s.found) > k:
-        s.found = sorted(s.found, key=lambda h: -h.score)[:k]
+    _finalise_ends(s, score, row, np.flatnonzero(is_eos[:k] & np.isfinite(score[:k])))
     # Refill: the K best non-EOS candidates continue (stable sort keeps their rank order).
     pick = np.argsort(is_eos, kind="stable")[:k]
     live_score, live_row, live_tok = score[pick], row[pick], tok[pick]
     live_score[is_eos[pick]] = -np.inf  # too few candidates: dead rows, fed EOS, never finalised
+    return _carry_on(s, live_score, live_row, live_tok, np.isfinite(live_score))
+
+
+def _continue_each(
+    group: Sequence[Search], score: NDArray[np.float64], row: NDArray[np.int64], tok: NDArray[np.int64]
+) -> list[np.ndarray | None]:
+    """`_continue` sentence by sentence, for a few sentences (fewer numpy calls than `_continue_all`'s)."""
+    out: list[np.ndarray | None] = []
+    for j, s in enumerate(group):
+        s.t += 1
+        c = 2 * s.width
+        out.append(_continue(s, score[j, :c], row[j, :c], tok[j, :c]))
+    return out
+
+
+def _continue_all(
+    group: Sequence[Search], score: NDArray[np.float64], row: NDArray[np.int64], tok: NDArray[np.int64]
+) -> list[np.ndarray | None]:
+    """`_continue` for the plain beams of one step at once, from `rank_candidates`' (A, C)
+    arrays (rows within each block; a sentence of width K has 2K candidates, the places beyond
+    hold -inf and its EOS id): the ranking of what continues is vectorised, each sentence's own
+    state is then set in a few scalar steps. The same decisions as `_continue`, sentence by sentence."""
+    k_of = np.array([s.width for s in group])
+    k_max = int(k_of.max())
+    is_eos = tok == group[0].eos_id
+    ends = (is_eos & np.isfinite(score))[:, :k_max] & (np.arange(k_max) < k_of[:, None])  # EOS among the K best
+    pick = np.argsort(is_eos, axis=1, kind="stable")[:, :k_max]  # non-EOS candidates first, in rank order
+    live_score = np.take_along_axis(score, pick, 1)
+    live_row = np.take_along_axis(row, pick, 1)
+    live_tok = np.take_along_axis(tok, pick, 1)
+    live_score[np.take_along_axis(is_eos, pick, 1)] = -np.inf  # too few candidates: dead rows, fed EOS
     alive = np.isfinite(live_score)
+    out: list[np.ndarray | None] = []
+    for j, (s, k, has_end) in enumerate(zip(group, k_of.tolist(), ends.any(axis=1).tolist(), strict=True)):
+        s.t += 1
+        if has_end:
+            _finalise_ends(s, score[j, :k], row[j, :k], np.flatnonzero(ends[j]))
+        l_score, l_row, l_tok, l_alive = live_score[j, :k], live_row[j, :k], live_tok[j, :k], alive[j, :k]
+        out.append(_carry_on(s, l_score, l_row, l_tok, l_alive))
+    return out
+
+
+def _finalise_ends(s: Search, score: np.ndarray, row: np.ndarray, at: np.ndarray) -> None:
+    """fairseq: an EOS among the K best candidates ends that hypothesis. Stopping early, the
+    first K are kept; otherwise the K best scores (transformers)."""
+    k, t, lp, stopping = s.width, s.t, s.params.length_penalty, s.params.early_stopping
+    for j in at.tolist():
+        if len(s.found) < k or stopping is not True:
+            s.found.append(_hypothesis(s.hist[row[j], : t - 1], score[j], t, True, lp))
+    if stopping is not True and len(s.found) > k:
+        s.found = sorted(s.found, key=lambda h: -h.score)[:k]
+
+
+def _carry_on(
+    s: Search, live_score: np.ndarray, live_row: np.ndarray, live_tok: np.ndarray, alive: np.ndarray
+) -> np.ndarray | None:
+    """The K best non-EOS candidates (dead ones at -inf) continue; None when the sentence is done."""
+    k, t, lp = s.width, s.t, s.params.length_penalty
     if not alive.any() or (len(s.found) >= k and not _may_improve(s, float(live_score.max()))):
         s.done = True
         return None
