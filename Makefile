@@ -30,11 +30,12 @@ data: install
 
 # Default models: the bundled runs, step for step (docs/data-and-training.md). Each run resumes
 # from its last evaluation when interrupted: run the same command again. DEVICE=cuda trains on a GPU.
-# The bundled classifier's tokenizer got `sentence_case` after training (docs/data-and-training.md);
-# a run of this target has it from the start.
+# The bundled classifier's pre-training saw text as written and its fine-tuning `sentence_case`
+# (docs/data-and-training.md); a run of this target has it from the start.
 train-classifier: install
 	$(PYTHON) -m export.train classifier --data-dir $(DATA) --out $(RUNS)/sentiment --device $(DEVICE) \
-		--threads 1 --no-amp --pretrain-steps 6000 --pretrain-eval-every 500 --steps 3000 --eval-every 250 --patience 6
+		--threads 1 --no-amp --pretrain-steps 6000 --pretrain-eval-every 500 --steps 3000 --eval-every 250 --patience 6 \
+		--repeat uci_amazon=3 --repeat uci_imdb=3 --repeat uci_yelp=3
 
 # The bundled translator was planned for 10000 steps, shortened to 6500 at step 2500 and continued
 # to 8500 after it finished (the learning-rate decay follows the new length from each change): the

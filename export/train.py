@@ -86,6 +86,14 @@ def bf16_is_native(device: str) -> bool:
     return " avx512_bf16" in flags or " amx_bf16" in flags
 
 
+def _source_times(text: str) -> tuple[str, int]:
+    """`SOURCE=N` of `--repeat`, N a whole number from 1."""
+    source, _, times = text.partition("=")
+    if not source or not times.isdigit() or int(times) < 1:
+        raise argparse.ArgumentTypeError(f"expected SOURCE=N with N >= 1, got {text!r}")
+    return source, int(times)
+
+
 def phase_config(args: argparse.Namespace, prefix: str = "") -> TrainConfig:
     """The TrainConfig of one phase from the CLI arguments (`prefix` "pretrain_" for the MLM phase)."""
     values = {f.name: getattr(args, prefix + f.name) for f in fields(TrainConfig) if hasattr(args, prefix + f.name)}
@@ -598,6 +606,16 @@ def run_tokenizer(
 # ---------------------------------------------------------------------------------------------
 
 
+def repeat_sources(rows: list[dict], times: Mapping[str, int]) -> list[dict]:
+    """The labelled rows with those of each source in `times` taken that many times: a small
+    source of the kind users send (one-line reviews) weighs more in fine-tuning without a
+    sampler of its own. Pre-training and the tokenizer see each text once."""
+    missing = sorted(set(times) - {r["source"] for r in rows})
+    if missing:
+        raise ValueError(f"--repeat names sources the training split lacks: {', '.join(missing)}")
+    return [r for r in rows for _ in range(times.get(r["source"], 1))]
+
+
 def run_classifier(args: argparse.Namespace) -> dict:
     from export.data import SENTIMENT_LABELS, load_jsonl, spread
 
@@ -609,6 +627,7 @@ def run_classifier(args: argparse.Namespace) -> dict:
     if args.pretrain_steps:  # the English side of the translation pairs is unlabelled text too
         pairs = load_jsonl(data_file(data, "translation", "train.jsonl"))
         unlabelled += [r["en"] for r in spread(pairs, args.train_rows)]
+    split["train"] = repeat_sources(split["train"], dict(args.repeat))
     seed_everything(args.seed, args.threads)
     tok = run_tokenizer(out, lambda: unlabelled, args.vocab_size, lower_sentence_starts=True)
     mc = ClassifierConfig(
@@ -836,6 +855,14 @@ def build_parser(tiny: bool = False) -> argparse.ArgumentParser:
         "--pretrain-only",
         action="store_true",
         help="exit after the pre-training (rerun with more --pretrain-steps to go on, or without it to fine-tune)",
+    )
+    c.add_argument(
+        "--repeat",
+        type=_source_times,
+        action="append",
+        default=[],
+        metavar="SOURCE=N",
+        help="fine-tune on the training rows of SOURCE N times (repeatable; e.g. uci_yelp=3)",
     )
     c.set_defaults(pretrain_patience=100, pretrain_label_smoothing=0.0)
     t = sub.choices["translator"]

