@@ -892,7 +892,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         setattr(args, "pretrain_" + name, getattr(args, name))
     try:
         report = run_classifier(args) if args.kind == "classifier" else run_translator(args)
-    except FileNotFoundError as exc:
+    except (FileNotFoundError, ValueError) as exc:  # a missing split, a state of other settings, a bad --repeat
         raise SystemExit(f"train failed: {exc}") from exc
     summary = {k: v for k, v in report.items() if k in ("test", "vader_test", "test_greedy", "train_seconds", "counts")}
     print(json.dumps(summary, indent=2))

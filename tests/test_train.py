@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import zipfile
@@ -267,5 +268,11 @@ def test_repeat_sources_weighs_named_sources_only() -> None:
         train.repeat_sources(rows, {"nope": 2})
     assert train._source_times("uci_yelp=3") == ("uci_yelp", 3)
     for bad in ("uci_yelp", "uci_yelp=0", "=2", "uci_yelp=x"):
-        with pytest.raises(Exception, match="SOURCE=N"):
+        with pytest.raises(argparse.ArgumentTypeError, match="SOURCE=N"):
             train._source_times(bad)
+
+
+def test_repeating_a_source_the_data_lacks_is_one_clear_line(tiny_data: Path, tmp_path: Path) -> None:
+    args = ["classifier", "--data-dir", str(tiny_data), "--out", str(tmp_path / "clf"), "--repeat", "nope=2", *TINY]
+    with pytest.raises(SystemExit, match="train failed: --repeat names sources the training split lacks: nope"):
+        train.main(args)
