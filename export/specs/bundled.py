@@ -196,7 +196,8 @@ class BundledTranslator(BundledSpec):
             held_out = self.seqs[CALIBRATION_SENTENCES:] or self.seqs
             worst = validate.check_quantized_translator(self.model, ref, (enc, dec), held_out[:32], tol)
         else:
-            worst = validate.check_translator(self.model, enc, dec, self.seqs[:16], tol)
+            probs = variant in validate.NEXT_TOKEN_AS_PROBABILITIES
+            worst = validate.check_translator(self.model, enc, dec, self.seqs[:16], tol, probs)
         return {f"{variant}_max_abs_diff": worst}
 
     def check_batches(self, variant: str, folder: Path, roles: dict[str, str]) -> dict[str, object]:
