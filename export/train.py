@@ -20,6 +20,7 @@ import json
 import math
 import os
 import random
+import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -224,6 +225,7 @@ def run_loop(
         print(f"{desc}: resumed at step {step} from {state_file}", flush=True)
         if saved.get("finished") and (step >= cfg.steps or bad_evals >= cfg.patience):
             model.load_state_dict(best_state)
+            model.eval()
             return best_state, snapshots
         # else: a phase that ran its length goes on when the length grew (e.g. longer pre-training)
     if stop_at and step >= stop_at:
@@ -507,6 +509,7 @@ def train_translator_loop(
 
     @torch.no_grad()
     def evaluate() -> float:
+        model.eval()  # also after a finished run's resume, which loads the best state and trains no step
         total, n = 0.0, 0
         for b in valid_batches:
             src, src_mask = pad([valid[i][0] for i in b])
@@ -545,6 +548,15 @@ def save_checkpoint(model: nn.Module, config: ClassifierConfig | TranslatorConfi
     save_file(state, str(out / "model.safetensors"))
     save_config(config, out / "config.json")
     tokenizer_lib.save(tok, out / "tokenizer.json")
+
+
+def init_weights(model: Translator, run: Path) -> None:
+    """`--init`: the weights of another run of the same architecture (a resumed state replaces them)."""
+    theirs = load_config(run / "config.json")
+    if not isinstance(theirs, TranslatorConfig) or asdict(theirs) != asdict(model.config):
+        raise ValueError(f"--init {run}: its architecture differs from this run's: {theirs}")
+    source, _ = load_checkpoint(run)
+    model.load_state_dict(source.state_dict())
 
 
 def load_checkpoint(out: Path) -> tuple[Classifier | Translator, Tokenizer]:
@@ -614,6 +626,14 @@ def repeat_sources(rows: list[dict], times: Mapping[str, int]) -> list[dict]:
     if missing:
         raise ValueError(f"--repeat names sources the training split lacks: {', '.join(missing)}")
     return [r for r in rows for _ in range(times.get(r["source"], 1))]
+
+
+def without_sources(rows: list[dict], sources: Sequence[str]) -> list[dict]:
+    """The training rows less those of `sources` (replaying a run made before they were added)."""
+    missing = sorted(set(sources) - {r["source"] for r in rows})
+    if missing:
+        raise ValueError(f"--exclude-source names sources the training split lacks: {', '.join(missing)}")
+    return [r for r in rows if r["source"] not in set(sources)]
 
 
 def run_classifier(args: argparse.Namespace) -> dict:
@@ -701,9 +721,14 @@ def run_translator(args: argparse.Namespace) -> dict:
     data = Path(args.data_dir)
     out = Path(args.out)
     split = {s: load_jsonl(data_file(data, "translation", f"{s}.jsonl")) for s in ("train", "valid", "test")}
+    split["train"] = without_sources(split["train"], args.exclude_source)
     common = verbatim.common_words(r["en"] for r in split["train"])  # as publish computes them
     split["train"] = spread(split["train"], args.train_rows)
     seed_everything(args.seed, args.threads)
+    init = Path(args.init) if args.init else None
+    if init is not None and not (out / "tokenizer.json").is_file():  # the run keeps the weights' vocabulary
+        out.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(init / "tokenizer.json", out / "tokenizer.json")
     # Names are masked where the tokenizer lacks them as words: a first masking without names
     # trains the tokenizer (placeholders stay out of its pieces), the second uses its words.
     first = (mask_training_pair(r["en"], r["de"]) for r in split["train"])
@@ -720,7 +745,10 @@ def run_translator(args: argparse.Namespace) -> dict:
         dropout=args.dropout,
         max_len=args.max_len,
     )
-    model = Translator(mc).to(args.device)
+    model = Translator(mc)
+    if init is not None:
+        init_weights(model, init)
+    model.to(args.device)
     bos, eos = mc.bos_id, mc.eos_id
 
     def encoded(pairs: list[tuple[str, str]]) -> list[tuple[list[int], list[int]]]:
@@ -875,6 +903,21 @@ def build_parser(tiny: bool = False) -> argparse.ArgumentParser:
     t.add_argument("--average-last", type=int, default=5, help="last checkpoints averaged into the final model")
     t.add_argument(
         "--stop-at", type=int, default=0, help="exit at this evaluation step, resumable (see run_loop; 0: never)"
+    )
+    t.add_argument(
+        "--exclude-source",
+        action="append",
+        default=[],
+        metavar="SOURCE",
+        help="train without the training rows of SOURCE (repeatable)",
+    )
+    t.add_argument(
+        "--init",
+        type=str,
+        default=None,
+        metavar="RUN",
+        help="start from a run folder's weights and tokenizer instead of random ones (a published version: "
+        "`python -m export.recover`); the architecture must match. A fresh optimiser and schedule",
     )
     if tiny:
         for kind, preset in TINY.items():

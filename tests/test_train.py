@@ -244,6 +244,21 @@ def test_a_finished_run_goes_on_when_made_longer(tiny_data: Path, tmp_path: Path
     assert json.loads((tmp_path / "run" / "report.json").read_text())["steps_run"] == 6
 
 
+def test_rerunning_a_finished_run_gives_the_same_model_and_figures(tiny_data: Path, tmp_path: Path) -> None:
+    """The rerun loads the best state and trains no step: its evaluations (best against the average
+    of the last snapshots) must run without dropout too, or they choose another model."""
+    args = ["translator", "--data-dir", str(tiny_data), "--warmup", "3", *TINY, "--out", str(tmp_path / "run")]
+    args += ["--steps", "6", "--eval-every", "2", "--batch-tokens", "400", "--threads", "1", "--dropout", "0.5"]
+    train.main(args)
+    first = json.loads((tmp_path / "run" / "report.json").read_text())
+    weights = (tmp_path / "run" / "model.safetensors").read_bytes()
+    train.main(args)
+    again = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert again["curves"]["translator"]["eval_metric"] == first["curves"]["translator"]["eval_metric"]
+    assert again["test_greedy"] == first["test_greedy"]
+    assert (tmp_path / "run" / "model.safetensors").read_bytes() == weights
+
+
 def test_pretraining_alone_then_longer_then_fine_tuning(tiny_data: Path, tmp_path: Path) -> None:
     """`--pretrain-only` stops before fine-tuning; a rerun with more `--pretrain-steps` goes on
     with the pre-training, then fine-tunes: how the Makefile replays a lengthened pre-training."""
@@ -276,3 +291,11 @@ def test_repeating_a_source_the_data_lacks_is_one_clear_line(tiny_data: Path, tm
     args = ["classifier", "--data-dir", str(tiny_data), "--out", str(tmp_path / "clf"), "--repeat", "nope=2", *TINY]
     with pytest.raises(SystemExit, match="train failed: --repeat names sources the training split lacks: nope"):
         train.main(args)
+
+
+def test_excluding_sources_replays_a_run_made_before_they_joined() -> None:
+    rows = [{"en": "a", "source": "vim-runtime"}, {"en": "b", "source": "gimp-data"}, {"en": "c", "source": "mutt"}]
+    assert train.without_sources(rows, ["vim-runtime", "mutt"]) == [rows[1]]
+    assert train.without_sources(rows, []) == rows
+    with pytest.raises(ValueError, match="lacks: nope"):
+        train.without_sources(rows, ["nope"])
