@@ -1,0 +1,179 @@
+"""Recover a trainable translator checkpoint from a published model version's float graphs.
+
+A store ships int8 and fp16 graphs, not the PyTorch weights of its run; training a published model
+further (`export.train translator --init RUN`) needs them back. The exporter keeps a parameter's name
+where the graph uses it as is and names a transposed matmul weight after its node
+(`/encoder/layers.0/attn/q_proj/MatMul`, `/q_proj_1/MatMul`), so every weight is found by the node
+that reads it. fp16 graphs give the weights rounded to fp16; int8 graphs are refused (their weights
+are not the model's).
+
+    python -m export.recover model_store/en-de/1 --out runs/en-de-recovered [--variant fp16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+from safetensors.torch import save_file
+
+from export.model import Translator, TranslatorConfig, save_config
+
+_ENCODER_PROJ = re.compile(r"^/encoder/layers\.(\d+)/(?:attn/)?(q_proj|k_proj|v_proj|out_proj)/MatMul$")
+_ENCODER_FFN = re.compile(r"^/encoder/layers\.(\d+)/ffn/(fc1|fc2)/MatMul$")
+_CROSS_KV = re.compile(r"^/(k_proj|v_proj)(?:_(\d+))?/MatMul$")
+_DECODER_FFN = re.compile(r"^/ffn/(fc1|fc2)(?:_(\d+))?/MatMul$")
+_CROSS_Q = re.compile(r"^/q_proj(?:_(\d+))?/MatMul$")
+_OUT_PROJ = re.compile(r"^/out_proj(?:_\d+)?/MatMul$")
+
+
+class RecoverError(ValueError):
+    """The graphs are not a float translator of this project's export."""
+
+
+def _weights(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t).astype(np.float32) for t in graph.initializer}
+
+
+def _named(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Initializers the exporter kept under their parameter name (`model.` is the wrapper's)."""
+    return {k.removeprefix("model."): v for k, v in weights.items() if k.startswith("model.")}
+
+
+def encoder_weights(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """Parameters read off the encoder graph: the encoder's and the decoder's cross-attention keys
+    and values (which the encoder graph computes once per source)."""
+    weights = _weights(graph)
+    out = _named(weights)
+    for node in graph.node:
+        w = next((weights[x] for x in node.input if x.startswith("onnx::") and x in weights), None)
+        if node.op_type != "MatMul" or w is None:
+            continue
+        if m := _ENCODER_PROJ.match(node.name):
+            out[f"encoder.layers.{m[1]}.attn.{m[2]}.weight"] = w.T
+        elif m := _ENCODER_FFN.match(node.name):
+            out[f"encoder.layers.{m[1]}.ffn.{m[2]}.weight"] = w.T
+        elif m := _CROSS_KV.match(node.name):
+            out[f"layers.{m[2] or 0}.cross_attn.{m[1]}.weight"] = w.T
+        else:
+            raise RecoverError(f"encoder graph: a matmul weight at {node.name!r} this recovery does not know")
+    return out
+
+
+def decoder_weights(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """Parameters read off the decoder-step graph. Its scopes carry no layer number: the n-th
+    occurrence of a projection in graph order is layer n's; the self-attention's q, k, v are one
+    fused matmul and bias, and its output projection is the one reading the attention operator."""
+    weights = _weights(graph)
+    out = _named(weights)
+    produced_by = {o: n for n in graph.node for o in n.output}
+    fused = out_self = out_cross = 0
+    for node in graph.node:
+        w = next((weights[x] for x in node.input if x.startswith("onnx::") and x in weights), None)
+        if w is None or node.op_type not in ("MatMul", "Add"):
+            continue
+        if node.op_type == "Add":
+            continue  # the fused bias is taken with its matmul below
+        d = w.shape[0]
+        if w.shape[1] == 3 * d:
+            layer = f"layers.{fused}.self_attn"
+            bias = next(
+                (weights[x] for n in graph.node if node.output[0] in n.input for x in n.input if x in weights), None
+            )
+            if bias is None:
+                raise RecoverError(f"decoder graph: the fused projection {node.name!r} has no bias")
+            for i, proj in enumerate(("q_proj", "k_proj", "v_proj")):
+                out[f"{layer}.{proj}.weight"] = w[:, i * d : (i + 1) * d].T
+                out[f"{layer}.{proj}.bias"] = bias[i * d : (i + 1) * d]
+            fused += 1
+        elif _OUT_PROJ.match(node.name):
+            source = produced_by.get(node.input[0])
+            if source is not None and source.op_type == "GroupQueryAttention":
+                out[f"layers.{out_self}.self_attn.out_proj.weight"] = w.T
+                out_self += 1
+            else:
+                out[f"layers.{out_cross}.cross_attn.out_proj.weight"] = w.T
+                out_cross += 1
+        elif m := _CROSS_Q.match(node.name):
+            out[f"layers.{m[1] or 0}.cross_attn.q_proj.weight"] = w.T
+        elif m := _DECODER_FFN.match(node.name):
+            out[f"layers.{m[2] or 0}.ffn.{m[1]}.weight"] = w.T
+        elif w.shape[1] != d:  # the tied output projection: the token embedding, transposed
+            out["output_projection"] = w.T
+        else:
+            raise RecoverError(f"decoder graph: a matmul weight at {node.name!r} this recovery does not know")
+    return out
+
+
+def recover_translator(version_dir: Path, variant: str = "fp16") -> Translator:
+    """The translator whose `variant` graphs a store version holds, as a PyTorch model."""
+    if variant == "int8":
+        raise RecoverError("int8 graphs hold quantised weights, not the model's: recover from fp16 or fp32")
+    manifest = json.loads((version_dir / "manifest.json").read_text())
+    if manifest.get("task") != "translation":
+        raise RecoverError(f"{version_dir}: not a translation model")
+    arch = manifest["architecture"]
+    config = TranslatorConfig(**{k: arch[k] for k in TranslatorConfig.__dataclass_fields__ if k in arch})
+    suffix = "" if variant == "fp32" else f".{variant}"
+    paths = {role: version_dir / f"{role}{suffix}.onnx" for role in ("encoder", "decoder")}
+    for path in paths.values():
+        if not path.is_file():
+            raise RecoverError(f"{path} is missing: the version does not ship the {variant} graphs")
+    enc = encoder_weights(onnx.load(str(paths["encoder"])).graph)
+    dec = decoder_weights(onnx.load(str(paths["decoder"])).graph)
+    for key in set(enc) & set(dec):
+        if not np.array_equal(enc[key], dec[key]):
+            raise RecoverError(f"{key} differs between the encoder and decoder graphs")
+    found = {**enc, **dec}
+    projection = found.pop("output_projection", None)
+    model = Translator(config)
+    state = model.state_dict()
+    if projection is not None and not np.allclose(projection, found["embed.tokens.weight"], atol=1e-3):
+        raise RecoverError("the output projection is not the token embedding: not a tied translator")
+    missing = sorted(k for k in state if k not in found and not k.startswith("encoder.embed."))
+    extra = sorted(set(found) - set(state))
+    if missing or extra:
+        raise RecoverError(f"weights missing {missing[:4]} or unknown {extra[:4]}")
+    for key, value in found.items():
+        if tuple(state[key].shape) != value.shape:
+            raise RecoverError(f"{key}: shape {value.shape} in the graph, {tuple(state[key].shape)} in the model")
+    model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in found.items()}, strict=False)
+    return model.eval()
+
+
+def write_run(model: Translator, version_dir: Path, out: Path) -> None:
+    """A run folder as `export.train` leaves it (weights, config, tokenizer), for `--init`."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not k.startswith("encoder.embed.")}
+    save_file(state, str(out / "model.safetensors"))
+    save_config(model.config, out / "config.json")
+    shutil.copyfile(version_dir / "tokenizer.json", out / "tokenizer.json")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m export.recover", description=__doc__.split("\n")[0])
+    p.add_argument("version_dir", type=Path, help="a store version folder, e.g. model_store/en-de/1")
+    p.add_argument("--out", type=Path, required=True, help="the run folder to write")
+    p.add_argument("--variant", default="fp16", choices=("fp32", "fp16"))
+    args = p.parse_args(argv)
+    try:
+        model = recover_translator(args.version_dir, args.variant)
+    except (RecoverError, FileNotFoundError, KeyError) as exc:
+        print(f"recover failed: {exc}", file=sys.stderr)
+        return 1
+    write_run(model, args.version_dir, args.out)
+    print(f"{args.out}: {sum(p.numel() for p in model.parameters())} parameters from {args.variant}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
