@@ -6,7 +6,8 @@ word pair twice in a row: "Änderungen speichern speichern?"), and retention: of
 inline code, names, quoted spans and dash runs (`service.contract.verbatim`, as the service finds
 them) that the reference keeps as written, the share the translation keeps as written too (and,
 apart, the same for the capitalised words the service leaves to the model); on the test split and, with
-`--ood`, on the out-of-domain stand-in of `bench.ood`. Classifier: accuracy and macro-F1 overall
+`--ood`, on the out-of-domain stand-in of `bench.ood` (and apart on its messages the training
+split lacks: a message of a stand-in package can also be another package's). Classifier: accuracy and macro-F1 overall
 and per source, the expected calibration error, and the VADER lexicon on the same split for
 scale; and the same on `bench/data/short_texts.jsonl`, everyday texts of one to eight words
 written for this bench (60 per class), with how many of them occur in the training split.
@@ -119,12 +120,17 @@ def retention(
     }
 
 
-def translator_quality(engine: TranslatorEngine, rows: list[dict[str, str]]) -> dict[str, object]:
+def translator_quality(
+    engine: TranslatorEngine, rows: list[dict[str, str]], seen: frozenset[str] = frozenset()
+) -> dict[str, object]:
+    """`seen`: English texts of the training split; given, `unseen` scores the rows without them."""
     hyps = translate_rows(engine, [r["en"] for r in rows])
     refs = [r["de"] for r in rows]
     rep = [repeats_beyond_reference(h, r) for h, r in zip(hyps, refs, strict=True)]
+    unseen = [i for i, r in enumerate(rows) if r["en"] not in seen]
     return {
         **translation_scores(hyps, refs),
+        **({"unseen": translation_scores([hyps[i] for i in unseen], [refs[i] for i in unseen])} if seen else {}),
         "retention": retention([r["en"] for r in rows], refs, hyps, engine.codec.words, engine.codec.vocab_words),
         "repeated_examples": [{"hyp": h, "ref": r} for h, r, x in zip(hyps, refs, rep, strict=True) if x][:10],
         "examples": [{"en": r["en"], "ref": r["de"], "hyp": h} for r, h in list(zip(rows, hyps, strict=True))[:10]],
@@ -232,8 +238,16 @@ def main() -> int:
                     from bench.ood import stand_in_set
 
                     pairs, _ = stand_in_set(args.ood_workdir, 200)
-                    result["ood"] = ood = translator_quality(engine, [{"en": r.en, "de": r.de} for r in pairs])
-                    print(f"  stand-in: BLEU {ood['bleu']} chrF {ood['chrf']}, kept as written {_shares(ood)}")
+                    train = args.data_dir / "translation" / "train.jsonl"
+                    seen = frozenset(json.loads(x)["en"] for x in train.open())
+                    ood = translator_quality(engine, [{"en": r.en, "de": r.de} for r in pairs], seen)
+                    result["ood"], unseen = ood, ood["unseen"]
+                    assert isinstance(unseen, dict)
+                    print(
+                        f"  stand-in: BLEU {ood['bleu']} chrF {ood['chrf']}, kept as written {_shares(ood)}; "
+                        f"the {unseen['sentences']} messages the training split lacks: "
+                        f"BLEU {unseen['bleu']} chrF {unseen['chrf']}"
+                    )
             else:
                 assert isinstance(engine, ClassifierEngine)
                 rows = [json.loads(x) for x in (args.data_dir / "sentiment" / "test.jsonl").read_text().splitlines()]

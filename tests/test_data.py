@@ -195,6 +195,7 @@ def test_clean_message_rules() -> None:
 def test_read_gettext_pairs_from_unpacked_package(tmp_path: Path) -> None:
     write_mo(tmp_path / "usr/share/locale/de/LC_MESSAGES/app.mo", MO_ENTRIES)
     write_mo(tmp_path / "usr/share/locale/fr/LC_MESSAGES/app.mo", {b"Yes": b"Oui"})
+    write_mo(tmp_path / "usr/share/locale/de/LC_MESSAGES/coreutils.mo", {b"Yes": b"Ja"})  # held out: never read
     pairs = read_gettext_pairs(tmp_path, "pkg")
     assert [(p.en, p.de) for p in pairs] == [
         ("%d file deleted", "%d Datei gelöscht"),  # placeholders on both sides: kept (masked in training)
@@ -552,3 +553,22 @@ def test_out_of_domain_stand_ins_are_neither_training_sources_nor_held_out() -> 
     assert not [p for p in ood.PACKAGES if p in ood.TRAINING or data.is_held_out(p)]
     with pytest.raises(ValueError, match="held out"):
         ood.catalog_pairs("libglib2.0-data", Path("unused"))
+
+
+def test_a_train_only_source_never_reaches_valid_or_test() -> None:
+    pairs = [data.Pair(f"Message number {i}.", f"Meldung Nummer {i}.", "vim-runtime") for i in range(300)]
+    pairs += [data.Pair(f"Other text {i}.", f"Anderer Text {i}.", "gimp-data") for i in range(300)]
+    splits = data.split_translation(pairs, frozenset({"vim-runtime"}))
+    assert {r["source"] for s in ("valid", "test") for r in splits[s]} == {"gimp-data"}
+    assert sum(r["source"] == "vim-runtime" for r in splits["train"]) == 300
+    every = data.split_translation(pairs)  # without the flag its rows split by hash like any other
+    assert any(r["source"] == "vim-runtime" for s in ("valid", "test") for r in every[s])
+    assert [r for r in every["valid"] if r["source"] == "gimp-data"] == splits["valid"]
+
+
+def test_every_added_command_line_source_is_train_only_and_none_is_held_out_or_a_stand_in() -> None:
+    from bench.ood import PACKAGES
+
+    added = [s for s in data.GETTEXT_SOURCES if s.train_only]
+    assert added and not any(data.is_held_out(s.package) for s in added)
+    assert not {s.package for s in added} & set(PACKAGES)
