@@ -61,7 +61,7 @@ class DebSource:
 
     package: str
     licence: str
-    train_only: bool = False  # its pairs go to the training split only (see CLI_SOURCES)
+    train_only: bool = False  # its pairs go to the training split only (the command-line catalogs)
 
 
 @dataclass(frozen=True)

@@ -79,16 +79,13 @@ def decoder_weights(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     fused = out_self = out_cross = 0
     for node in graph.node:
         w = next((weights[x] for x in node.input if x.startswith("onnx::") and x in weights), None)
-        if w is None or node.op_type not in ("MatMul", "Add"):
-            continue
-        if node.op_type == "Add":
-            continue  # the fused bias is taken with its matmul below
+        if w is None or node.op_type != "MatMul":
+            continue  # (the fused bias is an Add's: taken with its matmul below)
         d = w.shape[0]
         if w.shape[1] == 3 * d:
             layer = f"layers.{fused}.self_attn"
-            bias = next(
-                (weights[x] for n in graph.node if node.output[0] in n.input for x in n.input if x in weights), None
-            )
+            add = next((n for n in graph.node if n.op_type == "Add" and node.output[0] in n.input), None)
+            bias = next((weights[x] for x in add.input if x in weights), None) if add is not None else None
             if bias is None:
                 raise RecoverError(f"decoder graph: the fused projection {node.name!r} has no bias")
             for i, proj in enumerate(("q_proj", "k_proj", "v_proj")):

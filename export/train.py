@@ -225,7 +225,7 @@ def run_loop(
         print(f"{desc}: resumed at step {step} from {state_file}", flush=True)
         if saved.get("finished") and (step >= cfg.steps or bad_evals >= cfg.patience):
             model.load_state_dict(best_state)
-            model.eval()
+            model.eval()  # as the last evaluation leaves it: what runs after the phase evaluates without dropout
             return best_state, snapshots
         # else: a phase that ran its length goes on when the length grew (e.g. longer pre-training)
     if stop_at and step >= stop_at:
@@ -509,7 +509,6 @@ def train_translator_loop(
 
     @torch.no_grad()
     def evaluate() -> float:
-        model.eval()  # also after a finished run's resume, which loads the best state and trains no step
         total, n = 0.0, 0
         for b in valid_batches:
             src, src_mask = pad([valid[i][0] for i in b])
@@ -630,10 +629,11 @@ def repeat_sources(rows: list[dict], times: Mapping[str, int]) -> list[dict]:
 
 def without_sources(rows: list[dict], sources: Sequence[str]) -> list[dict]:
     """The training rows less those of `sources` (replaying a run made before they were added)."""
-    missing = sorted(set(sources) - {r["source"] for r in rows})
+    excluded = set(sources)
+    missing = sorted(excluded - {r["source"] for r in rows})
     if missing:
         raise ValueError(f"--exclude-source names sources the training split lacks: {', '.join(missing)}")
-    return [r for r in rows if r["source"] not in set(sources)]
+    return [r for r in rows if r["source"] not in excluded]
 
 
 def run_classifier(args: argparse.Namespace) -> dict:

@@ -253,8 +253,8 @@ def check_translator(
                 **dict(zip(io.cache_names(n), cache, strict=True)),
             }
             got = dict(zip(names, dec.run(None, feed), strict=True))
-            step = (np.exp(ref), np.exp(got[io.LOGPROBS])) if probabilities else (ref, got[io.LOGPROBS])
-            worst = max(worst, float(np.abs(step[0] - step[1]).max()))
+            want, have = (np.exp(ref), np.exp(got[io.LOGPROBS])) if probabilities else (ref, got[io.LOGPROBS])
+            worst = max(worst, float(np.abs(want - have).max()))
             new_ref = [t.detach().numpy()[:, :, cached : cached + 1] for kv in ref_past for t in kv]
             present = [got[name] for name in io.present_names(n)]
             for r, g in zip(new_ref, io.new_kv_from_present(present, feed[io.POSITION_IDS]), strict=True):
