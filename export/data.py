@@ -62,6 +62,7 @@ class DebSource:
     package: str
     licence: str
     train_only: bool = False  # its pairs go to the training split only (the command-line catalogs)
+    added: int = 0  # the data round that brought it (0: before issue 29): `make train-translator` replays the rounds
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,7 @@ GETTEXT_SOURCES = (
     # (GnuPG's), bison and wdiff (their gnulib catalogs hold coreutils' and grep's messages), net-tools
     # (its catalog's header is not UTF-8 and names no charset: Python's reader refuses it).
     *(
-        DebSource(package, licence, train_only=True)
+        DebSource(package, licence, train_only=True, added=1)
         for package, licence in (
             ("mercurial-common", "GPL-2+"),
             ("vim-runtime", "Vim"),
@@ -149,6 +150,35 @@ GETTEXT_SOURCES = (
             ("sysstat", "GPL-2+"),
             ("acl", "GPL-2+ (parts LGPL-2+)"),
             ("attr", "GPL-2+ (parts LGPL-2+)"),
+        )
+    ),
+    # The second round: 21 more command-line and system packages. Not taken: enscript and m4 (catalog
+    # headers not UTF-8 and naming no charset), newt and tasksel (no message left after cleaning that
+    # the data lacks).
+    *(
+        DebSource(package, licence, train_only=True, added=2)
+        for package, licence in (
+            ("subversion", "Apache-2.0"),
+            ("mailutils-common", "GPL-3+"),
+            ("krb5-locales", "MIT (Kerberos)"),
+            ("network-manager", "GPL-2+ (parts LGPL-2.1+)"),
+            ("lynx-common", "GPL-2"),
+            ("neomutt", "GPL-2+"),
+            ("aspell", "LGPL-2.1"),
+            ("libelf1", "GPL-3+ (parts LGPL-3+ or GPL-2+)"),
+            ("gdbm-l10n", "GPL-3+"),
+            ("alsa-utils", "GPL-2 (parts LGPL-2+)"),
+            ("login", "BSD-3-clause (parts GPL-2+)"),
+            ("libpam-runtime", "GPL-3 (parts LGPL-2+)"),
+            ("a2ps", "GPL-3"),
+            ("p11-kit", "BSD-3-clause (parts LGPL-2.1+)"),
+            ("id-utils", "GPL-3+"),
+            ("libidn2-0", "GPL-3+ (parts LGPL-3+ or GPL-2+)"),
+            ("dialog", "LGPL-2.1"),
+            ("libpopt0", "Expat"),
+            ("whois", "GPL-2"),
+            ("dos2unix", "BSD-2-clause"),
+            ("hello", "GPL-3+"),
         )
     ),
 )
