@@ -40,24 +40,28 @@ train-classifier: install
 # The bundled translator was planned for 10000 steps, shortened to 6500 at step 2500 and continued
 # to 8500 after it finished (the learning-rate decay follows the new length from each change), all
 # before the command-line catalogs joined the data: the three commands replay that run's schedule
-# without them. Then 3000 steps on all the data from those weights, with a fresh optimiser.
-ADDED_SOURCES = $(shell $(PYTHON) -c "from export.data import GETTEXT_SOURCES as s; print(*(x.package for x in s if x.train_only))")
+# without them. Then 3000 steps from those weights with the first round of command-line catalogs,
+# and 3000 more with the second (each with a fresh optimiser): `added` in GETTEXT_SOURCES.
+sources_since = $(shell $(PYTHON) -c "from export.data import GETTEXT_SOURCES as s; print(*(x.package for x in s if x.added >= $(1)))")
 TRANSLATOR_FLAGS = --data-dir $(DATA) --out $(RUNS)/en-de --device $(DEVICE) \
 	--threads 1 --no-amp --lr 1.5e-3 --warmup 400 --eval-every 500 --patience 8 \
-	$(foreach s,$(ADDED_SOURCES),--exclude-source $(s))
+	$(foreach s,$(call sources_since,1),--exclude-source $(s))
 train-translator: install
 	$(PYTHON) -m export.train translator $(TRANSLATOR_FLAGS) --steps 10000 --stop-at 2500
 	$(PYTHON) -m export.train translator $(TRANSLATOR_FLAGS) --steps 6500
 	$(PYTHON) -m export.train translator $(TRANSLATOR_FLAGS) --steps 8500
 	$(PYTHON) -m export.train translator --data-dir $(DATA) --out $(RUNS)/en-de-cli --init $(RUNS)/en-de \
-		--device $(DEVICE) --threads 2 --no-amp --lr 4e-4 --warmup 200 --steps 3000 --eval-every 250 --patience 8
+		--device $(DEVICE) --threads 2 --no-amp --lr 4e-4 --warmup 200 --steps 3000 --eval-every 250 --patience 8 \
+		$(foreach s,$(call sources_since,2),--exclude-source $(s))
+	$(PYTHON) -m export.train translator --data-dir $(DATA) --out $(RUNS)/en-de-cli2 --init $(RUNS)/en-de-cli \
+		--device $(DEVICE) --threads 2 --no-amp --lr 3e-4 --warmup 200 --steps 3500 --eval-every 250 --patience 8
 
 train: train-classifier train-translator
 
 # Rebuild the bundled store from scratch: data -> training -> validated export.
 models: data train
 	$(PYTHON) -m export.publish $(RUNS)/sentiment --name sentiment --store $(STORE) --version 1 --force --data-dir $(DATA) $(EXPORT_FLAGS)
-	$(PYTHON) -m export.publish $(RUNS)/en-de-cli --name en-de --store $(STORE) --version 1 --force --data-dir $(DATA) $(EXPORT_FLAGS)
+	$(PYTHON) -m export.publish $(RUNS)/en-de-cli2 --name en-de --store $(STORE) --version 1 --force --data-dir $(DATA) $(EXPORT_FLAGS)
 
 # The whole path in under a minute, after `make data` (docs/export.md#the-tiny-path): tiny models
 # trained and published into their own store; serve it with SERVE_MODEL_STORE=runs/tiny-store make serve.
