@@ -41,7 +41,7 @@ train-classifier: install
 # to 8500 after it finished (the learning-rate decay follows the new length from each change), all
 # before the command-line catalogs joined the data: the three commands replay that run's schedule
 # without them. Then 3000 steps from those weights with the first round of command-line catalogs,
-# and 3000 more with the second (each with a fresh optimiser): `added` in GETTEXT_SOURCES.
+# and 3500 more with the second (each with a fresh optimiser): `added` in GETTEXT_SOURCES.
 sources_since = $(shell $(PYTHON) -c "from export.data import GETTEXT_SOURCES as s; print(*(x.package for x in s if x.added >= $(1)))")
 TRANSLATOR_FLAGS = --data-dir $(DATA) --out $(RUNS)/en-de --device $(DEVICE) \
 	--threads 1 --no-amp --lr 1.5e-3 --warmup 400 --eval-every 500 --patience 8 \

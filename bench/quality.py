@@ -16,6 +16,7 @@ written for this bench (60 per class), with how many of them occur in the traini
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from collections import Counter
@@ -196,6 +197,17 @@ def classifier_quality(engine: ClassifierEngine, rows: list[dict[str, str]]) -> 
 SHORT_TEXTS = ROOT / "bench" / "data" / "short_texts.jsonl"
 
 
+@functools.cache
+def stand_in(workdir: Path, data_dir: Path) -> tuple[list[dict[str, str]], frozenset[str]]:
+    """The out-of-domain stand-in's rows and the training split's English texts: read once for
+    every variant measured."""
+    from bench.ood import stand_in_set
+
+    pairs, _ = stand_in_set(workdir, 200)
+    train = data_dir / "translation" / "train.jsonl"
+    return [{"en": r.en, "de": r.de} for r in pairs], frozenset(json.loads(x)["en"] for x in train.open())
+
+
 def _shares(result: dict[str, object]) -> str:
     groups = result["retention"]
     assert isinstance(groups, dict)
@@ -235,12 +247,7 @@ def main() -> int:
                     flush=True,
                 )
                 if args.ood:
-                    from bench.ood import stand_in_set
-
-                    pairs, _ = stand_in_set(args.ood_workdir, 200)
-                    train = args.data_dir / "translation" / "train.jsonl"
-                    seen = frozenset(json.loads(x)["en"] for x in train.open())
-                    ood = translator_quality(engine, [{"en": r.en, "de": r.de} for r in pairs], seen)
+                    ood = translator_quality(engine, *stand_in(args.ood_workdir, args.data_dir))
                     result["ood"], unseen = ood, ood["unseen"]
                     assert isinstance(unseen, dict)
                     print(

@@ -61,8 +61,13 @@ class DebSource:
 
     package: str
     licence: str
-    train_only: bool = False  # its pairs go to the training split only (the command-line catalogs)
     added: int = 0  # the data round that brought it (0: before issue 29): `make train-translator` replays the rounds
+
+    @property
+    def train_only(self) -> bool:
+        """Its pairs go to the training split only: every source added after the first data (the
+        command-line catalogs), so valid and test stay the splits every earlier figure was measured on."""
+        return self.added > 0
 
 
 @dataclass(frozen=True)
@@ -83,6 +88,11 @@ class Fetched:
     licence: str
     file: Path
     sha256: str
+
+
+def command_line_round(added: int, packages: Sequence[tuple[str, str]]) -> tuple[DebSource, ...]:
+    """One round of command-line catalogs: (package, licence) pairs, all training-only."""
+    return tuple(DebSource(package, licence, added) for package, licence in packages)
 
 
 VADER = PipSource("vaderSentiment", "3.3.2", sdist=True)
@@ -124,9 +134,9 @@ GETTEXT_SOURCES = (
     # on; the out-of-domain stand-in (bench/ood.py) measures this domain. Not taken: libgpg-error
     # (GnuPG's), bison and wdiff (their gnulib catalogs hold coreutils' and grep's messages), net-tools
     # (its catalog's header is not UTF-8 and names no charset: Python's reader refuses it).
-    *(
-        DebSource(package, licence, train_only=True, added=1)
-        for package, licence in (
+    *command_line_round(
+        1,
+        (
             ("mercurial-common", "GPL-2+"),
             ("vim-runtime", "Vim"),
             ("weechat-core", "GPL-3+"),
@@ -150,14 +160,14 @@ GETTEXT_SOURCES = (
             ("sysstat", "GPL-2+"),
             ("acl", "GPL-2+ (parts LGPL-2+)"),
             ("attr", "GPL-2+ (parts LGPL-2+)"),
-        )
+        ),
     ),
     # The second round: 21 more command-line and system packages. Not taken: enscript and m4 (catalog
     # headers not UTF-8 and naming no charset), newt and tasksel (no message left after cleaning that
     # the data lacks).
-    *(
-        DebSource(package, licence, train_only=True, added=2)
-        for package, licence in (
+    *command_line_round(
+        2,
+        (
             ("subversion", "Apache-2.0"),
             ("mailutils-common", "GPL-3+"),
             ("krb5-locales", "MIT (Kerberos)"),
@@ -179,7 +189,7 @@ GETTEXT_SOURCES = (
             ("whois", "GPL-2"),
             ("dos2unix", "BSD-2-clause"),
             ("hello", "GPL-3+"),
-        )
+        ),
     ),
 )
 HELD_OUT = frozenset(
