@@ -8,8 +8,9 @@ A report, not a test. Each server runs alone, in its own process, pinned to `--s
 with `--threads` ONNX Runtime threads per engine (the project: SERVE_THREADS,
 SERVE_CLASSIFICATION_THREADS and SERVE_TRANSLATION_THREADS all N; LitServe: `LoadOptions(threads=N)`
 in each inference worker), both on the newest version of each model in `--store`, everything
-else at its defaults (the project's step budget SERVE_STEP_MAX_ROWS 64; LitServe batching 32
-requests / 2 ms for /predict, 16 / 5 ms for /translate). The load generator (Debian's `wrk`,
+else at its defaults (the project's step budget SERVE_STEP_MAX_ROWS 64, no express lane unless
+`--project-setting step_express_share=S`; LitServe batching 32 requests / 2 ms for /predict, 16 / 5 ms
+for /translate). The load generator (Debian's `wrk`,
 `bench.service_load.wrk`) runs pinned to `--client-cpus`. Rounds alternate which server goes
 first; in each round each server is started, warmed and measured on three scenarios:
 
@@ -72,8 +73,9 @@ FIGURES = [
 @contextlib.contextmanager
 def project(args: argparse.Namespace, log: Path) -> Iterator[str]:
     n = str(args.threads)
+    extra = dict(kv.split("=", 1) for kv in args.project_setting)
     with service_load.server(
-        args.store, args.server_cpus, args.threads, log, classification_threads=n, translation_threads=n
+        args.store, args.server_cpus, args.threads, log, classification_threads=n, translation_threads=n, **extra
     ) as url:
         yield url
 
@@ -218,8 +220,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heavy-clients", type=int, default=4)
     p.add_argument("--beam-clients", type=int, default=64)
     p.add_argument("--smoke", action="store_true", help="1 round, 3 s per scenario, fewer clients")
+    p.add_argument(
+        "--project-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of the project's server besides the defaults, e.g. step_express_share=0.5 (repeatable)",
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "peer.json")
     args = p.parse_args(argv)
+    if any("=" not in kv for kv in args.project_setting):
+        p.error("--project-setting takes NAME=VALUE")
     if args.smoke:
         args.rounds, args.seconds, args.offline_seconds = 1, 3.0, 1.0
         args.predict_connections, args.heavy_clients, args.beam_clients = 8, 2, 8
@@ -237,6 +248,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(LitServe: 1 HTTP process and 1 inference worker process per API, all on those CPUs); wrk on CPU "
         f"{args.client_cpus}; the offline engine in a fresh process on CPU {args.server_cpus}"
     )
+    for name, value in (kv.split("=", 1) for kv in args.project_setting):
+        layout += f"; the project with SERVE_{name.upper()}={value}"
     print(layout, flush=True)
     before = offline(args)
     rounds: list[dict[str, dict[str, float]]] = []

@@ -58,6 +58,16 @@ class Settings(BaseSettings):
     step_max_rows: int = Field(
         default=64, ge=1, le=4096, description="decoder rows (sentences x beams) per step: latency against throughput"
     )
+    step_express_share: float = Field(
+        default=0.0,
+        ge=0,
+        lt=1,
+        description="share of the decoder's time that small greedy requests may take in steps of their own while "
+        "beams run (their latency against the beams' throughput); 0: they ride in the main steps",
+    )
+    step_express_work: int = Field(
+        default=128, ge=0, description="the largest request taking express steps: estimated row-steps, rows x steps"
+    )
     step_max_cache_tokens: int = Field(
         default=131072, ge=64, description="cache tokens reserved by running sentences: rows x (source + max new)"
     )

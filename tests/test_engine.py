@@ -19,7 +19,7 @@ from export.model import Classifier, Translator, greedy
 from service.engine import runtime
 from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.decoding import DecodeParams, Hypothesis
-from service.engine.running import RunningBatch, encode_sources, length_groups
+from service.engine.running import RunningBatch, ShardedBatch, encode_sources, length_groups
 from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine, load_translator
 from service.errors import InputTooLong, InvalidInput
@@ -129,6 +129,30 @@ def test_sentences_joining_a_running_batch_decode_as_alone(entries: dict[str, St
         joining, pending = pending[:k], pending[k:]
         batch.join([seqs[i] for i in joining], [engine.search(params[i]) for i in joining], joining)
         out.update(batch.step())
+    for i, want in enumerate(alone):
+        same(out[i], want)
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+def test_sentences_in_express_and_main_lanes_decode_as_alone(entries: dict[str, StoreEntry], variant: str) -> None:
+    """Two threads, as served: the main batch sharded over one-thread sessions, the express batch
+    on the two-thread one; greedy sentences go express, the lanes step in random turns."""
+    engine = load_translator(entries["tiny-mt"], LoadOptions(threads=2, variant=variant))
+    seqs = engine.encode(sentences(14, seed=29))
+    params = [MIXED[i % len(MIXED)] for i in range(len(seqs))]
+    alone = [engine.translate_ids([s], p)[0] for s, p in zip(seqs, params, strict=True)]
+    rng = random.Random(variant)
+    batch = engine.new_lanes(lambda i: params[i].beam_size == 1, lambda *_: rng.random() < 0.7)
+    assert isinstance(batch.main, ShardedBatch)
+    out: dict[int, list[Hypothesis]] = {}
+    pending = list(range(len(seqs)))
+    while pending or batch.blocks:
+        k = rng.randint(0, 3)
+        joining, pending = pending[:k], pending[k:]
+        batch.join([seqs[i] for i in joining], [engine.search(params[i]) for i in joining], joining)
+        out.update(batch.step())
+    batch.close()
+    assert any(params[i].beam_size == 1 for i in out) and any(params[i].beam_size > 1 for i in out)
     for i, want in enumerate(alone):
         same(out[i], want)
 

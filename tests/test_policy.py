@@ -4,8 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
+
 from service.engine.decoding import DecodeParams, Search
-from service.scheduling.policy import CancelReason, Job, Plan, Sentence, StepLimits, Usage, plan
+from service.scheduling.policy import (
+    CancelReason,
+    Job,
+    Plan,
+    Sentence,
+    StepLimits,
+    Usage,
+    express_turn,
+    plan,
+    takes_express,
+)
 
 BOS, EOS = 1, 2
 IDLE = Usage(rows=0, cache_tokens=0)
@@ -17,6 +29,7 @@ def job(widths: Sequence[int], enqueued: float = 9.9, deadline: float = 100.0, l
     params = [DecodeParams(beam_size=w, num_hypotheses=1, max_new_tokens=limit) for w in widths]
     j.sentences = [Sentence(j, i, [5, EOS], Search(p, BOS, EOS), 9, 10) for i, p in enumerate(params)]
     j.remaining = len(j.sentences)
+    j.work = 9 * len(j.sentences)
     return j
 
 
@@ -106,3 +119,32 @@ def test_sentences_likely_next_are_encoded_with_those_joining() -> None:
     a.admitted, b.admitted = p.admitted[a], p.admitted[b]
     p = decide(p.waiting, running=Usage(rows=2, cache_tokens=0), max_rows=5, encode_ahead=3)
     assert who(p, a, b) == [(0, 1)] and p.encode == []  # encoded already: no run at this step
+
+
+def test_small_greedy_requests_take_the_express_lane_only_when_it_is_on() -> None:
+    on = StepLimits(express_share=0.5, express_work=18)
+    small, beams, big = job([1, 1]), job([1, 4]), job([1, 1, 1])  # 9 row-steps a sentence
+    assert [takes_express(s, on) for s in small.sentences] == [True, True]
+    assert [takes_express(s, on) for s in beams.sentences] == [
+        False,
+        False,
+    ]  # 18 row-steps, but one is a beam: the answer waits for it
+    assert not takes_express(big.sentences[0], on)  # 27 row-steps: a batch job, not someone waiting
+    assert not takes_express(small.sentences[0], StepLimits())  # off by default
+
+
+def test_express_steps_take_at_most_their_share_of_the_time() -> None:
+    """Express steps of 0.5 ms between main steps of 5 ms: as many as fit in the share."""
+
+    def between(share: float, express_ms: float = 0.5, main_ms: float = 5.0) -> int:
+        n, spent = 0, 0.0
+        while express_turn(spent, main_ms, share) and n < 1000:
+            n, spent = n + 1, spent + express_ms
+        return n
+
+    assert between(0.5) == 10  # as much time as the main step
+    assert between(0.2) == 3  # 1.25 ms: three steps start within it
+    assert between(0.75) == 30
+    assert not express_turn(0.0, 0.0, 0.5)  # before any main step: the main batch goes first
+    with pytest.raises(ValueError):
+        StepLimits(express_share=1.0)

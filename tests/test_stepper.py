@@ -4,10 +4,11 @@ sentence's result equals decoding it alone, whatever joins, leaves or shares its
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -15,8 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from service.engine.decoding import DecodeParams, Hypothesis, Search
-from service.engine.running import SOURCE_ALIGN, SOURCE_SLACK, RunningBatch, ShardedBatch
+from service.engine.running import (
+    SOURCE_ALIGN,
+    SOURCE_SLACK,
+    DecoderBatch,
+    LaneBatch,
+    RunningBatch,
+    ShardedBatch,
+)
 from service.errors import DeadlineExceeded, InputTooLong, QueueFull, ShuttingDown
+from service.scheduling import policy
 from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
 from tests.fakes import BOS, EOS, PAD, FakeRuntime
 
@@ -73,9 +82,12 @@ def test_random_arrivals_and_departures_decode_as_alone(data: st.DataObject) -> 
     cancel = set(data.draw(st.lists(st.integers(0, n - 1), max_size=2)))
     want = [alone(rt, s, p) for s, p in zip(srcs, params, strict=True)]
     shards = data.draw(st.sampled_from([1, 2, 3]))  # sharded: steps of the shards on threads at once
-    batch: RunningBatch[int] | ShardedBatch[int] = (
+    batch: DecoderBatch[int] = (
         ShardedBatch(rt, rt, shards, PAD) if shards > 1 else RunningBatch(rt, PAD)  # type: ignore[arg-type]
     )
+    if data.draw(st.booleans()):  # an express lane beside it: even sentences, in turns drawn at random
+        express: RunningBatch[int] = RunningBatch(rt, PAD)  # type: ignore[arg-type]
+        batch = LaneBatch(batch, express, lambda i: i % 2 == 0, lambda *_: rng.random() < 0.5)
     got: dict[int, list[Hypothesis]] = {}
     pending, step = list(range(n)), 0
     while pending or batch.blocks:
@@ -192,13 +204,22 @@ class Observer:
         self.cancelled_by[reason] = self.cancelled_by.get(reason, 0) + sentences
 
 
-def scheduler(rt: FakeRuntime, **limits: float) -> tuple[StepScheduler, Observer]:
-    obs = Observer()
+def scheduler(
+    rt: FakeRuntime, clock: Callable[[], float] = time.perf_counter, **limits: float
+) -> tuple[StepScheduler, Observer]:
+    """A started scheduler over `rt`, with an express lane when `express_share` is set (as the
+    translation task builds it), its turns timed by `clock`."""
+    obs, step_limits = Observer(), StepLimits(**limits)  # type: ignore[arg-type]
 
-    def make_batch() -> RunningBatch[Sentence]:
-        return RunningBatch(rt, PAD, timer=obs.compute_time)  # type: ignore[arg-type]
+    def make_batch() -> DecoderBatch[Sentence]:
+        main: RunningBatch[Sentence] = RunningBatch(rt, PAD, timer=obs.compute_time)  # type: ignore[arg-type]
+        if not step_limits.express_share:
+            return main
+        express: RunningBatch[Sentence] = RunningBatch(rt, PAD, timer=obs.compute_time)  # type: ignore[arg-type]
+        turn = functools.partial(policy.express_turn, share=step_limits.express_share)
+        return LaneBatch(main, express, lambda sent: policy.takes_express(sent, step_limits), turn, clock)
 
-    s = StepScheduler("fake", make_batch, StepLimits(**limits), obs)  # type: ignore[arg-type]
+    s = StepScheduler("fake", make_batch, step_limits, obs)
     s.start()
     return s, obs
 
@@ -287,6 +308,48 @@ def test_a_short_request_is_not_stuck_behind_a_long_one() -> None:
 
     run(main())
     assert short_steps and max(short_steps) <= 30 < rt.steps - 100, (short_steps, rt.steps)
+
+
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_a_short_greedy_request_behind_beams_takes_express_steps(share: float) -> None:
+    """Counted in steps: a short greedy request arriving while beams fill the batch decodes in
+    steps of its own between the beams' steps (a step costs its rows on a simulated clock here:
+    0.2 ms a row, so that the turns do not depend on the machine's load), so at most two beam
+    steps pass while it runs; without the express lane it takes one beam step per token. Its
+    answer is the same either way."""
+    rt, rng = FakeRuntime(seed=4), random.Random(1)
+    beams = [(source(i, rng), Search(DecodeParams(beam_size=4, max_new_tokens=40), BOS, EOS)) for i in range(16)]
+    greedy = DecodeParams(beam_size=1, max_new_tokens=9)
+    src = next([s, EOS] for s in range(900, 999) if len(alone(rt, [s, EOS], greedy)[0].tokens) == 9)
+    want = alone(rt, src, greedy)
+    decode, calls, clock = rt.decode, [], [0.0]
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        cross = args[4] if len(args) > 4 else kwargs["cross"]
+        calls.append((cross[0][:, 0, 0, 0] == src[0]).any())  # the short sentence's row is in this step
+        clock[0] += 0.0002 * len(args[0])
+        return decode(*args, **kwargs)
+
+    rt.decode = timed  # type: ignore[method-assign]
+
+    async def main() -> list[list[Hypothesis]]:
+        s, _ = scheduler(rt, lambda: clock[0], max_rows=64, express_share=share)
+        big = asyncio.ensure_future(s.submit(beams, time.monotonic() + 60))
+        while len(calls) < 3:
+            await asyncio.sleep(0.001)
+        out = await s.submit([(src, Search(greedy, BOS, EOS))], time.monotonic() + 60)
+        await big
+        await s.close(1)
+        return out
+
+    got = run(main())
+    assert got[0] == want
+    first, last = calls.index(True), len(calls) - calls[::-1].index(True)
+    beam_steps = sum(not x for x in calls[first:last])
+    if share:
+        assert beam_steps <= 2, calls[first:last]
+    else:
+        assert beam_steps == 0 and last - first == 9  # it rides in the beams' steps
 
 
 def test_cancelled_and_expired_requests_leave_the_batch() -> None:

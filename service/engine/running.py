@@ -167,9 +167,15 @@ class DecoderBatch(Protocol[T]):
     def rows(self) -> int: ...
 
     @property
+    def stepped_rows(self) -> int:
+        """The rows the last `step()` ran (a batch of lanes steps some of its rows)."""
+
+    @property
     def blocks(self) -> Sequence[Block[T]]: ...
 
     def encode(self, sources: Sequence[Sequence[int]]) -> list[Encoded]: ...
+
+    def join(self, sources: Sequence[Sequence[int]], searches: Sequence[Search], tags: Sequence[T]) -> None: ...
 
     def join_encoded(self, encoded: Sequence[Encoded], searches: Sequence[Search], tags: Sequence[T]) -> None: ...
 
@@ -190,6 +196,7 @@ class RunningBatch(Generic[T]):
         self.layers2 = 2 * rt.n_layers
         self.blocks: list[Block[T]] = []
         self.rows = 0
+        self.stepped_rows = 0
         self.buf = _Buffers()
         self._bindings: dict[int, StepBinding | None] = {}  # per runtime (id): kept across steps
 
@@ -247,9 +254,10 @@ class RunningBatch(Generic[T]):
     def step(self) -> list[tuple[T, list[Hypothesis]]]:
         """One decoder step for every row; returns the sentences that finished, with their hypotheses."""
         if not self.blocks:
+            self.stepped_rows = 0
             return []
         t0 = time.perf_counter()
-        r = self.rows
+        r = self.stepped_rows = self.rows
         positions = np.concatenate([np.full(b.search.width, b.search.t, np.int64) for b in self.blocks])  # (R,)
         needed = int(positions.max()) + 1
         if needed > self.buf.slots:  # doubling: a sentence of n tokens copies its cache about log2(n) times
@@ -395,6 +403,7 @@ class ShardedBatch(Generic[T]):
         self.narrow, self.wide = narrow, wide
         self.parts: list[RunningBatch[T]] = [RunningBatch(wide, pad_id, timer) for _ in range(shards)]
         self._pool = ThreadPoolExecutor(shards - 1, "shard", lower_priority)
+        self.stepped_rows = 0
 
     @property
     def blocks(self) -> list[Block[T]]:
@@ -446,6 +455,7 @@ class ShardedBatch(Generic[T]):
 
     def step(self) -> list[tuple[T, list[Hypothesis]]]:
         active = [p for p in self.parts if p.blocks]
+        self.stepped_rows = sum(p.rows for p in active)
         if len(active) <= 1:
             for p in active:
                 p.rt = self.wide
@@ -470,3 +480,69 @@ class ShardedBatch(Generic[T]):
 
     def close(self) -> None:
         self._pool.shutdown(wait=False)
+
+
+class LaneBatch(Generic[T]):
+    """Two batches stepped in turns, as one: the sentences `route` sends to `express` (short
+    interactive requests) take small steps of their own between the main batch's steps, for as
+    long as `turn(express seconds since the main step, the main step's seconds)` allows while
+    both have work. A sentence behind a full batch of beams then finishes in a few steps of one
+    row, each a fraction of a main step, instead of taking one main step per token. Rows stay
+    independent (a sentence decodes as it would alone in either batch); only the order of the
+    work changes. The same interface as `RunningBatch` (one owner thread)."""
+
+    def __init__(
+        self,
+        main: DecoderBatch[T],
+        express: DecoderBatch[T],
+        route: Callable[[T], bool],
+        turn: Callable[[float, float], bool],
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.main, self.express, self.route, self.turn, self.clock = main, express, route, turn, clock
+        self.stepped_rows = 0
+        self._express_s = 0.0  # express steps' time since the main batch's last step
+        self._main_s = 0.0  # the main batch's last step
+
+    @property
+    def rows(self) -> int:
+        return self.main.rows + self.express.rows
+
+    @property
+    def blocks(self) -> list[Block[T]]:
+        return [*self.main.blocks, *self.express.blocks]
+
+    def encode(self, sources: Sequence[Sequence[int]]) -> list[Encoded]:
+        return self.main.encode(sources)
+
+    def join(self, sources: Sequence[Sequence[int]], searches: Sequence[Search], tags: Sequence[T]) -> None:
+        if sources:
+            self.join_encoded(self.encode(sources), searches, tags)
+
+    def join_encoded(self, encoded: Sequence[Encoded], searches: Sequence[Search], tags: Sequence[T]) -> None:
+        lane = [self.route(t) for t in tags]
+        for batch, chosen in ((self.express, True), (self.main, False)):
+            idx = [i for i, x in enumerate(lane) if x is chosen]
+            if idx:
+                batch.join_encoded([encoded[i] for i in idx], [searches[i] for i in idx], [tags[i] for i in idx])
+
+    def drop(self, keep: Callable[[T], bool]) -> list[T]:
+        return [*self.main.drop(keep), *self.express.drop(keep)]
+
+    def step(self) -> list[tuple[T, list[Hypothesis]]]:
+        express = bool(self.express.blocks) and (not self.main.blocks or self.turn(self._express_s, self._main_s))
+        batch = self.express if express else self.main
+        t0 = self.clock()
+        try:
+            return batch.step()
+        finally:
+            self.stepped_rows = batch.stepped_rows
+            took = self.clock() - t0
+            if express:
+                self._express_s += took
+            elif self.stepped_rows:
+                self._main_s, self._express_s = took, 0.0
+
+    def close(self) -> None:
+        self.main.close()
+        self.express.close()

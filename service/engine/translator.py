@@ -17,7 +17,7 @@ from service.contract.graphs import IO_CONTRACT_VERSION, READABLE_IO_CONTRACTS, 
 from service.contract.manifest import Framing, Manifest, ManifestError
 from service.engine import languages, runtime, text
 from service.engine.decoding import DecodeParams, Hypothesis, Search
-from service.engine.running import RunningBatch, ShardedBatch
+from service.engine.running import LaneBatch, RunningBatch, ShardedBatch
 from service.engine.tokenizer import TextCodec
 from service.errors import InvalidInput
 from service.store import StoreEntry, read_pinned
@@ -202,6 +202,16 @@ class TranslatorEngine:
         if self.narrow is not None and self.shards > 1:
             return ShardedBatch(self.narrow, self.rt, self.shards, self.pad_id, timer)
         return RunningBatch(self.rt, self.pad_id, timer)
+
+    def new_lanes(
+        self,
+        route: Callable[[T], bool],
+        turn: Callable[[float, float], bool],
+        timer: Callable[[str, float], None] | None = None,
+    ) -> LaneBatch[T]:
+        """`new_batch` with an express batch beside it (`LaneBatch`), on the decoder that uses every
+        thread: its steps are small, one sentence's latency is what they are for."""
+        return LaneBatch(self.new_batch(timer), RunningBatch(self.rt, self.pad_id, timer), route, turn)
 
     def translate(
         self,

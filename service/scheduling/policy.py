@@ -14,7 +14,11 @@ The rules:
   nothing else is admitted before it, except greedy sentences in the rows beams may not fill;
 - when sentences must be encoded for this step, up to `encode_ahead` of those likely to join
   next are encoded in the same run;
-- a request whose deadline passed, or that was cancelled, leaves.
+- a request whose deadline passed, or that was cancelled, leaves;
+- with an express share set, the sentences of small greedy requests run in a batch of their own
+  (`takes_express`), stepped between the main batch's steps for up to that share of the time
+  while both have work (`express_turn`): a short request behind beams then waits for a few small
+  steps instead of one main step per token.
 """
 
 from __future__ import annotations
@@ -48,9 +52,13 @@ class StepLimits:
     admit_share: float = 0.35  # admit when the queued work fits in this share of the time left (greedy
     # sentences overtake beams in the rows kept for them, so a beam may finish later than projected)
     encode_ahead: int = 16  # waiting sentences encoded with those joining, held until their turn
+    express_share: float = 0.0  # the time express steps may take while the main batch runs; 0: no express lane
+    express_work: int = 128  # the largest request (estimated row-steps, all its sentences) that takes it
 
     def __post_init__(self) -> None:
         if self.max_rows < 1 or self.max_cache_tokens < 1 or self.max_queue < 1 or not 0 < self.admit_share <= 1:
+            raise ValueError(f"invalid step limits {self}")
+        if not 0 <= self.express_share < 1 or self.express_work < 0:
             raise ValueError(f"invalid step limits {self}")
 
     @property
@@ -77,6 +85,7 @@ class Job:
     remaining: int = 0
     admitted: int = 0  # sentences taken from the queue so far (in order)
     cancelled: CancelReason | None = None
+    work: int = 0  # estimated row-steps of all its sentences
 
 
 @dataclass(eq=False)
@@ -185,3 +194,21 @@ def _ahead(queue: deque[Job], cursor: dict[Job, int], gone: set[Job], limit: int
             break
         depth += 1
     return out
+
+
+def takes_express(s: Sentence, limits: StepLimits) -> bool:
+    """Whether a sentence runs in the express batch: a request of one-row sentences (greedy or a
+    single sample; its answer waits for its slowest) small enough (`express_work`) to be someone
+    waiting at a screen, not a batch job."""
+    job = s.job
+    return (
+        limits.express_share > 0 and job.work <= limits.express_work and all(x.search.width == 1 for x in job.sentences)
+    )
+
+
+def express_turn(express_s: float, main_s: float, share: float) -> bool:
+    """Whether the express batch steps next while the main batch also has work: its steps since the
+    main batch's last step (`express_s` seconds) stay within `share` of the time, the main step
+    (`main_s`, its last duration) taking the rest. The main batch keeps at least 1 - share of the
+    time however many short requests arrive; a short request waits for at most one main step."""
+    return express_s < share / (1.0 - share) * main_s

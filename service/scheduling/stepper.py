@@ -102,6 +102,7 @@ class StepScheduler:
             job.sentences.append(Sentence(job, i, ids, search, work, reserve))
         job.results = [s.search.hypotheses() if s.search.done else [] for s in job.sentences]
         job.remaining = sum(not s.search.done for s in job.sentences)
+        job.work = sum(s.work for s in job.sentences if not s.search.done)
         if not job.remaining:
             return job.results
         with self._cv:
@@ -152,10 +153,9 @@ class StepScheduler:
                 f"a sentence needs {largest} cache tokens (rows x (source + max_new_tokens)); this server holds "
                 f"{self.limits.max_cache_tokens}: lower max_new_tokens or the beam size"
             )
-        work = sum(s.work for s in job.sentences if not s.search.done)
-        self.admission.check_time(self._work, work, job.deadline - now)
+        self.admission.check_time(self._work, job.work, job.deadline - now)
         self._sentences += job.remaining
-        self._work += work
+        self._work += job.work
 
     async def close(self, timeout: float) -> None:
         """Stops admitting; admitted work runs for up to `timeout` s; the rest fails with ShuttingDown."""
@@ -213,8 +213,9 @@ class StepScheduler:
                     encoded.append(s.encoded)
                     s.encoded = None  # the batch holds its copy now
                 batch.join_encoded(encoded, [s.search for s in admitted], admitted)
-            rows, t0 = batch.rows, time.perf_counter()
+            t0 = time.perf_counter()
             finished = batch.step()
+            rows = batch.stepped_rows
         except Exception as exc:  # a failing step fails the sentences it held, nothing else
             log.exception("stepper %s: decoder step failed", self.name)
             answered = set()

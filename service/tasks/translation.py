@@ -6,6 +6,7 @@ Sentences run on the model's step scheduler.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import math
 import time
@@ -18,12 +19,13 @@ from pydantic import Field, model_validator
 
 from service.contract.manifest import Generation
 from service.engine.decoding import MAX_BEAM_SIZE, DecodeParams, Hypothesis
-from service.engine.running import RunningBatch, ShardedBatch
+from service.engine.running import DecoderBatch
 from service.engine.runtime import LoadOptions
 from service.engine.translator import Prepared, TranslatorEngine, load_translator
 from service.engine.translator import Translation as EngineTranslation
 from service.errors import InvalidInput
 from service.priority import lower_priority
+from service.scheduling import policy
 from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
 from service.store import StoreEntry
 from service.tasks.base import (
@@ -222,10 +224,19 @@ class TranslationTask(Task):
         self.engine = engine
         self.attention_worker = ThreadPoolExecutor(1, f"attention-{entry.name}", lower_priority)
         s, obs = context.settings, context.metrics
-        limits = StepLimits(s.step_max_rows, s.step_max_cache_tokens, s.max_queue)
+        limits = StepLimits(
+            s.step_max_rows,
+            s.step_max_cache_tokens,
+            s.max_queue,
+            express_share=s.step_express_share,
+            express_work=s.step_express_work,
+        )
 
-        def make_batch() -> RunningBatch[Sentence] | ShardedBatch[Sentence]:
-            return engine.new_batch(timer=obs.compute_time)
+        def make_batch() -> DecoderBatch[Sentence]:
+            if not limits.express_share:
+                return engine.new_batch(timer=obs.compute_time)
+            turn = functools.partial(policy.express_turn, share=limits.express_share)
+            return engine.new_lanes(lambda sent: policy.takes_express(sent, limits), turn, obs.compute_time)
 
         self.queue = StepScheduler(entry.name, make_batch, limits, obs)
 
