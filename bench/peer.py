@@ -8,9 +8,9 @@ A report, not a test. Each server runs alone, in its own process, pinned to `--s
 with `--threads` ONNX Runtime threads per engine (the project: SERVE_THREADS,
 SERVE_CLASSIFICATION_THREADS and SERVE_TRANSLATION_THREADS all N; LitServe: `LoadOptions(threads=N)`
 in each inference worker), both on the newest version of each model in `--store`, everything
-else at its defaults (the project's step budget SERVE_STEP_MAX_ROWS 64, no express lane unless
-`--project-setting step_express_share=S`; LitServe batching 32 requests / 2 ms for /predict, 16 / 5 ms
-for /translate). The load generator (Debian's `wrk`,
+else at its defaults (the project's step budget SERVE_STEP_MAX_ROWS 64 and express share 0.5, other
+values through `--project-setting step_express_share=S`; LitServe batching 32 requests / 2 ms for
+/predict, 16 / 5 ms for /translate). The load generator (Debian's `wrk`,
 `bench.service_load.wrk`) runs pinned to `--client-cpus`. Rounds alternate which server goes
 first; in each round each server is started, warmed and measured on three scenarios:
 
@@ -20,6 +20,8 @@ first; in each round each server is started, warmed and measured on three scenar
    and the graph without its tokenizer; served ÷ offline is reported against both.
 2. mixed: 4 closed-loop clients sending beam-4 /translate requests of 8 sentences, and one
    closed-loop client sending one-sentence greedy requests: heavy sentences/s, the short p50/p99.
+   With `--short-rate R` the short client pauses a random 1/R s on average after each answer (a
+   person reading it) instead of sending the next request at once.
 3. beam64: 64 closed-loop clients sending one-sentence beam-4 /translate requests: sentences/s,
    p50/p99.
 
@@ -140,7 +142,7 @@ def measure(url: str, args: argparse.Namespace) -> dict[str, float]:
     r = wrk_result(wrk(url, "/predict", one, args.predict_connections, args.seconds, args.client_cpus))
     out |= {"predict_per_s": r["per_s"], "predict_p50_ms": r["p50_ms"], "predict_p99_ms": r["p99_ms"]}
     heavy = wrk(url, "/translate", HEAVY, args.heavy_clients, args.seconds, args.client_cpus)
-    short = wrk(url, "/translate", GREEDY, 1, args.seconds, args.client_cpus)
+    short = wrk(url, "/translate", GREEDY, 1, args.seconds, args.client_cpus, args.short_rate)
     h, s = wrk_result(heavy), wrk_result(short)
     out |= {"mixed_heavy_per_s": h["per_s"] * HEAVY_SENTENCES, "mixed_heavy_p50_ms": h["p50_ms"]}
     out |= {"mixed_short_p50_ms": s["p50_ms"], "mixed_short_p99_ms": s["p99_ms"], "mixed_short_requests": s["requests"]}
@@ -219,6 +221,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--predict-connections", type=int, default=32)
     p.add_argument("--heavy-clients", type=int, default=4)
     p.add_argument("--beam-clients", type=int, default=64)
+    p.add_argument(
+        "--short-rate",
+        type=float,
+        default=0.0,
+        help="mixed: the short client pauses exp(1 / rate) s after each answer, as a person would (0: none)",
+    )
     p.add_argument("--smoke", action="store_true", help="1 round, 3 s per scenario, fewer clients")
     p.add_argument(
         "--project-setting",
@@ -248,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"(LitServe: 1 HTTP process and 1 inference worker process per API, all on those CPUs); wrk on CPU "
         f"{args.client_cpus}; the offline engine in a fresh process on CPU {args.server_cpus}"
     )
+    if args.short_rate:
+        layout += f"; the short client pausing 1/{args.short_rate:g} s on average after each answer"
     for name, value in (kv.split("=", 1) for kv in args.project_setting):
         layout += f"; the project with SERVE_{name.upper()}={value}"
     print(layout, flush=True)

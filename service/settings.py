@@ -59,7 +59,7 @@ class Settings(BaseSettings):
         default=64, ge=1, le=4096, description="decoder rows (sentences x beams) per step: latency against throughput"
     )
     step_express_share: float = Field(
-        default=0.0,
+        default=0.5,
         ge=0,
         lt=1,
         description="share of the decoder's time that small greedy requests may take in steps of their own while "

@@ -52,7 +52,8 @@ class StepLimits:
     admit_share: float = 0.35  # admit when the queued work fits in this share of the time left (greedy
     # sentences overtake beams in the rows kept for them, so a beam may finish later than projected)
     encode_ahead: int = 16  # waiting sentences encoded with those joining, held until their turn
-    express_share: float = 0.0  # the time express steps may take while the main batch runs; 0: no express lane
+    express_share: float = 0.0  # the time express steps may take while the main batch runs; 0: no express
+    # lane (the service's default is SERVE_STEP_EXPRESS_SHARE's)
     express_work: int = 128  # the largest request (estimated row-steps, all its sentences) that takes it
 
     def __post_init__(self) -> None:
