@@ -19,7 +19,7 @@ from export.model import Classifier, Translator, greedy
 from service.engine import runtime
 from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.decoding import DecodeParams, Hypothesis
-from service.engine.running import RunningBatch, ShardedBatch, encode_sources, length_groups
+from service.engine.running import DecoderBatch, RunningBatch, ShardedBatch, encode_sources, length_groups
 from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine, load_translator
 from service.errors import InputTooLong, InvalidInput
@@ -113,6 +113,24 @@ def test_sentences_encoded_in_length_groups_equal_each_alone(mt: TranslatorEngin
             np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
 
 
+def arrive_at_random(
+    engine: TranslatorEngine,
+    batch: DecoderBatch[int],
+    seqs: list[list[int]],
+    params: list[DecodeParams],
+    rng: random.Random,
+) -> dict[int, list[Hypothesis]]:
+    """0 to 3 sentences join at each step until all are done: each one's hypotheses."""
+    out: dict[int, list[Hypothesis]] = {}
+    pending = list(range(len(seqs)))
+    while pending or batch.blocks:
+        k = rng.randint(0, 3)
+        joining, pending = pending[:k], pending[k:]
+        batch.join([seqs[i] for i in joining], [engine.search(params[i]) for i in joining], joining)
+        out.update(batch.step())
+    return out
+
+
 @pytest.mark.parametrize("variant", ["fp32", "int8", "fp16"])
 def test_sentences_joining_a_running_batch_decode_as_alone(entries: dict[str, StoreEntry], variant: str) -> None:
     """Random arrival: 0 to 3 sentences join at each step, with mixed decoding parameters."""
@@ -122,13 +140,7 @@ def test_sentences_joining_a_running_batch_decode_as_alone(entries: dict[str, St
     alone = [engine.translate_ids([s], p)[0] for s, p in zip(seqs, params, strict=True)]
     rng = random.Random(variant)
     batch: RunningBatch[int] = RunningBatch(engine.rt, engine.pad_id)
-    out: dict[int, list[Hypothesis]] = {}
-    pending = list(range(len(seqs)))
-    while pending or batch.blocks:
-        k = rng.randint(0, 3)
-        joining, pending = pending[:k], pending[k:]
-        batch.join([seqs[i] for i in joining], [engine.search(params[i]) for i in joining], joining)
-        out.update(batch.step())
+    out = arrive_at_random(engine, batch, seqs, params, rng)
     for i, want in enumerate(alone):
         same(out[i], want)
 
@@ -144,13 +156,7 @@ def test_sentences_in_express_and_main_lanes_decode_as_alone(entries: dict[str, 
     rng = random.Random(variant)
     batch = engine.new_lanes(lambda i: params[i].beam_size == 1, lambda *_: rng.random() < 0.7)
     assert isinstance(batch.main, ShardedBatch)
-    out: dict[int, list[Hypothesis]] = {}
-    pending = list(range(len(seqs)))
-    while pending or batch.blocks:
-        k = rng.randint(0, 3)
-        joining, pending = pending[:k], pending[k:]
-        batch.join([seqs[i] for i in joining], [engine.search(params[i]) for i in joining], joining)
-        out.update(batch.step())
+    out = arrive_at_random(engine, batch, seqs, params, rng)
     batch.close()
     assert any(params[i].beam_size == 1 for i in out) and any(params[i].beam_size > 1 for i in out)
     for i, want in enumerate(alone):
