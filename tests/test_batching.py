@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from service.errors import DeadlineExceeded, QueueFull, ShuttingDown
-from service.scheduling.admission import Admission
+from service.scheduling.admission import Admission, LoadedSpan
 from service.scheduling.batcher import BatchLimits, DynamicBatcher
 
 
@@ -300,3 +300,16 @@ def test_admission_refuses_what_would_not_finish_in_its_share_of_the_deadline() 
     a.check_room(queued=3, more=1)
     with pytest.raises(QueueFull, match="3 of 4 items"):
         a.check_room(queued=3, more=2)
+
+
+def test_the_loaded_throughput_counts_every_step_since_the_last_full_one() -> None:
+    """The step scheduler's measure: small steps (the express lane's) between full ones count
+    against the full ones' rows; steps of a batch less than half full measure nothing."""
+    span = LoadedSpan(max_rows=64)
+    assert span.add(True, 64, 0.010) == (64, 0.010)  # a full step alone
+    assert span.add(True, 1, 0.005) is None  # an express step, carried into the next full one
+    assert span.add(True, 2, 0.005) is None
+    assert span.add(True, 40, 0.010) == (43, pytest.approx(0.020))  # half or more: measured
+    assert span.add(True, 1, 0.005) is None
+    assert span.add(False, 60, 0.010) is None  # the batch emptied: what was carried is dropped
+    assert span.add(True, 32, 0.004) == (32, 0.004)

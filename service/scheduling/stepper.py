@@ -10,7 +10,8 @@ neighbours. The batch may be any `DecoderBatch` (one running batch, or shards on
 
 Admission (`Admission`, as the classifier's batcher) refuses a request at once (`QueueFull`,
 429) when the queued work would overflow `max_queue` sentences or could not finish before the
-request's deadline at the throughput measured on steps at least half full; work is estimated in
+request's deadline at the throughput measured while the batch is at least half full (rows over
+the time of every step and encoder run, the express lane's included); work is estimated in
 row-steps (rows x expected tokens). A request whose client left (its awaiting task is
 cancelled), whose deadline passed, or that is still running at shutdown leaves the batch at the
 next step.
@@ -31,7 +32,7 @@ from service.engine.running import DecoderBatch, StepError
 from service.errors import DeadlineExceeded, InputTooLong, InvalidInput, NotReady, ShuttingDown
 from service.priority import lower_priority
 from service.scheduling import policy
-from service.scheduling.admission import Admission, estimate_work
+from service.scheduling.admission import Admission, LoadedSpan, estimate_work
 from service.scheduling.policy import CancelReason, Job, Outcome, Sentence, StepLimits, Usage
 
 __all__ = ["CancelReason", "Job", "Sentence", "StepLimits", "StepObserver", "StepScheduler"]
@@ -73,6 +74,7 @@ class StepScheduler:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.steps = 0  # decoder steps run (for tests and logs)
+        self._span = LoadedSpan(limits.max_rows)
 
     # -- event-loop side ---------------------------------------------------------------------
 
@@ -201,6 +203,8 @@ class StepScheduler:
             self._apply(plan)
         self._forget(batch.drop(lambda s: s.job.cancelled is None))
         admitted = plan.admit
+        loaded = False
+        t0 = time.perf_counter()
         try:
             if admitted:
                 self.observer.batch_started(len(admitted), [now - s.job.enqueued for s in admitted])
@@ -213,7 +217,7 @@ class StepScheduler:
                     encoded.append(s.encoded)
                     s.encoded = None  # the batch holds its copy now
                 batch.join_encoded(encoded, [s.search for s in admitted], admitted)
-            t0 = time.perf_counter()
+            loaded = batch.rows * 2 >= self.limits.max_rows
             finished = batch.step()
             rows = batch.stepped_rows
         except Exception as exc:  # a failing step fails the sentences it held, nothing else
@@ -229,8 +233,9 @@ class StepScheduler:
             self._forget(failed)
             return True
         if rows:
-            if rows * 2 >= self.limits.max_rows:  # the throughput of a loaded batch, for admission
-                self.admission.measure(rows, time.perf_counter() - t0)
+            measured = self._span.add(loaded, rows, time.perf_counter() - t0)
+            if measured:
+                self.admission.measure(*measured)
             self.steps += 1
         for s, hyps in finished:
             self._finish(s, hyps)
