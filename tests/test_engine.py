@@ -274,7 +274,8 @@ def test_the_engine_masks_with_the_rules_its_model_was_trained_with(mt: Translat
 def test_the_bound_step_writes_only_the_new_slot_and_rebinds_new_buffers(mt: TranslatorEngine) -> None:
     """Contract 5 with IO binding: the graph writes each row's new key into its slot of the caller's
     buffer (the other slots stay as they were, the row's rest bit for bit), the log-probabilities
-    equal an unbound call's, and a binding kept across steps follows buffers that were replaced."""
+    equal an unbound call's, and a binding kept across steps follows buffers that were replaced,
+    the next step's tokens and positions in the same buffers, and fewer leading rows of them."""
     rt = mt.rt
     assert rt.in_place and (binding := rt.binding()) is not None
     rows, slots = 3, 8
@@ -282,19 +283,27 @@ def test_the_bound_step_writes_only_the_new_slot_and_rebinds_new_buffers(mt: Tra
     mask = (ids != 0).astype(np.int64)
     cross = rt.encode(ids, mask)
     rng = np.random.default_rng(0)
-    for replaced in (False, True):  # the second round: new arrays where the binding had others
-        cache = [rng.normal(size=(rows, rt.heads, slots, rt.d_k)).astype(np.float32) for _ in range(2 * rt.n_layers)]
-        positions = np.array([0, 3, 5], np.int64)
-        tokens = np.array([1, 11, 12], np.int64)
+    fresh = [rng.normal(size=(rows, rt.heads, slots, rt.d_k)).astype(np.float32) for _ in range(2 * rt.n_layers)]
+    steps = [  # (what changed, rows, tokens, positions)
+        ("first binding", 3, [1, 11, 12], [0, 3, 5]),
+        ("replaced buffers", 3, [1, 11, 12], [0, 3, 5]),
+        ("the next step", 3, [13, 14, 15], [1, 4, 6]),
+        ("fewer rows", 2, [16, 17], [2, 5]),
+    ]
+    for what, r, token_list, position_list in steps:
+        if what in ("first binding", "replaced buffers"):
+            full = [c.copy() for c in fresh]  # new arrays where the binding had others
+        cache = [c[:r] for c in full]
+        tokens, positions = np.array(token_list, np.int64), np.array(position_list, np.int64)
         before = [c.copy() for c in cache]
-        plain = rt.decode(tokens, positions, mask, [c.copy() for c in cache], cross)
-        bound = rt.decode(tokens, positions, mask, cache, cross, binding=binding)
+        plain = rt.decode(tokens, positions, mask[:r], [c.copy() for c in cache], [c[:r] for c in cross])
+        bound = rt.decode(tokens, positions, mask[:r], cache, [c[:r] for c in cross], binding=binding)
         assert bound.written and not plain.written
-        assert np.array_equal(bound.logprobs, plain.logprobs), f"replaced buffers: {replaced}"
+        assert np.array_equal(bound.logprobs, plain.logprobs), what
         for c, b, new in zip(cache, before, plain.new_kv, strict=True):
-            for r, p in enumerate(positions):
-                assert np.array_equal(c[r, :, p], new[r, :, 0])  # the new slot, written by the graph
-                assert np.array_equal(np.delete(c[r], p, axis=1), np.delete(b[r], p, axis=1))  # nothing else
+            for row, p in enumerate(positions):
+                assert np.array_equal(c[row, :, p], new[row, :, 0])  # the new slot, written by the graph
+                assert np.array_equal(np.delete(c[row], p, axis=1), np.delete(b[row], p, axis=1))  # nothing else
 
 
 def test_a_version_trained_with_names_masked_ships_the_words_that_are_no_names(

@@ -124,15 +124,20 @@ class StepBinding:
     cache, cross-attention K/V and source mask are rebound only when their memory or row count
     changes (a resize, rows joining or leaving), the log-probabilities land in a buffer of this
     binding's own, and each cache input shares its memory with its present output, so the fused
-    attention writes the new slot in place and nothing else of the cache moves. Not thread-safe:
-    one per caller thread (each shard of a sharded batch has its own)."""
+    attention writes the new slot in place and nothing else of the cache moves. The step's token
+    ids and positions are copied into bound buffers of its own too: a step's Python then costs a
+    few copies, not a binding per input. Not thread-safe: one per caller thread (each shard of a
+    sharded batch has its own)."""
 
     def __init__(self, rt: TranslatorRuntime) -> None:
         self.rt = rt
         self.io = rt.decoder.io_binding()
-        self._key: tuple[tuple[int, tuple[int, ...]], ...] = ()
+        self._key: tuple[int, ...] = ()
+        self._owners: list[np.ndarray] = []  # the bound arrays' owners (their ids are the key)
         self._held: list[ort.OrtValue] = []  # the bound values (each keeps its numpy memory alive)
         self._logprobs = np.zeros((0, rt.vocab), np.float32)
+        self._ids = np.zeros((0, 1), np.int64)
+        self._positions = np.zeros(0, np.int64)
 
     def run(
         self,
@@ -142,32 +147,50 @@ class StepBinding:
         cache: Sequence[np.ndarray],
         cross: Sequence[np.ndarray],
     ) -> np.ndarray:
-        """One step; returns the log-probabilities (R, V), a view valid until the next call."""
-        rt, io, r = self.rt, self.io, len(tokens)
-        key = tuple((a.__array_interface__["data"][0], a.shape) for a in (enc_mask, *cache, *cross))
+        """One step; returns the log-probabilities (R, V), a view valid until the next call. The
+        arrays are the leading R rows of the caller's buffers (views or the buffers themselves):
+        the binding holds while the same buffers come with the same R."""
+        r = len(tokens)
+        arrays = (enc_mask, *cache, *cross)
+        owners = [a if a.base is None else a.base for a in arrays]
+        key = (r, *map(id, owners))
         if key != self._key:
-            held = []
-            for name, out_name, a in zip(rt.cache_names, rt.present_names, cache, strict=True):
-                value = ort.OrtValue.ortvalue_from_numpy(a)  # shares a's memory (a contiguous leading-row view)
-                io.bind_ortvalue_input(name, value)
-                io.bind_ortvalue_output(out_name, value)
-                held.append(value)
-            for name, a in zip(rt.cross_names, cross, strict=True):
-                held.append(ort.OrtValue.ortvalue_from_numpy(a))
-                io.bind_ortvalue_input(name, held[-1])
-            held.append(ort.OrtValue.ortvalue_from_numpy(enc_mask))
-            io.bind_ortvalue_input(graphs.ENCODER_ATTENTION_MASK, held[-1])
-            if self._logprobs.shape[0] < r:
-                self._logprobs = np.zeros((max(r, 2 * self._logprobs.shape[0]), rt.vocab), np.float32)
-            held.append(ort.OrtValue.ortvalue_from_numpy(self._logprobs[:r]))
-            io.bind_ortvalue_output(graphs.LOGPROBS, held[-1])
-            self._key, self._held = key, held
-        ids = np.ascontiguousarray(tokens.reshape(-1, 1), np.int64)  # held until the run ends
-        pos = np.ascontiguousarray(positions, np.int64)
-        io.bind_cpu_input(graphs.INPUT_IDS, ids)
-        io.bind_cpu_input(graphs.POSITION_IDS, pos)
-        rt.decoder.run_with_iobinding(io)
+            self._bind(r, arrays)
+            self._key, self._owners = key, owners  # held: an id stays theirs while the key holds
+        self._ids[:r, 0] = tokens
+        self._positions[:r] = positions
+        self.rt.decoder.run_with_iobinding(self.io)
         return self._logprobs[:r]
+
+    def _bind(self, r: int, arrays: tuple[np.ndarray, ...]) -> None:
+        rt, io = self.rt, self.io
+        enc_mask, cache, cross = arrays[0], arrays[1 : 1 + len(rt.cache_names)], arrays[1 + len(rt.cache_names) :]
+        held = []
+        for name, out_name, a in zip(rt.cache_names, rt.present_names, cache, strict=True):
+            value = ort.OrtValue.ortvalue_from_numpy(a)  # shares a's memory (a contiguous leading-row view)
+            io.bind_ortvalue_input(name, value)
+            io.bind_ortvalue_output(out_name, value)
+            held.append(value)
+        for name, a in zip(rt.cross_names, cross, strict=True):
+            held.append(ort.OrtValue.ortvalue_from_numpy(a))
+            io.bind_ortvalue_input(name, held[-1])
+        held.append(ort.OrtValue.ortvalue_from_numpy(enc_mask))
+        io.bind_ortvalue_input(graphs.ENCODER_ATTENTION_MASK, held[-1])
+        if self._logprobs.shape[0] < r:
+            grown = max(r, 2 * self._logprobs.shape[0])
+            self._logprobs = np.zeros((grown, rt.vocab), np.float32)
+            self._ids, self._positions = np.zeros((grown, 1), np.int64), np.zeros(grown, np.int64)
+        for name, a in (
+            (graphs.LOGPROBS, self._logprobs[:r]),
+            (graphs.INPUT_IDS, self._ids[:r]),
+            (graphs.POSITION_IDS, self._positions[:r]),
+        ):
+            held.append(ort.OrtValue.ortvalue_from_numpy(a))
+            if name == graphs.LOGPROBS:
+                io.bind_ortvalue_output(name, held[-1])
+            else:
+                io.bind_ortvalue_input(name, held[-1])
+        self._held = held
 
 
 class TranslatorRuntime:
