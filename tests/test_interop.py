@@ -129,9 +129,16 @@ def test_libretranslate_clients(open_server: Server, expected: dict[str, object]
             ({"q": "x", "source": "fr", "target": "de"}, 400, "fr is not supported"),
             ({"q": "x", "source": "en", "target": "it"}, 400, "it is not supported"),
             ({"q": "x", "source": "en", "target": "de", "format": "pdf"}, 400, "format"),
+            *(
+                ({"q": "x", "source": "en", "target": "de", "alternatives": n}, 400, "alternatives must be an integer")
+                for n in (False, 1.5, "1", None)
+            ),
+            ({"q": "x", "source": "en", "target": "de", "alternatives": 4}, 400, "between 0 and 3"),
         ):
             r = c.post("translate", json=body)
             assert r.status_code == status and fragment in r.json()["error"], r.text
+        r = c.post("translate", data={"q": TEXTS[0], "source": "en", "target": "de", "alternatives": "1"})
+        assert r.status_code == 200 and len(r.json()["alternatives"]) == 1, r.text  # a form's number is text
         r = c.post("detect", data={"q": "Hallo"})
         assert r.status_code == 403 and "disabled" in r.json()["error"]
         settings = c.get("frontend/settings").json()

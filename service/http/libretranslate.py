@@ -124,6 +124,9 @@ def _params(call: Call) -> dict[str, Any]:
         raise InvalidInput("Invalid request: the body is neither JSON nor form-encoded") from None
     if not isinstance(data, dict):
         raise InvalidInput("Invalid request: the JSON body must be an object")
+    n = data.get("alternatives", 0)
+    if isinstance(n, bool) or not isinstance(n, int):  # a form's "2" is text; JSON's must be a number
+        raise InvalidInput("Invalid request: alternatives must be an integer")
     return out | data
 
 
