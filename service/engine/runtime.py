@@ -155,41 +155,36 @@ class StepBinding:
         owners = [a if a.base is None else a.base for a in arrays]
         key = (r, *map(id, owners))
         if key != self._key:
-            self._bind(r, arrays)
+            self._bind(r, enc_mask, cache, cross)
             self._key, self._owners = key, owners  # held: an id stays theirs while the key holds
         self._ids[:r, 0] = tokens
         self._positions[:r] = positions
         self.rt.decoder.run_with_iobinding(self.io)
         return self._logprobs[:r]
 
-    def _bind(self, r: int, arrays: tuple[np.ndarray, ...]) -> None:
+    def _bind(self, r: int, enc_mask: np.ndarray, cache: Sequence[np.ndarray], cross: Sequence[np.ndarray]) -> None:
         rt, io = self.rt, self.io
-        enc_mask, cache, cross = arrays[0], arrays[1 : 1 + len(rt.cache_names)], arrays[1 + len(rt.cache_names) :]
         held = []
         for name, out_name, a in zip(rt.cache_names, rt.present_names, cache, strict=True):
             value = ort.OrtValue.ortvalue_from_numpy(a)  # shares a's memory (a contiguous leading-row view)
             io.bind_ortvalue_input(name, value)
             io.bind_ortvalue_output(out_name, value)
             held.append(value)
-        for name, a in zip(rt.cross_names, cross, strict=True):
-            held.append(ort.OrtValue.ortvalue_from_numpy(a))
-            io.bind_ortvalue_input(name, held[-1])
-        held.append(ort.OrtValue.ortvalue_from_numpy(enc_mask))
-        io.bind_ortvalue_input(graphs.ENCODER_ATTENTION_MASK, held[-1])
         if self._logprobs.shape[0] < r:
             grown = max(r, 2 * self._logprobs.shape[0])
             self._logprobs = np.zeros((grown, rt.vocab), np.float32)
             self._ids, self._positions = np.zeros((grown, 1), np.int64), np.zeros(grown, np.int64)
-        for name, a in (
-            (graphs.LOGPROBS, self._logprobs[:r]),
+        inputs = [
+            *zip(rt.cross_names, cross, strict=True),
+            (graphs.ENCODER_ATTENTION_MASK, enc_mask),
             (graphs.INPUT_IDS, self._ids[:r]),
             (graphs.POSITION_IDS, self._positions[:r]),
-        ):
+        ]
+        for name, a in inputs:
             held.append(ort.OrtValue.ortvalue_from_numpy(a))
-            if name == graphs.LOGPROBS:
-                io.bind_ortvalue_output(name, held[-1])
-            else:
-                io.bind_ortvalue_input(name, held[-1])
+            io.bind_ortvalue_input(name, held[-1])
+        held.append(ort.OrtValue.ortvalue_from_numpy(self._logprobs[:r]))
+        io.bind_ortvalue_output(graphs.LOGPROBS, held[-1])
         self._held = held
 
 

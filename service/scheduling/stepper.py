@@ -203,7 +203,6 @@ class StepScheduler:
             self._apply(plan)
         self._forget(batch.drop(lambda s: s.job.cancelled is None))
         admitted = plan.admit
-        loaded = False
         t0 = time.perf_counter()
         try:
             if admitted:
