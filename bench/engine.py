@@ -384,7 +384,9 @@ def matmul_ceiling(threads: int, m: int, k: int, n: int, timing: Timing, int8: b
         inits,
     )
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
-    sess = runtime.make_session(helper.make_model(graph, opset_imports=opsets).SerializeToString(), ["cpu"], threads)
+    model = helper.make_model(graph, opset_imports=opsets)
+    model.ir_version = 8  # what any ONNX Runtime reads: onnx's own default can be newer than the runtime installed
+    sess = runtime.make_session(model.SerializeToString(), ["cpu"], threads)
     sec, _, _ = median_seconds(lambda: sess.run(["Y"], {"A": a}), timing)
     return 2.0 * m * k * n / sec / 1e9
 

@@ -1,13 +1,17 @@
-"""Recover a trainable translator checkpoint from a published model version's float graphs.
+"""Recover a trainable checkpoint (translator or classifier) from a published version's float graphs.
 
 A store ships int8 and fp16 graphs, not the PyTorch weights of its run; training a published model
-further (`export.train translator --init RUN`) needs them back. The exporter keeps a parameter's name
-where the graph uses it as is and names a transposed matmul weight after its node
-(`/encoder/layers.0/attn/q_proj/MatMul`, `/q_proj_1/MatMul`), so every weight is found by the node
-that reads it. fp16 graphs give the weights rounded to fp16; int8 graphs are refused (their weights
-are not the model's).
+further (`export.train translator --init RUN`) or publishing it again (with a newer exporter:
+`export.publish RUN`) needs them back. The run folder also gets the version's training report and
+curves, so a re-published manifest keeps the figures of the training it came from.
+
+The exporter keeps a parameter's name where the graph uses it as is and names a transposed matmul
+weight after its node (`/encoder/layers.0/attn/q_proj/MatMul`, `/q_proj_1/MatMul`), so every
+weight is found by the node that reads it. fp16 graphs give the weights rounded to fp16; int8
+graphs are refused (their weights are not the model's).
 
     python -m export.recover model_store/en-de/1 --out runs/en-de-recovered [--variant fp16]
+    python -m export.recover model_store/sentiment/1 --out runs/sentiment-recovered
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import torch
 from onnx import numpy_helper
 from safetensors.torch import save_file
 
-from export.model import Translator, TranslatorConfig, save_config
+from export.model import Classifier, ClassifierConfig, Translator, TranslatorConfig, save_config
 
 _ENCODER_PROJ = re.compile(r"^/encoder/layers\.(\d+)/(?:attn/)?(q_proj|k_proj|v_proj|out_proj)/MatMul$")
 _ENCODER_FFN = re.compile(r"^/encoder/layers\.(\d+)/ffn/(fc1|fc2)/MatMul$")
@@ -34,10 +38,11 @@ _CROSS_KV = re.compile(r"^/(k_proj|v_proj)(?:_(\d+))?/MatMul$")
 _DECODER_FFN = re.compile(r"^/ffn/(fc1|fc2)(?:_(\d+))?/MatMul$")
 _CROSS_Q = re.compile(r"^/q_proj(?:_(\d+))?/MatMul$")
 _OUT_PROJ = re.compile(r"^/out_proj(?:_\d+)?/MatMul$")
+_CLASSIFIER_MATMUL = re.compile(r"^/layers\.(\d+)/(attn/|ffn/)?(q_proj|k_proj|v_proj|out_proj|fc1|fc2)/MatMul$")
 
 
 class RecoverError(ValueError):
-    """The graphs are not a float translator of this project's export."""
+    """The graphs are not a float model of this project's export."""
 
 
 def _weights(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
@@ -132,11 +137,34 @@ def recover_translator(version_dir: Path, variant: str = "fp16") -> Translator:
             raise RecoverError(f"{key} differs between the encoder and decoder graphs")
     found = {**enc, **dec}
     projection = found.pop("output_projection", None)
-    model = Translator(config)
-    state = model.state_dict()
     if projection is not None and not np.allclose(projection, found["embed.tokens.weight"], atol=1e-3):
         raise RecoverError("the output projection is not the token embedding: not a tied translator")
-    missing = sorted(k for k in state if k not in found and not k.startswith("encoder.embed."))
+    model = Translator(config)
+    _load(model, found)
+    return model.eval()
+
+
+def classifier_weights(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
+    """Parameters read off a classifier graph: named ones as they are, each matmul weight by the
+    layer and projection its node's scope names (`/layers.2/ffn/fc2/MatMul`)."""
+    weights = _weights(graph)
+    out = _named(weights)
+    for node in graph.node:
+        w = next((weights[x] for x in node.input if x.startswith("onnx::") and x in weights), None)
+        if node.op_type != "MatMul" or w is None:
+            continue
+        if not (m := _CLASSIFIER_MATMUL.match(node.name)):
+            raise RecoverError(f"classifier graph: a matmul weight at {node.name!r} this recovery does not know")
+        part = "ffn" if m[3].startswith("fc") else "attn"
+        out[f"encoder.layers.{m[1]}.{part}.{m[3]}.weight"] = w.T
+    return out
+
+
+def _load(model: Classifier | Translator, found: dict[str, np.ndarray]) -> None:
+    """Every parameter found, with its shape (a translator's encoder embedding is its shared one)."""
+    state = model.state_dict()
+    shared = "encoder.embed." if isinstance(model, Translator) else None
+    missing = sorted(k for k in state if k not in found and not (shared and k.startswith(shared)))
     extra = sorted(set(found) - set(state))
     if missing or extra:
         raise RecoverError(f"weights missing {missing[:4]} or unknown {extra[:4]}")
@@ -144,16 +172,50 @@ def recover_translator(version_dir: Path, variant: str = "fp16") -> Translator:
         if tuple(state[key].shape) != value.shape:
             raise RecoverError(f"{key}: shape {value.shape} in the graph, {tuple(state[key].shape)} in the model")
     model.load_state_dict({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in found.items()}, strict=False)
+
+
+def recover_classifier(version_dir: Path, variant: str = "fp16") -> Classifier:
+    """The classifier whose `variant` graph a store version holds, as a PyTorch model (its head
+    with the fitted temperature folded in, as it was exported)."""
+    if variant == "int8":
+        raise RecoverError("int8 graphs hold quantised weights, not the model's: recover from fp16 or fp32")
+    manifest = json.loads((version_dir / "manifest.json").read_text())
+    if manifest.get("task") != "classification":
+        raise RecoverError(f"{version_dir}: not a classification model")
+    arch = manifest["architecture"]
+    config = ClassifierConfig(**{k: arch[k] for k in ClassifierConfig.__dataclass_fields__ if k in arch})
+    path = version_dir / ("model.onnx" if variant == "fp32" else f"model.{variant}.onnx")
+    if not path.is_file():
+        raise RecoverError(f"{path} is missing: the version does not ship the {variant} graph")
+    model = Classifier(config)
+    _load(model, classifier_weights(onnx.load(str(path)).graph))
     return model.eval()
 
 
-def write_run(model: Translator, version_dir: Path, out: Path) -> None:
-    """A run folder as `export.train` leaves it (weights, config, tokenizer), for `--init`."""
+def recover(version_dir: Path, variant: str = "fp16") -> Classifier | Translator:
+    """The model of a store version, whichever task it serves."""
+    manifest = json.loads((version_dir / "manifest.json").read_text())
+    if manifest.get("task") == "classification":
+        return recover_classifier(version_dir, variant)
+    return recover_translator(version_dir, variant)
+
+
+def write_run(model: Classifier | Translator, version_dir: Path, out: Path) -> None:
+    """A run folder as `export.train` leaves it (weights, config, tokenizer, report, curves), for
+    `--init` or `export.publish`."""
     out.mkdir(parents=True, exist_ok=True)
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if not k.startswith("encoder.embed.")}
+    tied = "encoder.embed." if isinstance(model, Translator) else None  # the translator's shared embedding
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k.startswith(tied))}
     save_file(state, str(out / "model.safetensors"))
     save_config(model.config, out / "config.json")
     shutil.copyfile(version_dir / "tokenizer.json", out / "tokenizer.json")
+    manifest = json.loads((version_dir / "manifest.json").read_text())
+    report = dict(manifest.get("metrics", {}).get("train", {}))
+    if manifest.get("span_rules", 1) != report.get("span_rules", 1):  # what export.publish reads it from
+        report["span_rules"] = manifest["span_rules"]
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    if (version_dir / "curves.png").is_file():
+        shutil.copyfile(version_dir / "curves.png", out / "curves.png")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -163,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--variant", default="fp16", choices=("fp32", "fp16"))
     args = p.parse_args(argv)
     try:
-        model = recover_translator(args.version_dir, args.variant)
+        model = recover(args.version_dir, args.variant)
     except (RecoverError, FileNotFoundError, KeyError) as exc:
         print(f"recover failed: {exc}", file=sys.stderr)
         return 1

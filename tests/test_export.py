@@ -142,14 +142,16 @@ def test_int8_keeps_the_output_head_float_and_nothing_else(
     tiny_store: Path, model: str, graph: str, has_head: bool
 ) -> None:
     """One calibrated scale for every row of the head's input moved output probabilities past the
-    gate; the head is the only weight matmul left float, and an encoder has none."""
+    gate; the head is the only node with a weight left float (a classifier's is its `Gemm`: the
+    last layer's MatMul before it is quantized), and an encoder has none."""
     folder = tiny_store / model / "1"
     _, head = quantize.float_matmuls(folder / f"{graph}.onnx")
     assert bool(head) == has_head
     proto = onnx.load(str(folder / f"{graph}.int8.onnx"))
     inits = {i.name for i in proto.graph.initializer}
-    float_weight = [n.name for n in proto.graph.node if n.op_type == "MatMul" and any(i in inits for i in n.input)]
-    assert float_weight == head
+    weighted = [n for n in proto.graph.node if n.op_type in ("MatMul", "Gemm") and any(i in inits for i in n.input)]
+    assert [n.name for n in weighted] == head
+    assert [n.op_type for n in weighted] == (["Gemm"] if model == "tiny-clf" else ["MatMul"] if has_head else [])
 
 
 def test_decoder_step_is_bit_identical_whatever_the_slot_count(tiny_store: Path) -> None:

@@ -1,7 +1,8 @@
-"""Recovering a trainable translator from a published version's float graphs (`export.recover`)."""
+"""Recovering a trainable model from a published version's float graphs (`export.recover`)."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from export import recover, train
-from export.model import Translator
+from export.model import Classifier, Translator
 
 
 def test_fp32_graphs_give_back_the_exact_weights(tiny_store: Path, tiny_translator: Translator) -> None:
@@ -29,6 +30,33 @@ def test_int8_graphs_and_classifiers_are_refused(tiny_store: Path) -> None:
         recover.recover_translator(tiny_store / "tiny-mt" / "1", "int8")
     with pytest.raises(recover.RecoverError, match="not a translation model"):
         recover.recover_translator(tiny_store / "tiny-clf" / "1", "fp32")
+    with pytest.raises(recover.RecoverError, match="quantised"):
+        recover.recover_classifier(tiny_store / "tiny-clf" / "1", "int8")
+    with pytest.raises(recover.RecoverError, match="not a classification model"):
+        recover.recover_classifier(tiny_store / "tiny-mt" / "1", "fp32")
+
+
+@pytest.mark.parametrize("variant", ["fp32", "fp16"])
+def test_a_classifier_comes_back_from_its_float_graph(
+    tiny_store: Path, tiny_classifier: Classifier, variant: str
+) -> None:
+    got = recover.recover(tiny_store / "tiny-clf" / "1", variant).state_dict()
+    assert set(got) == set(tiny_classifier.state_dict())
+    for key, want in tiny_classifier.state_dict().items():
+        assert torch.equal(got[key], want if variant == "fp32" else want.half().float()), key
+
+
+def test_a_recovered_classifier_run_loads_with_its_report(tiny_store: Path, tmp_path: Path) -> None:
+    """The run folder is one `export.publish` takes: the checkpoint loads, and the version's training
+    report comes along for the new manifest."""
+    version = tiny_store / "tiny-clf" / "1"
+    assert recover.main([str(version), "--out", str(tmp_path / "run"), "--variant", "fp32"]) == 0
+    model, _ = train.load_checkpoint(tmp_path / "run")
+    assert isinstance(model, Classifier)
+    manifest = json.loads((version / "manifest.json").read_text())
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert report == manifest["metrics"].get("train", {})
+    assert report.get("span_rules", 1) == manifest["span_rules"]
 
 
 def test_a_recovered_run_trains_on_from_where_the_version_stood(
