@@ -116,14 +116,20 @@ def decoder_weights(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     return out
 
 
-def recover_translator(version_dir: Path, variant: str = "fp16") -> Translator:
-    """The translator whose `variant` graphs a store version holds, as a PyTorch model."""
+def _architecture(version_dir: Path, variant: str, task: str) -> dict[str, int | float | str]:
+    """The version's architecture, once its variant and task are ones this recovery reads."""
     if variant == "int8":
         raise RecoverError("int8 graphs hold quantised weights, not the model's: recover from fp16 or fp32")
     manifest = json.loads((version_dir / "manifest.json").read_text())
-    if manifest.get("task") != "translation":
-        raise RecoverError(f"{version_dir}: not a translation model")
-    arch = manifest["architecture"]
+    if manifest.get("task") != task:
+        raise RecoverError(f"{version_dir}: not a {task} model")
+    arch: dict[str, int | float | str] = manifest["architecture"]
+    return arch
+
+
+def recover_translator(version_dir: Path, variant: str = "fp16") -> Translator:
+    """The translator whose `variant` graphs a store version holds, as a PyTorch model."""
+    arch = _architecture(version_dir, variant, "translation")
     config = TranslatorConfig(**{k: arch[k] for k in TranslatorConfig.__dataclass_fields__ if k in arch})
     suffix = "" if variant == "fp32" else f".{variant}"
     paths = {role: version_dir / f"{role}{suffix}.onnx" for role in ("encoder", "decoder")}
@@ -177,12 +183,7 @@ def _load(model: Classifier | Translator, found: dict[str, np.ndarray]) -> None:
 def recover_classifier(version_dir: Path, variant: str = "fp16") -> Classifier:
     """The classifier whose `variant` graph a store version holds, as a PyTorch model (its head
     with the fitted temperature folded in, as it was exported)."""
-    if variant == "int8":
-        raise RecoverError("int8 graphs hold quantised weights, not the model's: recover from fp16 or fp32")
-    manifest = json.loads((version_dir / "manifest.json").read_text())
-    if manifest.get("task") != "classification":
-        raise RecoverError(f"{version_dir}: not a classification model")
-    arch = manifest["architecture"]
+    arch = _architecture(version_dir, variant, "classification")
     config = ClassifierConfig(**{k: arch[k] for k in ClassifierConfig.__dataclass_fields__ if k in arch})
     path = version_dir / ("model.onnx" if variant == "fp32" else f"model.{variant}.onnx")
     if not path.is_file():
