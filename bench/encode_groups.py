@@ -24,6 +24,7 @@ import numpy as np
 import service.engine.running as running
 from bench.engines import load_engine, newest
 from service.engine.decoding import DecodeParams
+from service.engine.lengths import length_groups
 from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine
 from service.store import scan
@@ -68,7 +69,7 @@ def main() -> int:
             same = all(np.allclose(x, y, rtol=0, atol=1e-4) for x, y in zip(a.cross, b.cross, strict=True))
             assert a.length == b.length and same, "grouping changed a sentence's encoder output"
         one, grouped = (statistics.median(times[k]) * 1000 for k in ("one run", "grouped"))
-        runs = len(running.length_groups([len(s) for s in seqs], grouped_default))
+        runs = len(length_groups([len(s) for s in seqs], grouped_default))
         lengths = sorted(map(len, seqs))
         print(
             f"batch {batch} (tokens {lengths[0]}..{lengths[-1]}, mean {sum(lengths) / batch:.1f}): one run "

@@ -16,10 +16,11 @@ from tokenizers import Tokenizer
 from bench.engines import newest
 from export.batches import pad
 from export.model import Classifier, Translator, greedy
-from service.engine import runtime
+from service.engine import classifier, runtime
 from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.decoding import DecodeParams, Hypothesis
-from service.engine.running import DecoderBatch, RunningBatch, ShardedBatch, encode_sources, length_groups
+from service.engine.lengths import length_groups
+from service.engine.running import DecoderBatch, RunningBatch, ShardedBatch, encode_sources
 from service.engine.runtime import LoadOptions
 from service.engine.translator import TranslatorEngine, load_translator
 from service.errors import InputTooLong, InvalidInput
@@ -209,6 +210,18 @@ def test_classifier_matches_pytorch_and_pads_to_longest(clf: ClassifierEngine, t
     alone = clf.classify_ids([seqs[0]])
     together = clf.classify_ids([seqs[0], [5] * 30])
     assert np.abs(alone[0] - together[0]).max() < 1e-5
+
+
+def test_classifier_runs_texts_of_similar_length_together_in_their_order(clf: ClassifierEngine) -> None:
+    """Short and long texts interleaved: several runs (`length_groups`), each text's row where it
+    was, each as it is alone."""
+    top = clf.manifest.max_source_tokens
+    short, long = clf.encode(sentences(6, seed=41)), [[5 + i % 40 for i in range(top - k)] for k in range(6)]
+    seqs = [s for pair in zip(short, long, strict=True) for s in pair]
+    assert len(length_groups([len(s) for s in seqs], classifier.CALL_TOKENS)) > 1
+    together = clf.classify_ids(seqs)
+    for s, got in zip(seqs, together, strict=True):
+        np.testing.assert_allclose(got, clf.classify_ids([s])[0], rtol=0, atol=1e-6)
 
 
 def test_int8_and_fp16_variants_load(entries: dict[str, StoreEntry], clf: ClassifierEngine) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 from service.contract.graphs import SPECIAL_IDS, pad
 from service.contract.manifest import Manifest
 from service.engine import runtime
+from service.engine.lengths import length_groups
 from service.engine.tokenizer import TextCodec
 from service.store import StoreEntry, read_pinned
 
@@ -30,6 +31,9 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return z / z.sum(axis=-1, keepdims=True)
 
 
+CALL_TOKENS = 32  # a classifier run's fixed cost in padded tokens' worth (16 and 48 measured slower at 64 texts)
+
+
 class ClassifierEngine:
     def __init__(
         self, manifest: Manifest, session: runtime.ort.InferenceSession, codec: TextCodec, variant: str
@@ -42,9 +46,15 @@ class ClassifierEngine:
         return self.codec.encode(texts)
 
     def classify_ids(self, seqs: Sequence[Sequence[int]]) -> np.ndarray:
-        """(N, C) probabilities for a batch of token id lists."""
-        ids, mask = pad(seqs, self.pad_id)
-        return softmax(runtime.run_classifier(self.session, ids, mask).astype(np.float64))
+        """(N, C) probabilities for a batch of token id lists, in runs of texts of similar length
+        (`length_groups`): a run's time is its padded tokens'. Random test texts, the bundled int8
+        model, 2026-12-03: 32 of them took 0.58x the time of one padded run on one thread, 0.73x
+        on two (64: 0.46x, 0.75x); a text's probabilities do not depend on its run's other texts."""
+        out = np.empty((len(seqs), len(self.labels)), np.float64)
+        for group in length_groups([len(s) for s in seqs], CALL_TOKENS):
+            ids, mask = pad([seqs[i] for i in group], self.pad_id)
+            out[group] = softmax(runtime.run_classifier(self.session, ids, mask).astype(np.float64))
+        return out
 
     def to_predictions(self, rows: Sequence[Sequence[float]]) -> list[Prediction]:
         """Per row of probabilities: the best label (the first among equals), its probability and every class's."""
