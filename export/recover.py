@@ -54,23 +54,31 @@ def _named(weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k.removeprefix("model."): v for k, v in weights.items() if k.startswith("model.")}
 
 
+def _weight_matmuls(graph: onnx.GraphProto) -> tuple[dict[str, np.ndarray], list[tuple[str, np.ndarray]]]:
+    """The parameters kept under their names, and each MatMul that reads a weight: (node name, weight)."""
+    weights = _weights(graph)
+    matmuls = [
+        (node.name, w)
+        for node in graph.node
+        if node.op_type == "MatMul"
+        and (w := next((weights[x] for x in node.input if x.startswith("onnx::") and x in weights), None)) is not None
+    ]
+    return _named(weights), matmuls
+
+
 def encoder_weights(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     """Parameters read off the encoder graph: the encoder's and the decoder's cross-attention keys
     and values (which the encoder graph computes once per source)."""
-    weights = _weights(graph)
-    out = _named(weights)
-    for node in graph.node:
-        w = next((weights[x] for x in node.input if x.startswith("onnx::") and x in weights), None)
-        if node.op_type != "MatMul" or w is None:
-            continue
-        if m := _ENCODER_PROJ.match(node.name):
+    out, matmuls = _weight_matmuls(graph)
+    for name, w in matmuls:
+        if m := _ENCODER_PROJ.match(name):
             out[f"encoder.layers.{m[1]}.attn.{m[2]}.weight"] = w.T
-        elif m := _ENCODER_FFN.match(node.name):
+        elif m := _ENCODER_FFN.match(name):
             out[f"encoder.layers.{m[1]}.ffn.{m[2]}.weight"] = w.T
-        elif m := _CROSS_KV.match(node.name):
+        elif m := _CROSS_KV.match(name):
             out[f"layers.{m[2] or 0}.cross_attn.{m[1]}.weight"] = w.T
         else:
-            raise RecoverError(f"encoder graph: a matmul weight at {node.name!r} this recovery does not know")
+            raise RecoverError(f"encoder graph: a matmul weight at {name!r} this recovery does not know")
     return out
 
 
@@ -153,14 +161,10 @@ def recover_translator(version_dir: Path, variant: str = "fp16") -> Translator:
 def classifier_weights(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     """Parameters read off a classifier graph: named ones as they are, each matmul weight by the
     layer and projection its node's scope names (`/layers.2/ffn/fc2/MatMul`)."""
-    weights = _weights(graph)
-    out = _named(weights)
-    for node in graph.node:
-        w = next((weights[x] for x in node.input if x.startswith("onnx::") and x in weights), None)
-        if node.op_type != "MatMul" or w is None:
-            continue
-        if not (m := _CLASSIFIER_MATMUL.match(node.name)):
-            raise RecoverError(f"classifier graph: a matmul weight at {node.name!r} this recovery does not know")
+    out, matmuls = _weight_matmuls(graph)
+    for name, w in matmuls:
+        if not (m := _CLASSIFIER_MATMUL.match(name)):
+            raise RecoverError(f"classifier graph: a matmul weight at {name!r} this recovery does not know")
         part = "ffn" if m[3].startswith("fc") else "attn"
         out[f"encoder.layers.{m[1]}.{part}.{m[3]}.weight"] = w.T
     return out
