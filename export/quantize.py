@@ -61,7 +61,7 @@ def float_matmuls(path: Path) -> tuple[list[str], list[str]]:
     proto = onnx.load(str(path))
     inits = {i.name for i in proto.graph.initializer}
     weighted = [n for n in proto.graph.node if n.op_type in ("MatMul", "Gemm") and any(x in inits for x in n.input)]
-    activation_only = [n.name for n in proto.graph.node if n.op_type == "MatMul" and n not in weighted]
+    activation_only = [n.name for n in proto.graph.node if n.op_type == "MatMul" and not set(n.input) & inits]
     scores = {o.name for o in proto.graph.output} & {LOGITS, LOGPROBS}
     return activation_only, [weighted[-1].name] if scores and weighted else []
 

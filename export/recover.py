@@ -170,11 +170,15 @@ def classifier_weights(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     return out
 
 
+def _shared(model: Classifier | Translator, key: str) -> bool:
+    """A translator's encoder embedding is its shared one: neither read back nor saved on its own."""
+    return isinstance(model, Translator) and key.startswith("encoder.embed.")
+
+
 def _load(model: Classifier | Translator, found: dict[str, np.ndarray]) -> None:
-    """Every parameter found, with its shape (a translator's encoder embedding is its shared one)."""
+    """Every parameter found, with its shape."""
     state = model.state_dict()
-    shared = "encoder.embed." if isinstance(model, Translator) else None
-    missing = sorted(k for k in state if k not in found and not (shared and k.startswith(shared)))
+    missing = sorted(k for k in state if k not in found and not _shared(model, k))
     extra = sorted(set(found) - set(state))
     if missing or extra:
         raise RecoverError(f"weights missing {missing[:4]} or unknown {extra[:4]}")
@@ -198,19 +202,20 @@ def recover_classifier(version_dir: Path, variant: str = "fp16") -> Classifier:
 
 
 def recover(version_dir: Path, variant: str = "fp16") -> Classifier | Translator:
-    """The model of a store version, whichever task it serves."""
-    manifest = json.loads((version_dir / "manifest.json").read_text())
-    if manifest.get("task") == "classification":
-        return recover_classifier(version_dir, variant)
-    return recover_translator(version_dir, variant)
+    """The model of a store version, whichever task it serves (another task: refused)."""
+    task = json.loads((version_dir / "manifest.json").read_text()).get("task")
+    return (
+        recover_classifier(version_dir, variant)
+        if task == "classification"
+        else recover_translator(version_dir, variant)
+    )
 
 
 def write_run(model: Classifier | Translator, version_dir: Path, out: Path) -> None:
     """A run folder as `export.train` leaves it (weights, config, tokenizer, report, curves), for
     `--init` or `export.publish`."""
     out.mkdir(parents=True, exist_ok=True)
-    tied = "encoder.embed." if isinstance(model, Translator) else None  # the translator's shared embedding
-    state = {k: v.contiguous() for k, v in model.state_dict().items() if not (tied and k.startswith(tied))}
+    state = {k: v.contiguous() for k, v in model.state_dict().items() if not _shared(model, k)}
     save_file(state, str(out / "model.safetensors"))
     save_config(model.config, out / "config.json")
     shutil.copyfile(version_dir / "tokenizer.json", out / "tokenizer.json")
