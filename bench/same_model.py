@@ -55,8 +55,8 @@ NAME = "same-model"
 EOS, UNK = 0, 1  # Marian's: </s> first, <unk> second, <pad> (the decoder start) last
 # fp32 tools whose greedy tokens must equal this engine's; the int8 rows are compared, not required
 IDENTICAL = ("ours", "ct2", "ct2-workers", "optimum", "hf")
-TOOLS = ("ours", "ct2", "ct2-workers", "optimum", "hf", "ours-int8", "ct2-int8")
-INT8 = {"ours-int8", "ct2-int8"}
+TOOLS = ("ours", "ct2", "ct2-workers", "optimum", "hf", "ours-int8", "ct2-int8", "ct2-int8-workers")
+INT8 = {"ours-int8", "ct2-int8", "ct2-int8-workers"}
 WORDS = "the a cat dog house tree red blue small big runs sleeps sees file open save close window".split()
 LABELS = {
     "ours": "this engine fp32 (import_hf)",
@@ -66,6 +66,7 @@ LABELS = {
     "hf": "transformers generate fp32",
     "ours-int8": "this engine int8 (import_hf)",
     "ct2-int8": "CTranslate2 int8, 1 × {t} threads",
+    "ct2-int8-workers": "CTranslate2 int8, {t} workers × 1 thread",
 }
 
 
@@ -347,6 +348,7 @@ RUNNERS: dict[str, Callable[[Plan], Decode]] = {
     "ct2": partial(decode_ct2, compute_type="float32", workers=False),
     "ct2-workers": partial(decode_ct2, compute_type="float32", workers=True),
     "ct2-int8": partial(decode_ct2, compute_type="int8", workers=False),
+    "ct2-int8-workers": partial(decode_ct2, compute_type="int8", workers=True),
     "optimum": decode_optimum,
     "hf": decode_hf,
 }
@@ -569,6 +571,8 @@ def run(
             "ours": f"load_engine(threads={threads}): a batch as {threads} sentence shards on one-thread ORT sessions",
             "ct2": f"intra_threads={threads}, inter_threads=1",
             "ct2-workers": f"inter_threads={threads} × intra_threads=1, max_batch_size ⌈batch/{threads}⌉",
+            "ct2-int8": "as ct2",
+            "ct2-int8-workers": "as ct2-workers",
             "optimum": f"ORT intra_op_num_threads={threads}, torch.set_num_threads({threads})",
             "hf": f"torch.set_num_threads({threads})",
         },

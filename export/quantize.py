@@ -5,14 +5,17 @@ real text run through the fp32 graph. A fixed activation scale makes every row's
 independent of the other rows of its batch (dynamic quantization picks one scale per batch
 tensor, so padding, beam rows and other requests changed a sentence's translation), and
 ONNX Runtime fuses the QDQ pairs into integer matmuls. MatMuls of two activations (attention
-scores, attention-weighted values) stay float, and so does the output head (the last node with a
-weight: the translator's vocabulary projection; a classifier's label scores are a `Gemm`, which
-int8 leaves float anyway, and its last layer's matmuls are quantized like the others). One calibrated
-scale for every row of the head's input moved a held-out probability of the retrained
-translator by 0.14 (the export's gate allows 0.10); with the head float, by 0.05. Its speed
-cost is within the noise of `bench.engine` (int8 tokens/s, head float ÷ head int8, same machine
-and hour: 1.04x greedy and 1.15x beam 4 at batch 1, 0.99x and 0.98x at batch 32); per-row
-activation scales would let the head be int8 again.
+scores, attention-weighted values) stay float. The output head (the last node with a weight) is
+left out of the static pass: one calibrated scale for every row of the head's input moved a
+held-out probability of the retrained translator by 0.14 (the export's gate allows 0.10). A
+translator's vocabulary projection is then quantized with each row's own scale (`quantize_rows`,
+as CTranslate2 quantizes every activation): the bundled en-de's largest difference 0.032 (float head:
+0.027), and its decoder step 1.3x (16, 64 rows) to 1.4-1.8x (1, 4 rows) as fast as with the float head,
+one thread on the AVX-512 VNNI VM (`bench.engine`'s shape; the head was a third of the step's kernel
+time at 16 rows). A classifier's label scores are a `Gemm` over the pooled text (one row per text),
+which int8 leaves float; its last layer's matmuls are quantized like the others. Per-row scales
+for every matmul, not only the head, cost 1.34-1.45x the static matmul at 1 to 64 rows on that
+VM (`bench.kernels`: four more operators per matmul), so the rest stays static.
 
 Weights keep all 8 bits, knowingly. Without VNNI, ONNX Runtime's uint8 x int8 kernel adds pairs of
 products into 16 bits and saturates (VPMADDUBSW), so an int8 matmul is off the exact integer
@@ -20,8 +23,7 @@ product there (`bench.kernels`: by 10 to 15 % of its largest output on random ac
 exact on CPUs with VNNI. 7-bit weights (`reduce_range`) make it exact everywhere at the same
 speed, but measured worse on the bundled models (`bench.quality`, int8, 2026-12-02): translator
 BLEU / chrF 42.20 / 61.21 against 42.32 / 61.26, stand-in chrF 49.87 against 50.06, classifier
-0.7266 against 0.7271. Per-row activation scales built from standard operators (MatMulIntegerToFloat
-takes one activation scale) cost 1.27x / 1.36x the static matmul at 1 / 128 rows there.
+0.7266 against 0.7271.
 
 A matmul's output stays float (requantizing it cost a pass over every output and 256 levels of
 precision, the logits' included), and each weight matmul and its bias are one operator: at one
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import helper
+from onnx import helper, numpy_helper
 from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
 
 from service.contract.graphs import LOGITS, LOGPROBS
@@ -85,10 +87,18 @@ def make_int8(src: Path, dst: Path, calibration: Feeds) -> None:
     )
     proto = onnx.load(str(dst))
     fuse_integer_matmuls(proto)
+    for name in head:
+        if quantize_rows(proto, name):
+            break
     onnx.save(proto, str(dst))
 
 
 MS_DOMAIN = "com.microsoft"
+ROW_WEIGHT_LEVELS = 63
+"""The row-quantized head's weights are 7-bit: its activations use their row's whole uint8 range, where a
+pair of 8-bit products can pass the 16-bit sum of the kernel CPUs without VNNI run (255 x 63 x 2 < 32767:
+exact everywhere). Measured as good as 8 bits (`bench.quality`, bundled en-de, int8, AVX-512 VNNI VM:
+BLEU / chrF 42.16 / 61.54 against 42.04 / 61.39, stand-in 52.54 against 52.56; the float head 41.95 / 61.33, 52.61)."""
 
 
 def fuse_integer_matmuls(model: onnx.ModelProto) -> int:
@@ -137,6 +147,79 @@ def fuse_integer_matmuls(model: onnx.ModelProto) -> int:
         if not any(o.domain == MS_DOMAIN for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
     return len(replaced)
+
+
+def quantize_rows(model: onnx.ModelProto, name: str) -> bool:
+    """The MatMul `name` (a constant weight; an Add of a constant bias after it is taken in) as int8
+    with each row's own activation scale, CTranslate2's way: s = max|x| / 127 of that row, the row
+    divided by s, quantized at scale 1, multiplied by s after MatMulIntegerToFloat, the bias added
+    last. No row's scale depends on another row, so the result is batch-invariant, and unlike one
+    calibrated scale it keeps the whole range of every row. False where `name` is no such MatMul."""
+    graph = model.graph
+    inits = {i.name: i for i in graph.initializer}
+    mm = next((n for n in graph.node if n.name == name and n.op_type == "MatMul"), None)
+    if mm is None or mm.input[1] not in inits:
+        return False
+    consumers = [n for n in graph.node if mm.output[0] in n.input]
+    outputs = {o.name for o in graph.output}
+    out, bias, add = mm.output[0], "", None
+    if mm.output[0] not in outputs and len(consumers) == 1 and consumers[0].op_type == "Add":
+        other = [i for i in consumers[0].input if i != mm.output[0]]
+        if len(other) == 1 and other[0] in inits:
+            add, out, bias = consumers[0], consumers[0].output[0], other[0]
+    w = numpy_helper.to_array(inits[mm.input[1]]).astype(np.float32)  # (K, N)
+    w_scale = np.maximum(np.abs(w).max(axis=0), 1e-12) / ROW_WEIGHT_LEVELS  # per output column
+    w_q = np.clip(np.round(w / w_scale), -ROW_WEIGHT_LEVELS, ROW_WEIGHT_LEVELS).astype(np.int8)
+    p = f"{name}/rows"
+    consts = {
+        f"{p}/w": w_q,
+        f"{p}/w_scale": w_scale.astype(np.float32),
+        f"{p}/w_zero": np.zeros_like(w_scale, np.int8),
+        f"{p}/tiny": np.array(1e-12, np.float32),
+        f"{p}/inv127": np.array(1 / 127, np.float32),
+        f"{p}/one": np.array(1.0, np.float32),
+        f"{p}/x_zero": np.array(128, np.uint8),
+    }
+    x = mm.input[0]
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    if opset >= 18:  # ReduceMax takes its axes as an input from opset 18
+        consts[f"{p}/axes"] = np.array([-1], np.int64)
+        reduce_max = helper.make_node("ReduceMax", [f"{p}/abs", f"{p}/axes"], [f"{p}/max"], name=f"{p}/max", keepdims=1)
+    else:
+        reduce_max = helper.make_node("ReduceMax", [f"{p}/abs"], [f"{p}/max"], name=f"{p}/max", axes=[-1], keepdims=1)
+    nodes = [
+        helper.make_node("Abs", [x], [f"{p}/abs"], name=f"{p}/abs"),
+        reduce_max,
+        helper.make_node("Max", [f"{p}/max", f"{p}/tiny"], [f"{p}/max1"], name=f"{p}/max1"),
+        helper.make_node("Mul", [f"{p}/max1", f"{p}/inv127"], [f"{p}/scale"], name=f"{p}/scale"),
+        helper.make_node("Div", [x, f"{p}/scale"], [f"{p}/x1"], name=f"{p}/x1"),
+        helper.make_node("QuantizeLinear", [f"{p}/x1", f"{p}/one", f"{p}/x_zero"], [f"{p}/xq"], name=f"{p}/xq"),
+        helper.make_node(
+            "MatMulIntegerToFloat",
+            [f"{p}/xq", f"{p}/w", f"{p}/one", f"{p}/w_scale", f"{p}/x_zero", f"{p}/w_zero"],
+            [f"{p}/y"],
+            name=name,
+            domain=MS_DOMAIN,
+        ),
+        helper.make_node("Mul", [f"{p}/y", f"{p}/scale"], [f"{p}/ys" if bias else out], name=f"{p}/ys"),
+    ]
+    if bias:
+        nodes.append(helper.make_node("Add", [f"{p}/ys", bias], [out], name=f"{p}/bias"))
+    kept: list[onnx.NodeProto] = []
+    for n in graph.node:  # the new nodes stand where the MatMul stood: the order stays topological
+        if n is mm:
+            kept.extend(nodes)
+        elif n is not add:
+            kept.append(n)
+    del graph.node[:]
+    graph.node.extend(kept)
+    graph.initializer.extend(numpy_helper.from_array(v, k) for k, v in consts.items())
+    used = {i for n in graph.node for i in n.input}
+    if mm.input[1] not in used:  # the float weight, unless something else reads it (a tied embedding)
+        graph.initializer.remove(inits[mm.input[1]])
+    if not any(o.domain == MS_DOMAIN for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    return True
 
 
 def make_fp16(src: Path, dst: Path, calibration: Feeds) -> None:
