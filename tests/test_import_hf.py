@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import jsonschema
 import numpy as np
+import onnx
 import pytest
 import torch
 import transformers
@@ -333,6 +334,10 @@ def test_fp16_and_int8_variants_pass_the_batch_invariance_gate(
     manifest = json.loads((version / "manifest.json").read_text())
     assert set(manifest["variants"]) == {"fp32", "fp16", "int8"}
     assert {f"{v}_batch_invariant_sentences" for v in ("fp32", "fp16", "int8")} <= set(manifest["metrics"])
+    int8 = onnx.load(str(version / manifest["variants"]["int8"]["decoder"])).graph.node
+    rows = [n for n in int8 if n.op_type == "MatMulIntegerToFloat" and n.input[0].endswith("/rows/xq")]
+    assert len(rows) == 1  # the vocabulary projection, each row with its own scale
+    assert [n for n in int8 if n.name == f"{rows[0].name}/rows/bias"]  # Marian's final_logits_bias after it
     [entry] = scan(store)
     reference = load_translator(entry).translate(SENTENCES)
     for variant in ("fp16", "int8"):
