@@ -623,12 +623,52 @@ def markdown(section: dict[str, object], cpu: str, cores: int | None) -> str:
             dagger = " †" if any(x and (x.get("others_cpu") or 0) > CONTENDED for x in (r, ref)) else ""
             cells.append(f"{r['tokens_per_s']:,.0f}{ratio}{dagger}")
         out.append(f"| {LABELS[tool].format(t=threads)} | " + " | ".join(cells) + " |")
+    out += layout_ratios(rows)
     out += agreement_notes(section)
     threading: dict[str, str] = section["threading"]  # type: ignore[assignment]
     out += ["", "Threads: " + "; ".join(f"{t}: {v}" for t, v in threading.items() if t in tools) + "."]
     if any((r.get("others_cpu") or 0) > CONTENDED for r in rows):
         out += ["", f"† measured while other processes used over {CONTENDED:.0%} of the CPUs: not a clean number."]
     return "\n".join(out)
+
+
+CT2_LAYOUTS = {"fp32": ("ct2", "ct2-workers"), "int8": ("ct2-int8", "ct2-int8-workers")}
+
+
+def layout_ratios(rows: list[dict]) -> list[str]:
+    """The headline ratios: this engine ÷ CTranslate2 at whichever of its thread layouts was faster in
+    that case, per precision; and int8 ÷ fp32 for each side (CTranslate2 at its faster layouts)."""
+    speed = {(r["tool"], r["batch"], r["beam"]): r["tokens_per_s"] for r in rows}
+    cases = sorted({(r["beam"], r["batch"]) for r in rows})
+
+    def name(beam: int, b: int) -> str:
+        return f"{'greedy' if beam == 1 else f'beam {beam}'} b{b}"
+
+    def best(tools: Sequence[str], beam: int, b: int) -> float | None:
+        found = [speed[(t, b, beam)] for t in tools if (t, b, beam) in speed]
+        return max(found) if found else None
+
+    out = []
+    for precision, ours in (("fp32", "ours"), ("int8", "ours-int8")):
+        cells = []
+        for beam, b in cases:
+            mine, theirs = speed.get((ours, b, beam)), best(CT2_LAYOUTS[precision], beam, b)
+            if mine and theirs:
+                cells.append(f"{name(beam, b)} {mine / theirs:.2f}×")
+        if cells:
+            out.append(f"This engine ÷ the faster CTranslate2 layout, {precision}: " + ", ".join(cells) + ".")
+    for label, fp32, int8 in (
+        ("this engine", ("ours",), ("ours-int8",)),
+        ("CTranslate2 (faster layouts)", CT2_LAYOUTS["fp32"], CT2_LAYOUTS["int8"]),
+    ):
+        cells = []
+        for beam, b in cases:
+            f, i = best(fp32, beam, b), best(int8, beam, b)
+            if f and i:
+                cells.append(f"{name(beam, b)} {i / f:.2f}×")
+        if cells:
+            out.append(f"int8 ÷ fp32, {label}: " + ", ".join(cells) + ".")
+    return ["", " ".join(out)] if out else []
 
 
 def agreement_notes(section: dict[str, object]) -> list[str]:

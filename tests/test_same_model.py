@@ -65,3 +65,24 @@ def test_a_wrong_length_raises_for_any_tool() -> None:
     ids = {"ours": ours, "ct2-int8": _ids([[5, 6], [8, 9, 10]], ours[(2, 4)])}  # stopped early (EOS)
     with pytest.raises(TokensDiffer, match=r"ct2-int8 batch 2 beam 1: sentences \[0\] are not 3 tokens long"):
         compare(ids, new_tokens=3)
+
+
+def test_layout_ratios_take_ctranslate2s_faster_layout_per_case() -> None:
+    """The headline ratio sets this engine against whichever CTranslate2 layout was faster in each case,
+    and int8 ÷ fp32 is reported for both sides."""
+    rows = [
+        {"tool": tool, "batch": 32, "beam": 1, "tokens_per_s": tps}
+        for tool, tps in (
+            ("ours", 100.0),
+            ("ct2", 50.0),
+            ("ct2-workers", 125.0),
+            ("ours-int8", 200.0),
+            ("ct2-int8", 400.0),
+            ("ct2-int8-workers", 250.0),
+        )
+    ]
+    text = " ".join(same_model.layout_ratios(rows))
+    assert "This engine ÷ the faster CTranslate2 layout, fp32: greedy b32 0.80×." in text
+    assert "This engine ÷ the faster CTranslate2 layout, int8: greedy b32 0.50×." in text
+    assert "int8 ÷ fp32, this engine: greedy b32 2.00×." in text
+    assert "int8 ÷ fp32, CTranslate2 (faster layouts): greedy b32 3.20×." in text
