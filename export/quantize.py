@@ -14,8 +14,9 @@ as CTranslate2 quantizes every activation): the bundled en-de's largest differen
 one thread on the AVX-512 VNNI VM (`bench.engine`'s shape; the head was a third of the step's kernel
 time at 16 rows). A classifier's label scores are a `Gemm` over the pooled text (one row per text),
 which int8 leaves float; its last layer's matmuls are quantized like the others. Per-row scales
-for every matmul, not only the head, cost 1.34-1.45x the static matmul at 1 to 64 rows on that
-VM (`bench.kernels`: four more operators per matmul), so the rest stays static.
+for every matmul, not only the head, gave the bundled en-de the same quality but a slower encoder
+(1.19-1.27x) and decoder step (1.01-1.22x) on that VM (four more operators per matmul), so the rest
+stays static (`docs/export.md`).
 
 Weights keep all 8 bits, knowingly. Without VNNI, ONNX Runtime's uint8 x int8 kernel adds pairs of
 products into 16 bits and saturates (VPMADDUBSW), so an int8 matmul is off the exact integer
