@@ -17,6 +17,8 @@ for each model:
   token sequences (the beam path exercises the cache reorder), for CUDA fp32 (when
   shipped) and CUDA fp16. A bound missed -> exit 1.
 - throughput: texts/s and generated tokens/s at batch 1 and 32, reference included.
+- where a translator's running batch keeps its cache (`cache_on_gpu`): on CUDA it must stay in
+  GPU memory (`service.engine.device`), not cross to the host every step; a failure otherwise.
 
 `--device cpu` runs the same code on the CPU provider only (a smoke test of this script, used by
 tests/test_deploy.py; its numbers say nothing about GPUs).
@@ -152,6 +154,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         results = compare(engines, setups, seqs, args.min_time)
         for s in setups[1:]:
             failures += check(f"{name} {s.label}", results[s.label], BOUNDS[s.variant])
+            if (device := buffers_device(engines[s.label])) is not None:
+                results[s.label]["cache_on_gpu"] = device == "cuda"
+                if args.device == "cuda" and device != "cuda":
+                    failures.append(
+                        f"{name} {s.label}: the running batch's cache is in {device} memory (crosses every step)"
+                    )
         models[name] = {"version": entry.version, "texts": len(seqs), "reference": setups[0].label, **results}
 
     report = {"device": args.device, "store": str(args.store), "bounds": BOUNDS, "models": models, "failures": failures}
@@ -224,6 +232,22 @@ def compare(
             parity[f"{name}_exact"] = float(np.mean([a == b for a, b in zip(got, refs[name], strict=True)]))
         out[s.label] = report_line(s.label, parity, throughput(TranslateRun(mt, 1), seqs, min_s))
     return out
+
+
+def buffers_device(engine: Engine) -> str | None:
+    """Where a translator's running batch keeps its cache after a step ("cuda": it never crosses
+    to the host; "host": numpy buffers), None for a classifier."""
+    if not isinstance(engine, TranslatorEngine):
+        return None
+    batch = engine.new_batch()
+    try:
+        batch.join([[5, 6, engine.eos_id]], [engine.search(TranslateRun(engine, 4).params)], [0])
+        batch.step()
+        buf = getattr(batch, "buf", None)  # a sharded batch (CPU only) has host buffers
+        cache = getattr(buf, "cache", [])
+        return "host" if not cache or isinstance(cache[0], np.ndarray) else str(cache[0].device_name())
+    finally:
+        batch.close()
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ class FakeRuntime:
     until released; `steps` counts decoder calls, `rows` records each call's row count."""
 
     n_layers, heads, d_k = 1, 1, 1
+    device_ops = None  # host buffers
 
     def __init__(self, seed: int = 0, vocab: int = 12) -> None:
         self.seed, self.vocab = seed, vocab

@@ -19,6 +19,7 @@ from export.model import Classifier, Translator, greedy
 from service.engine import classifier, runtime
 from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.decoding import DecodeParams, Hypothesis
+from service.engine.device import DeviceBuffers
 from service.engine.lengths import length_groups
 from service.engine.running import DecoderBatch, RunningBatch, ShardedBatch, encode_sources
 from service.engine.runtime import LoadOptions
@@ -144,6 +145,55 @@ def test_sentences_joining_a_running_batch_decode_as_alone(entries: dict[str, St
     out = arrive_at_random(engine, batch, seqs, params, rng)
     for i, want in enumerate(alone):
         same(out[i], want)
+
+
+@pytest.mark.parametrize("variant", ["fp32", "int8"])
+def test_a_batch_in_device_memory_decodes_as_one_in_host_memory(entries: dict[str, StoreEntry], variant: str) -> None:
+    """The CUDA layout (`service.engine.device`) run on the CPU provider: buffers as ONNX Runtime
+    values, joins, beam reorders, departures, growth and an emptied batch refilled all done by
+    graphs on the device. Every sentence decodes bit for bit as alone in host memory, sentences
+    dropped half-way leave the others' results alone, and the decoder stays bound to the same
+    memory from step to step (rebound only when rows or buffers change)."""
+    engine = load_translator(entries["tiny-mt"], LoadOptions(threads=1, variant=variant))
+    rt = engine.rt
+    device = runtime.TranslatorRuntime(rt.encoder, rt.decoder, rt.n_layers, device_buffers=True)
+    assert device.device_ops is not None and rt.device_ops is None  # CPU sessions keep host buffers by default
+    seqs = engine.encode(sentences(16, seed=27))
+    params = [MIXED[i % len(MIXED)] for i in range(len(seqs))]
+    alone = [engine.translate_ids([s], p)[0] for s, p in zip(seqs, params, strict=True)]
+    batch: RunningBatch[int] = RunningBatch(device, engine.pad_id)
+    binds, steps = 0, 0
+    bind = runtime.StepBinding._bind
+
+    def counted(self: runtime.StepBinding, *args: object) -> None:
+        nonlocal binds
+        binds += 1
+        bind(self, *args)  # type: ignore[arg-type]
+
+    rng = random.Random(variant)
+    dropped, gone = {3, 10}, []
+    out: dict[int, list[Hypothesis]] = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(runtime.StepBinding, "_bind", counted)
+        for wave in (range(0, 9), range(9, 16)):  # the batch empties between the waves
+            pending = list(wave)
+            while pending or batch.blocks:
+                k = rng.randint(0, 3)
+                joining, pending = pending[:k], pending[k:]
+                batch.join([seqs[i] for i in joining], [engine.search(params[i]) for i in joining], joining)
+                gone += batch.drop(lambda i: i not in dropped)  # as soon as they joined
+                out.update(batch.step())
+                steps += 1
+        assert binds < steps
+        binds = 0  # one sentence alone: bound at most once, then the same memory step after step
+        batch.join(seqs[:1], [engine.search(DecodeParams(beam_size=4, max_new_tokens=6))], [-1])
+        for _ in range(3):
+            assert not batch.step()
+    assert binds <= 1
+    assert isinstance(batch.buf, DeviceBuffers) and not any(isinstance(c, np.ndarray) for c in batch.buf.cache)
+    assert sorted(gone) == sorted(dropped) and sorted(out) == [i for i in range(len(seqs)) if i not in dropped]
+    for i, hyps in out.items():
+        same(hyps, alone[i])
 
 
 @pytest.mark.parametrize("variant", ["fp32", "int8"])

@@ -18,7 +18,9 @@ Data kept between steps, all in preallocated per-row buffers whose capacity grow
 When sentences leave, the blocks after them move up to close the gap; source columns (a multiple
 of `SOURCE_ALIGN`) that no row needs any more are released when they reach `SOURCE_SLACK`, cache
 slots when at most a quarter of them is still needed. A batch that empties keeps its buffers for
-the sentences that join next, fitted to them as they join.
+the sentences that join next, fitted to them as they join. The buffers are numpy arrays
+(`_Buffers`), or, on a GPU, values in its memory (`service.engine.device.DeviceBuffers`, the same
+operations as small graphs there): the cache never crosses to the host between steps.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import numpy as np
 
 from service.contract.graphs import pad
 from service.engine.decoding import Hypothesis, Search, Strategy
+from service.engine.device import DeviceBuffers, MaskedRows
 from service.engine.lengths import length_groups
 from service.engine.runtime import StepBinding, TranslatorRuntime
 from service.priority import lower_priority
@@ -93,21 +96,13 @@ class Block(Generic[T]):
 
 
 @dataclass
-class _Buffers:
+class _Buffers(MaskedRows):
     """Per-row buffers with spare capacity (rows, source columns, cache slots): cross-attention
     K/V and the source mask (fixed per sentence), the self-attention cache (growing)."""
 
     cross: list[np.ndarray] = field(default_factory=list)  # 2L arrays (capacity, H, S_cap, d_k)
     mask: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))  # (capacity, S_cap)
     cache: list[np.ndarray] = field(default_factory=list)  # 2L arrays (capacity, H, slots, d_k)
-
-    @property
-    def capacity(self) -> int:
-        return self.mask.shape[0]
-
-    @property
-    def columns(self) -> int:
-        return self.mask.shape[1]
 
     @property
     def slots(self) -> int:
@@ -139,6 +134,32 @@ class _Buffers:
         for buf in (*self.cross, *self.cache):
             buf[dst : dst + width] = buf[src : src + width]
         self.mask[dst : dst + width] = self.mask[src : src + width]
+
+    def write(self, start: int, width: int, cross: Sequence[np.ndarray], length: int) -> None:
+        """A joining sentence's rows: its cross-attention K/V (2L arrays (H, length, d_k)) in each of
+        its `width` rows, zeros beyond `length`; its source mask."""
+        rows = slice(start, start + width)
+        for buf, c in zip(self.cross, cross, strict=True):
+            buf[rows, :, :length] = c
+            buf[rows, :, length:] = 0.0
+        self.mask[rows, :length] = 1
+        self.mask[rows, length:] = 0
+
+    def reorder(self, moved: np.ndarray, parents: np.ndarray, needed: int) -> None:
+        """Rows `moved` take their parents' cache, slots below `needed` (the rest is never read;
+        a copy: a parent may move too)."""
+        for buf in self.cache:
+            buf[moved, :, :needed] = buf[parents[moved], :, :needed]
+
+    def store_new(self, positions: np.ndarray, new_kv: Sequence[np.ndarray]) -> None:
+        """Each row's new key and value into its slot `positions[row]` (a graph that did not write them)."""
+        every = np.arange(len(positions))
+        for buf, new in zip(self.cache, new_kv, strict=True):
+            buf[every, :, positions] = new[:, :, 0]
+
+    def leading(self, rows: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The cache and cross-attention buffers' leading rows, as the decoder reads them."""
+        return [c[:rows] for c in self.cache], [c[:rows] for c in self.cross]
 
 
 class DecoderBatch(Protocol[T]):
@@ -179,7 +200,7 @@ class RunningBatch(Generic[T]):
         self.blocks: list[Block[T]] = []
         self.rows = 0
         self.stepped_rows = 0
-        self.buf = _Buffers()
+        self.buf: _Buffers | DeviceBuffers = _Buffers() if rt.device_ops is None else DeviceBuffers(rt.device_ops)
         self._bindings: dict[int, StepBinding | None] = {}  # per runtime (id): kept across steps
 
     def set_timer(self, timer: Callable[[str, float], None] | None) -> None:
@@ -216,13 +237,8 @@ class RunningBatch(Generic[T]):
             capacity = max(need, 2 * self.buf.capacity, 8) if need > self.buf.capacity else self.buf.capacity
             self._resize(capacity, max(columns, self.buf.columns), max(self.buf.slots, SLOT_CHUNK))
         for enc, search, tag in zip(encoded, searches, tags, strict=True):
-            rows, n = slice(self.rows, self.rows + search.width), enc.length
-            for buf, c in zip(self.buf.cross, enc.cross, strict=True):
-                buf[rows, :, :n] = c
-                buf[rows, :, n:] = 0.0
-            self.buf.mask[rows, :n] = 1
-            self.buf.mask[rows, n:] = 0
-            self.blocks.append(Block(tag, search, self.rows, n))
+            self.buf.write(self.rows, search.width, enc.cross, enc.length)
+            self.blocks.append(Block(tag, search, self.rows, enc.length))
             self.rows += search.width
 
     def drop(self, keep: Callable[[T], bool]) -> list[T]:
@@ -245,18 +261,12 @@ class RunningBatch(Generic[T]):
         if needed > self.buf.slots:  # doubling: a sentence of n tokens copies its cache about log2(n) times
             self.buf.resize_slots(self.rows, max(needed, 2 * self.buf.slots))
         tokens = np.concatenate([b.search.tokens for b in self.blocks])
-        out = self.rt.decode(
-            tokens,
-            positions,
-            self.buf.mask[:r],
-            [c[:r] for c in self.buf.cache],
-            [c[:r] for c in self.buf.cross],
-            binding=self._binding(),
-        )
-        every = np.arange(r)
+        cache, cross = self.buf.leading(r)
+        out = self.rt.decode(tokens, positions, self.buf.mask[:r], cache, cross, binding=self._binding())
         if not out.written:
-            for buf, new in zip(self.buf.cache, out.new_kv, strict=True):
-                buf[every, :, positions] = new[:, :, 0]  # each row's new key into its slot t
+            assert isinstance(self.buf, _Buffers)  # device buffers are bound: written in place
+            self.buf.store_new(positions, out.new_kv)
+        every = np.arange(r)
         parents = every.copy()
         finished: list[Block[T]] = []
         by_strategy: dict[Strategy, list[Block[T]]] = {}
@@ -271,10 +281,8 @@ class RunningBatch(Generic[T]):
                     parents[b.start : b.start + b.search.width] = b.start + chosen
         finished.sort(key=lambda b: b.start)
         moved = np.flatnonzero(parents != every)
-        if moved.size:  # beam rows that continue another row take its cache (a copy: the source may move too)
-            used = slice(0, needed)  # the slots any row holds; the rest is never read
-            for buf in self.buf.cache:
-                buf[moved, :, used] = buf[parents[moved], :, used]
+        if moved.size:  # beam rows that continue another row take its cache
+            self.buf.reorder(moved, parents, needed)
         self._remove(finished)
         self._record("decode", time.perf_counter() - t0)
         return [(b.tag, b.search.hypotheses()) for b in finished]

@@ -1,6 +1,7 @@
 """ONNX Runtime: sessions, execution providers, thread count, and the translator's cached step.
 
-The only module that imports onnxruntime. Sessions are built from bytes whose sha256 the store
+With `service.engine.device` (a running batch's buffers in device memory), the only module that
+imports onnxruntime. Sessions are built from bytes whose sha256 the store
 (`service.store.read_pinned`) has just checked, so what runs is what the manifest pins, and an ONNX file that points at
 external data cannot make the runtime read files outside the store.
 """
@@ -19,6 +20,7 @@ import onnxruntime as ort
 
 from service.contract import graphs
 from service.contract.manifest import Manifest
+from service.engine.device import DeviceOps, DeviceRows, address, device_of
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +121,9 @@ class DecoderStep:
         return not self.new_kv
 
 
+Rows = np.ndarray | DeviceRows  # a buffer's leading rows: host memory, or device memory (`service.engine.device`)
+
+
 class StepBinding:
     """One caller's buffers bound to one decoder session (IO contract 5), kept across steps: the
     cache, cross-attention K/V and source mask are rebound only when their memory or row count
@@ -127,13 +132,14 @@ class StepBinding:
     attention writes the new slot in place and nothing else of the cache moves. The step's token
     ids and positions are copied into bound buffers of its own too: a step's Python then costs a
     few copies, not a binding per input. Not thread-safe: one per caller thread (each shard of a
-    sharded batch has its own)."""
+    sharded batch has its own). The cache and cross-attention K/V are host arrays, or device
+    buffers (`DeviceRows`, on CUDA): then only the ids, positions, mask and log-probabilities cross."""
 
     def __init__(self, rt: TranslatorRuntime) -> None:
         self.rt = rt
         self.io = rt.decoder.io_binding()
         self._key: tuple[int, ...] = ()
-        self._owners: list[np.ndarray] = []  # the bound arrays' owners (their ids are the key)
+        self._owners: list[object] = []  # the bound arrays' owners (their ids are the key)
         self._held: list[ort.OrtValue] = []  # the bound values (each keeps its numpy memory alive)
         self._logprobs = np.zeros((0, rt.vocab), np.float32)
         self._ids = np.zeros((0, 1), np.int64)
@@ -144,15 +150,14 @@ class StepBinding:
         tokens: np.ndarray,
         positions: np.ndarray,
         enc_mask: np.ndarray,
-        cache: Sequence[np.ndarray],
-        cross: Sequence[np.ndarray],
+        cache: Sequence[Rows],
+        cross: Sequence[Rows],
     ) -> np.ndarray:
         """One step; returns the log-probabilities (R, V), a view valid until the next call. The
         arrays are the leading R rows of the caller's buffers (views or the buffers themselves):
         the binding holds while the same buffers come with the same R."""
         r = len(tokens)
-        arrays = (enc_mask, *cache, *cross)
-        owners = [a if a.base is None else a.base for a in arrays]
+        owners: list[object] = [_owner(a) for a in (enc_mask, *cache, *cross)]
         key = (r, *map(id, owners))
         if key != self._key:
             self._bind(r, enc_mask, cache, cross)
@@ -162,10 +167,14 @@ class StepBinding:
         self.rt.decoder.run_with_iobinding(self.io)
         return self._logprobs[:r]
 
-    def _bind(self, r: int, enc_mask: np.ndarray, cache: Sequence[np.ndarray], cross: Sequence[np.ndarray]) -> None:
+    def _bind(self, r: int, enc_mask: np.ndarray, cache: Sequence[Rows], cross: Sequence[Rows]) -> None:
         rt, io = self.rt, self.io
         held = []
         for name, out_name, a in zip(rt.cache_names, rt.present_names, cache, strict=True):
+            if isinstance(a, DeviceRows):  # by address: the same device memory in and out
+                for bind, bound in ((io.bind_input, name), (io.bind_output, out_name)):
+                    bind(bound, a.device, 0, np.float32, a.shape, address(a.value))
+                continue
             value = ort.OrtValue.ortvalue_from_numpy(a)  # shares a's memory (a contiguous leading-row view)
             io.bind_ortvalue_input(name, value)
             io.bind_ortvalue_output(out_name, value)
@@ -174,24 +183,43 @@ class StepBinding:
             grown = max(r, 2 * self._logprobs.shape[0])
             self._logprobs = np.zeros((grown, rt.vocab), np.float32)
             self._ids, self._positions = np.zeros((grown, 1), np.int64), np.zeros(grown, np.int64)
-        inputs = [
+        inputs: list[tuple[str, Rows]] = [
             *zip(rt.cross_names, cross, strict=True),
             (graphs.ENCODER_ATTENTION_MASK, enc_mask),
             (graphs.INPUT_IDS, self._ids[:r]),
             (graphs.POSITION_IDS, self._positions[:r]),
         ]
         for name, a in inputs:
-            held.append(ort.OrtValue.ortvalue_from_numpy(a))
+            if isinstance(a, DeviceRows):
+                io.bind_input(name, a.device, 0, np.float32, a.shape, address(a.value))
+                continue
+            held.append(ort.OrtValue.ortvalue_from_numpy(a))  # host memory: a device session copies it in
             io.bind_ortvalue_input(name, held[-1])
         held.append(ort.OrtValue.ortvalue_from_numpy(self._logprobs[:r]))
         io.bind_ortvalue_output(graphs.LOGPROBS, held[-1])
         self._held = held
 
 
-class TranslatorRuntime:
-    """The translator's two graphs behind plain numpy calls (`service.contract.graphs`)."""
+def _owner(a: Rows) -> object:
+    """What a bound buffer's memory belongs to (kept alive, and its id compared, while bound)."""
+    if isinstance(a, DeviceRows):
+        return a.value
+    return a if a.base is None else a.base
 
-    def __init__(self, encoder: ort.InferenceSession, decoder: ort.InferenceSession, n_layers: int) -> None:
+
+class TranslatorRuntime:
+    """The translator's two graphs behind plain numpy calls (`service.contract.graphs`).
+    `device_buffers`: a running batch keeps its buffers in the decoder's device memory
+    (`service.engine.device`); the default does so on CUDA, where host buffers would cross to the
+    device and back at every step."""
+
+    def __init__(
+        self,
+        encoder: ort.InferenceSession,
+        decoder: ort.InferenceSession,
+        n_layers: int,
+        device_buffers: bool | None = None,
+    ) -> None:
         self.encoder, self.decoder, self.n_layers = encoder, decoder, n_layers
         self.cache_names = graphs.cache_names(n_layers)
         self.cross_names = graphs.cross_names(n_layers)
@@ -202,11 +230,15 @@ class TranslatorRuntime:
         shape = next(i for i in decoder.get_inputs() if i.name == self.cache_names[0]).shape  # (R, H, slots, d_k)
         self.heads, self.d_k = int(shape[1]), int(shape[3])
         self.vocab = int(outputs[graphs.LOGPROBS].shape[1])
+        on_device = uses_cuda(decoder) if device_buffers is None else device_buffers
+        self.device_ops = None
+        if on_device and self.in_place:
+            self.device_ops = DeviceOps(device_of(decoder), decoder.get_providers())
 
     def binding(self) -> StepBinding | None:
         """A binding for one caller's steps where the graph writes its cache in place, else None.
-        CPU only: bound to host memory, a CUDA session would copy the whole cache back each step."""
-        return StepBinding(self) if self.in_place and not uses_cuda(self.decoder) else None
+        On CUDA only over device buffers: bound to host memory, the whole cache would cross each step."""
+        return StepBinding(self) if self.in_place and (self.device_ops or not uses_cuda(self.decoder)) else None
 
     def encode(self, ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
         """Cross-attention K/V of every decoder layer: 2L arrays (B, H, S, d_k), once per sentence."""
@@ -218,8 +250,8 @@ class TranslatorRuntime:
         tokens: np.ndarray,
         positions: np.ndarray,
         enc_mask: np.ndarray,
-        cache: Sequence[np.ndarray],
-        cross: Sequence[np.ndarray],
+        cache: Sequence[Rows],
+        cross: Sequence[Rows],
         attention: bool = False,
         binding: StepBinding | None = None,
     ) -> DecoderStep:
@@ -229,7 +261,7 @@ class TranslatorRuntime:
         are written into `cache` in place; without, they are returned for the caller to write."""
         if binding is not None and not attention:
             return DecoderStep(binding.run(tokens, positions, enc_mask, cache, cross), [])
-        feed = {
+        feed: dict[str, Rows] = {  # host arrays: device buffers are only ever bound
             graphs.INPUT_IDS: tokens.reshape(-1, 1),
             graphs.POSITION_IDS: positions,
             graphs.ENCODER_ATTENTION_MASK: enc_mask,
