@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 import torch
 from tokenizers import Tokenizer
@@ -19,7 +20,7 @@ from export.model import Classifier, Translator, greedy
 from service.engine import classifier, runtime
 from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.decoding import DecodeParams, Hypothesis
-from service.engine.device import DeviceBuffers
+from service.engine.device import DeviceBuffers, DeviceOps
 from service.engine.lengths import length_groups
 from service.engine.running import DecoderBatch, RunningBatch, ShardedBatch, encode_sources
 from service.engine.runtime import LoadOptions
@@ -145,6 +146,35 @@ def test_sentences_joining_a_running_batch_decode_as_alone(entries: dict[str, St
     out = arrive_at_random(engine, batch, seqs, params, rng)
     for i, want in enumerate(alone):
         same(out[i], want)
+
+
+def test_device_buffer_operations_equal_their_numpy_counterparts() -> None:
+    """Each graph `DeviceOps` runs, on the CPU provider, against what numpy does to the same rows."""
+    ops = DeviceOps("cpu", ["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    zeros = ops.zeros((5, 2, 6, 3), 2)
+    assert all(np.array_equal(z.numpy(), np.zeros((5, 2, 6, 3), np.float32)) for z in zeros)
+    host = [rng.normal(size=(5, 2, 6, 3)).astype(np.float32), rng.normal(size=(5, 2, 4, 3)).astype(np.float32)]
+    values = [ort.OrtValue.ortvalue_from_numpy(h.copy(), "cpu", 0) for h in host]
+    rows = [rng.normal(size=(2, *h.shape[1:])).astype(np.float32) for h in host]
+    ops.upload(rows, values, 1)  # rows 1 and 2
+    for h, r in zip(host, rows, strict=True):
+        h[1:3] = r
+    assert all(np.array_equal(v.numpy(), h) for v, h in zip(values, host, strict=True))
+    ops.permute(values, np.array([2, 2, 0, 1]), 4)  # the leading 4 rows from rows 2, 2, 0, 1 (overlapping)
+    for h in host:
+        h[:4] = h[[2, 2, 0, 1]]
+    ops.permute(values, np.array([3, 4]), 5, at=1)  # rows 3, 4 moved up to 1, 2
+    for h in host:
+        h[1:3] = h[3:5].copy()
+    assert all(np.array_equal(v.numpy(), h) for v, h in zip(values, host, strict=True))
+    for length in (8, 2):  # padded with zeros, then cut
+        new = ops.zeros((6, 2, length, 3), 2)
+        ops.fit(values[:1] * 2, new, 4)
+        want = np.zeros((6, 2, length, 3), np.float32)
+        kept = min(length, 6)
+        want[:4, :, :kept] = host[0][:4, :, :kept]
+        assert all(np.array_equal(v.numpy(), want) for v in new)
 
 
 @pytest.mark.parametrize("variant", ["fp32", "int8"])

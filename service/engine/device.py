@@ -51,13 +51,18 @@ def device_of(session: ort.InferenceSession) -> str:
 
 @cache
 def _model(kind: str, n: int) -> bytes:
-    """`n` buffers through one graph: "copy" (Identity), "gather" (rows by index) or "fit" (axis 2
-    cut or zero-padded to a length): one run for every buffer of a batch, not one per layer."""
+    """`n` buffers through one graph: "copy" (Identity), "gather" (rows by index), "fit" (axis 2
+    cut or zero-padded to a length) or "zeros" (of a shape, made on the device: no host array of
+    the size of a cache): one run for every buffer of a batch, not one per layer."""
     f = TensorProto.FLOAT
-    inputs = [helper.make_tensor_value_info(f"x{i}", f, None) for i in range(n)]
+    inputs = [helper.make_tensor_value_info(f"x{i}", f, None) for i in range(n if kind != "zeros" else 0)]
     outputs = [helper.make_tensor_value_info(f"y{i}", f, None) for i in range(n)]
     constants = []
-    if kind == "gather":
+    if kind == "zeros":
+        inputs.append(helper.make_tensor_value_info("shape", TensorProto.INT64, [4]))
+        zero = helper.make_tensor("zero", f, [1], [0.0])
+        nodes = [helper.make_node("ConstantOfShape", ["shape"], [f"y{i}"], value=zero) for i in range(n)]
+    elif kind == "gather":
         inputs.append(helper.make_tensor_value_info("index", TensorProto.INT64, ["n"]))
         nodes = [helper.make_node("Gather", [f"x{i}", "index"], [f"y{i}"], axis=0) for i in range(n)]
     elif kind == "copy":
@@ -85,8 +90,16 @@ class DeviceOps:
         self.device, self.providers = device, list(providers)
         self._sessions: dict[tuple[str, int], ort.InferenceSession] = {}
 
-    def zeros(self, shape: Sequence[int]) -> ort.OrtValue:
-        return ort.OrtValue.ortvalue_from_numpy(np.zeros(shape, FLOAT), self.device, 0)
+    def zeros(self, shape: Sequence[int], n: int) -> list[ort.OrtValue]:
+        """`n` new buffers of zeros."""
+        values = [ort.OrtValue.ortvalue_from_shape_and_type(list(shape), FLOAT, self.device, 0) for _ in range(n)]
+        session = self._session("zeros", n)
+        io = session.io_binding()
+        io.bind_cpu_input("shape", np.array(shape, np.int64))
+        for i, value in enumerate(values):
+            io.bind_ortvalue_output(f"y{i}", value)
+        session.run_with_iobinding(io)
+        return values
 
     def upload(self, arrays: Sequence[np.ndarray], into: Sequence[ort.OrtValue], row: int) -> None:
         """Host arrays written into each buffer from `row` on."""
@@ -181,8 +194,8 @@ class DeviceBuffers(MaskedRows):
         return self.cache[0].shape()[2] if self.cache else 0
 
     def resize(self, rows: int, capacity: int, columns: int, slots: int, heads: int, d_k: int, layers2: int) -> None:
-        cross = [self.ops.zeros((capacity, heads, columns, d_k)) for _ in range(layers2)]
-        cache = [self.ops.zeros((capacity, heads, slots, d_k)) for _ in range(layers2)]
+        cross = self.ops.zeros((capacity, heads, columns, d_k), layers2)
+        cache = self.ops.zeros((capacity, heads, slots, d_k), layers2)
         self.ops.fit(self.cross, cross, rows)
         self.ops.fit(self.cache, cache, rows)
         mask = np.zeros((capacity, columns), np.int64)
@@ -191,7 +204,8 @@ class DeviceBuffers(MaskedRows):
         self.cross, self.cache, self.mask = cross, cache, mask
 
     def resize_slots(self, rows: int, slots: int) -> None:
-        cache = [self.ops.zeros((b.shape()[0], b.shape()[1], slots, b.shape()[3])) for b in self.cache]
+        capacity, heads, _, d_k = self.cache[0].shape()
+        cache = self.ops.zeros((capacity, heads, slots, d_k), len(self.cache))
         self.ops.fit(self.cache, cache, rows)
         self.cache = cache
 
