@@ -93,9 +93,9 @@ class DeviceOps:
     def zeros(self, shape: Sequence[int], n: int) -> list[ort.OrtValue]:
         """`n` new buffers of zeros."""
         values = [ort.OrtValue.ortvalue_from_shape_and_type(list(shape), FLOAT, self.device, 0) for _ in range(n)]
-        session = self._session("zeros", n)
+        session, dims = self._session("zeros", n), np.array(shape, np.int64)  # held until the run
         io = session.io_binding()
-        io.bind_cpu_input("shape", np.array(shape, np.int64))
+        io.bind_cpu_input("shape", dims)
         for i, value in enumerate(values):
             io.bind_ortvalue_output(f"y{i}", value)
         session.run_with_iobinding(io)
@@ -105,8 +105,9 @@ class DeviceOps:
         """Host arrays written into each buffer from `row` on."""
         session = self._session("copy", len(arrays))
         io = session.io_binding()
-        for i, (a, buf) in enumerate(zip(arrays, into, strict=True)):
-            io.bind_cpu_input(f"x{i}", np.ascontiguousarray(a, FLOAT))
+        held = [np.ascontiguousarray(a, FLOAT) for a in arrays]  # bound by address: alive until the run
+        for i, (a, buf) in enumerate(zip(held, into, strict=True)):
+            io.bind_cpu_input(f"x{i}", a)
             self._bind(io.bind_output, f"y{i}", buf, row, a.shape)
         session.run_with_iobinding(io)
 
@@ -116,8 +117,8 @@ class DeviceOps:
         shapes = [[len(index), *b.shape()[1:]] for b in buffers]
         temps = [ort.OrtValue.ortvalue_from_shape_and_type(s, FLOAT, self.device, 0) for s in shapes]
         session = self._session("gather", len(buffers))
-        io = session.io_binding()
-        io.bind_cpu_input("index", np.ascontiguousarray(index, np.int64))
+        io, order = session.io_binding(), np.ascontiguousarray(index, np.int64)  # held until the run
+        io.bind_cpu_input("index", order)
         for i, (buf, temp) in enumerate(zip(buffers, temps, strict=True)):
             self._bind(io.bind_input, f"x{i}", buf, 0, [rows, *buf.shape()[1:]])
             io.bind_ortvalue_output(f"y{i}", temp)
@@ -137,8 +138,9 @@ class DeviceOps:
         kept = min(length, old[0].shape()[2])
         session = self._session("fit", len(old))
         io = session.io_binding()
-        io.bind_cpu_input("end", np.array([kept], np.int64))
-        io.bind_cpu_input("pads", np.array([0, 0, 0, 0, 0, 0, length - kept, 0], np.int64))
+        end, pads = np.array([kept], np.int64), np.array([0, 0, 0, 0, 0, 0, length - kept, 0], np.int64)
+        io.bind_cpu_input("end", end)  # held until the run
+        io.bind_cpu_input("pads", pads)
         for i, (a, b) in enumerate(zip(old, new, strict=True)):
             self._bind(io.bind_input, f"x{i}", a, 0, [rows, *a.shape()[1:]])
             self._bind(io.bind_output, f"y{i}", b, 0, [rows, *b.shape()[1:]])
