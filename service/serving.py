@@ -361,7 +361,8 @@ class ModelSet:
             log.error("model %s version %d is not served: %s", name, entry.version, reason)
             raise LoadFailed(reason)
         s = self.settings
-        options = LoadOptions(s.provider_list, self._threads.get(cls.name, 1), s.variant)
+        device = {"auto": None, "on": True, "off": False}[s.device_buffers]
+        options = LoadOptions(s.provider_list, self._threads.get(cls.name, 1), s.variant, device)
         try:
             t0 = time.perf_counter()
             task = cls.load(entry, options, TaskContext(s, self.metrics.observer(name)))

@@ -30,6 +30,11 @@ class Settings(BaseSettings):
         default=None, description="model variant; unset: each default"
     )
     providers: str = Field(default="cpu", description="ONNX Runtime providers in order, comma-separated (cuda,cpu)")
+    device_buffers: Literal["auto", "on", "off"] = Field(
+        default="auto",
+        description="a translator's running batch in the decoder's device memory: auto = on CUDA only; "
+        "off keeps host buffers (copied to the GPU every step); on also on CPU (a check of that path)",
+    )
     threads: int = Field(
         default=0, ge=0, le=256, description="CPU threads for all models together; 0: the container's CPU quota"
     )

@@ -117,6 +117,31 @@ async def test_predict_equals_the_engine_in_input_order(client: httpx.AsyncClien
         assert set(got["scores"]) == {"negative", "neutral", "positive"}
 
 
+async def test_a_service_with_its_batches_in_device_memory_answers_the_same(
+    app: FastAPI, client: httpx.AsyncClient, tiny_store: Path
+) -> None:
+    """SERVE_DEVICE_BUFFERS=on on the CPU provider: the scheduler's batches live in ONNX Runtime
+    values, kept by graphs (the CUDA layout), and a concurrent mix of decodings answers as the
+    default host buffers do."""
+    texts = sentences(6, seed=41)
+    bodies = [
+        {"texts": texts[:3], "beam_size": 4, "num_hypotheses": 2, "return_scores": True},
+        {"texts": texts[3:], "decode": "greedy", "max_new_tokens": 12, "return_scores": True},
+        {"texts": texts, "beam_size": 2, "length_penalty": 0.5, "return_scores": True},
+    ]
+    on_device = create_app(settings(tiny_store, device_buffers="on"))
+    async with serving(on_device) as device:
+        engine = state_of(on_device).models.models["tiny-mt"].task.engine  # type: ignore[union-attr]
+        assert engine.rt.device_ops is not None
+        replies = await asyncio.gather(*(device.post("/translate", json=b) for b in bodies))
+    host = state_of(app).models.models["tiny-mt"].task.engine  # type: ignore[union-attr]
+    assert host.rt.device_ops is None  # the default on CPU
+    want = [await client.post("/translate", json=b) for b in bodies]
+    for got, ref in zip(replies, want, strict=True):
+        assert got.status_code == ref.status_code == 200, got.text
+        assert got.json()["translations"] == ref.json()["translations"]
+
+
 async def test_translate_equals_the_engine(client: httpx.AsyncClient, engines: Any) -> None:
     _, mt = engines
     texts = sentences(5, seed=3)

@@ -30,6 +30,7 @@ class LoadOptions:
     providers: tuple[str, ...] = ("cpu",)
     threads: int = 0  # 0: the CPU quota of the container
     variant: str | None = None  # None: the manifest's default variant
+    device_buffers: bool | None = None  # a translator's batch in device memory; None: on CUDA only
 
 
 PROVIDER_ALIASES = {"cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}

@@ -273,7 +273,7 @@ def load_translator(entry: StoreEntry, options: runtime.LoadOptions | None = Non
     eos_last = Framing(suffix=[m.special_tokens["eos_id"]])  # a source of a bundled export ends with EOS
     common = read_pinned(entry, m.common_words) if m.common_words else b""
     codec = TextCodec.of(m, read_pinned(entry, m.tokenizer), eos_last, common)
-    rt = runtime.TranslatorRuntime(enc, dec, n_layers)
+    rt = runtime.TranslatorRuntime(enc, dec, n_layers, options.device_buffers)
     narrow = None
     if threads > 1 and not runtime.uses_cuda(dec):  # CPU: shard large batches over one-thread calls
         narrow = runtime.TranslatorRuntime(
