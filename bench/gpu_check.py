@@ -245,7 +245,7 @@ def buffers_device(engine: Engine) -> str | None:
         batch.step()
         buf = getattr(batch, "buf", None)  # a sharded batch (CPU only) has host buffers
         cache = getattr(buf, "cache", [])
-        return "host" if not cache or isinstance(cache[0], np.ndarray) else str(cache[0].device_name())
+        return "host" if not cache or isinstance(cache[0], np.ndarray) else str(cache[0].device_name()).lower()
     finally:
         batch.close()
 

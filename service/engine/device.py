@@ -34,14 +34,11 @@ class DeviceRows:
 
     value: ort.OrtValue
     rows: int
+    device: str  # ONNX Runtime's name for it, as binding takes it ("cuda", "cpu")
 
     @property
     def shape(self) -> list[int]:
         return [self.rows, *self.value.shape()[1:]]
-
-    @property
-    def device(self) -> str:
-        return str(self.value.device_name())
 
 
 def device_of(session: ort.InferenceSession) -> str:
@@ -233,4 +230,5 @@ class DeviceBuffers(MaskedRows):
 
     def leading(self, rows: int) -> tuple[list[DeviceRows], list[DeviceRows]]:
         """The cache and cross-attention buffers' leading rows, as the decoder binds them."""
-        return [DeviceRows(c, rows) for c in self.cache], [DeviceRows(c, rows) for c in self.cross]
+        device = self.ops.device
+        return [DeviceRows(c, rows, device) for c in self.cache], [DeviceRows(c, rows, device) for c in self.cross]
