@@ -40,6 +40,8 @@ import numpy as np
 from bench.engines import newest
 from service.contract.graphs import pad
 from service.engine.classifier import ClassifierEngine, load_classifier
+from service.engine.device import DeviceBuffers
+from service.engine.running import RunningBatch
 from service.engine.translator import TranslatorEngine, load_translator
 from service.errors import InputTooLong
 from service.store import StoreEntry
@@ -243,9 +245,9 @@ def buffers_device(engine: Engine) -> str | None:
     try:
         batch.join([[5, 6, engine.eos_id]], [engine.search(TranslateRun(engine, 4).params)], [0])
         batch.step()
-        buf = getattr(batch, "buf", None)  # a sharded batch (CPU only) has host buffers
-        cache = getattr(buf, "cache", [])
-        return "host" if not cache or isinstance(cache[0], np.ndarray) else str(cache[0].device_name()).lower()
+        if isinstance(batch, RunningBatch) and isinstance(batch.buf, DeviceBuffers):  # sharded: CPU, host buffers
+            return batch.buf.ops.device
+        return "host"
     finally:
         batch.close()
 

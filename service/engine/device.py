@@ -41,11 +41,6 @@ class DeviceRows:
         return [self.rows, *self.value.shape()[1:]]
 
 
-def device_of(session: ort.InferenceSession) -> str:
-    """The ONNX Runtime device name of a session's first provider ("cuda" or "cpu")."""
-    return "cuda" if session.get_providers()[0] == "CUDAExecutionProvider" else "cpu"
-
-
 @cache
 def _model(kind: str, n: int) -> bytes:
     """`n` buffers through one graph: "copy" (Identity), "gather" (rows by index), "fit" (axis 2
@@ -164,7 +159,8 @@ def address(buf: ort.OrtValue, row: int = 0) -> int:
 
 
 class MaskedRows:
-    """What both buffer layouts keep on the host: the source mask, (capacity, source columns)."""
+    """What both buffer layouts keep on the host, and do to it alike: the source mask, (capacity,
+    source columns)."""
 
     mask: np.ndarray
 
@@ -175,6 +171,18 @@ class MaskedRows:
     @property
     def columns(self) -> int:
         return int(self.mask.shape[1])
+
+    def _resized_mask(self, rows: int, capacity: int, columns: int) -> np.ndarray:
+        """A mask of this size holding the first `rows` rows' (as many columns as fit)."""
+        mask = np.zeros((capacity, columns), np.int64)
+        keep = min(columns, self.columns)
+        mask[:rows, :keep] = self.mask[:rows, :keep]
+        return mask
+
+    def _mark(self, start: int, width: int, length: int) -> None:
+        """A joining sentence's rows see its `length` source columns and nothing beyond."""
+        self.mask[start : start + width, :length] = 1
+        self.mask[start : start + width, length:] = 0
 
 
 class DeviceBuffers(MaskedRows):
@@ -197,10 +205,7 @@ class DeviceBuffers(MaskedRows):
         cache = self.ops.zeros((capacity, heads, slots, d_k), layers2)
         self.ops.fit(self.cross, cross, rows)
         self.ops.fit(self.cache, cache, rows)
-        mask = np.zeros((capacity, columns), np.int64)
-        keep = min(columns, self.columns)
-        mask[:rows, :keep] = self.mask[:rows, :keep]
-        self.cross, self.cache, self.mask = cross, cache, mask
+        self.cross, self.cache, self.mask = cross, cache, self._resized_mask(rows, capacity, columns)
 
     def resize_slots(self, rows: int, slots: int) -> None:
         capacity, heads, _, d_k = self.cache[0].shape()
@@ -221,8 +226,7 @@ class DeviceBuffers(MaskedRows):
             block[:, :, :length] = c
             rows.append(block)
         self.ops.upload(rows, self.cross, start)
-        self.mask[start : start + width, :length] = 1
-        self.mask[start : start + width, length:] = 0
+        self._mark(start, width, length)
 
     def reorder(self, moved: np.ndarray, parents: np.ndarray, needed: int) -> None:
         """Every row takes its parent's cache (rows that keep their own copy themselves: one gather)."""

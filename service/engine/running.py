@@ -113,13 +113,11 @@ class _Buffers(MaskedRows):
         keep, kept_slots = min(columns, self.columns), min(slots, self.slots)
         cross = [np.zeros((capacity, heads, columns, d_k), np.float32) for _ in range(layers2)]
         cache = [np.zeros((capacity, heads, slots, d_k), np.float32) for _ in range(layers2)]
-        mask = np.zeros((capacity, columns), np.int64)
         for new, old in zip(cross, self.cross, strict=False):
             new[:rows, :, :keep] = old[:rows, :, :keep]
         for new, old in zip(cache, self.cache, strict=False):
             new[:rows, :, :kept_slots] = old[:rows, :, :kept_slots]
-        mask[:rows, :keep] = self.mask[:rows, :keep]
-        self.cross, self.mask, self.cache = cross, mask, cache
+        self.cross, self.mask, self.cache = cross, self._resized_mask(rows, capacity, columns), cache
 
     def resize_slots(self, rows: int, slots: int) -> None:
         """Only the cache gets more (or fewer) slots: the rest stays where it is."""
@@ -142,8 +140,7 @@ class _Buffers(MaskedRows):
         for buf, c in zip(self.cross, cross, strict=True):
             buf[rows, :, :length] = c
             buf[rows, :, length:] = 0.0
-        self.mask[rows, :length] = 1
-        self.mask[rows, length:] = 0
+        self._mark(start, width, length)
 
     def reorder(self, moved: np.ndarray, parents: np.ndarray, needed: int) -> None:
         """Rows `moved` take their parents' cache, slots below `needed` (the rest is never read;

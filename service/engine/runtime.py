@@ -20,7 +20,7 @@ import onnxruntime as ort
 
 from service.contract import graphs
 from service.contract.manifest import Manifest
-from service.engine.device import DeviceOps, DeviceRows, address, device_of
+from service.engine.device import DeviceOps, DeviceRows, address
 
 log = logging.getLogger(__name__)
 
@@ -234,12 +234,13 @@ class TranslatorRuntime:
         on_device = uses_cuda(decoder) if device_buffers is None else device_buffers
         self.device_ops = None
         if on_device and self.in_place:
-            self.device_ops = DeviceOps(device_of(decoder), decoder.get_providers())
+            self.device_ops = DeviceOps("cuda" if uses_cuda(decoder) else "cpu", decoder.get_providers())
 
     def binding(self) -> StepBinding | None:
         """A binding for one caller's steps where the graph writes its cache in place, else None.
         On CUDA only over device buffers: bound to host memory, the whole cache would cross each step."""
-        return StepBinding(self) if self.in_place and (self.device_ops or not uses_cuda(self.decoder)) else None
+        host_bound_on_cuda = self.device_ops is None and uses_cuda(self.decoder)
+        return StepBinding(self) if self.in_place and not host_bound_on_cuda else None
 
     def encode(self, ids: np.ndarray, mask: np.ndarray) -> list[np.ndarray]:
         """Cross-attention K/V of every decoder layer: 2L arrays (B, H, S, d_k), once per sentence."""
