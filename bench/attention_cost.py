@@ -67,6 +67,7 @@ def decoder_feeds(manifest_arch: dict, rows: int, slots: int, source: int) -> di
         graphs.INPUT_IDS: rng.integers(5, 100, (rows, 1)),
         graphs.POSITION_IDS: np.full(rows, slots - 1, np.int64),
         graphs.ENCODER_ATTENTION_MASK: np.ones((rows, source), np.int64),
+        **dict(zip((graphs.FOLD, graphs.UNFOLD), graphs.per_row_folding(rows), strict=True)),
         **{name: kv for name in graphs.cache_names(n)},
         **{name: cross for name in graphs.cross_names(n)},
     }

@@ -53,12 +53,18 @@ class DecoderStepGraph(nn.Module):
         self.n = len(model.layers)
 
     def forward(
-        self, input_ids: Tensor, position_ids: Tensor, encoder_attention_mask: Tensor, *kv: Tensor
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        encoder_attention_mask: Tensor,
+        fold: Tensor,
+        unfold: Tensor,
+        *kv: Tensor,
     ) -> tuple[Tensor, ...]:
         cache = [(kv[2 * i], kv[2 * i + 1]) for i in range(self.n)]
         cross = [(kv[2 * self.n + 2 * i], kv[2 * self.n + 2 * i + 1]) for i in range(self.n)]
         logits, present, weights = self.model.decode_step(
-            input_ids, position_ids, cache, cross, encoder_attention_mask, in_place=True
+            input_ids, position_ids, cache, cross, encoder_attention_mask, in_place=True, folding=(fold, unfold)
         )
         logprobs = torch.log_softmax(logits, dim=-1)  # (R, V)
         return (logprobs, *[t for kv_ in present for t in kv_], weights)
@@ -84,8 +90,8 @@ def translator_io(model: Translator | Seq2Seq) -> dict[str, GraphSpec]:
     c = model.config
     n, h, dk = len(model.layers), c.n_heads, c.d_model // c.n_heads
 
-    def kv(names: list[str], length: str | int) -> list[TensorSpec]:
-        return [TensorSpec(name=name, dtype="float32", shape=["batch", h, length, dk]) for name in names]
+    def kv(names: list[str], length: str | int, rows: str = "batch") -> list[TensorSpec]:
+        return [TensorSpec(name=name, dtype="float32", shape=[rows, h, length, dk]) for name in names]
 
     enc_in = [
         TensorSpec(name=io.INPUT_IDS, dtype="int64", shape=["batch", "source"]),
@@ -98,14 +104,16 @@ def translator_io(model: Translator | Seq2Seq) -> dict[str, GraphSpec]:
     dec_in = [
         TensorSpec(name=io.INPUT_IDS, dtype="int64", shape=["batch", 1]),
         TensorSpec(name=io.POSITION_IDS, dtype="int64", shape=["batch"]),
-        TensorSpec(name=io.ENCODER_ATTENTION_MASK, dtype="int64", shape=["batch", "source"]),
+        TensorSpec(name=io.ENCODER_ATTENTION_MASK, dtype="int64", shape=["sentences", "source"]),
+        TensorSpec(name=io.FOLD, dtype="int64", shape=["sentences", "fold_width"]),
+        TensorSpec(name=io.UNFOLD, dtype="int64", shape=["batch"]),
         *kv(io.cache_names(n), "slots"),
-        *kv(io.cross_names(n), "source"),
+        *kv(io.cross_names(n), "source", rows="sentences"),
     ]
     dec_out = [
         TensorSpec(name=io.LOGPROBS, dtype="float32", shape=["batch", c.vocab_size]),
         *kv(io.present_names(n), "slots"),
-        TensorSpec(name=io.CROSS_ATTENTIONS, dtype="float32", shape=["batch", n, h, "source"]),
+        TensorSpec(name=io.CROSS_ATTENTIONS, dtype="float32", shape=["sentences", n, h, "fold_width", "source"]),
     ]
     return {"encoder": GraphSpec(inputs=enc_in, outputs=enc_out), "decoder": GraphSpec(inputs=dec_in, outputs=dec_out)}
 
@@ -171,11 +179,13 @@ def write_translator(model: Translator, folder: Path) -> dict[str, str]:
         _export(EncoderGraph(model), (ids, mask), spec["encoder"], folder / "encoder.onnx")
         cross_kv = model.cross_kv(model.encode(ids, mask))
         _, past = model.decode(torch.tensor([[1, 11, 12], [1, 13, 14]]), model.empty_past(2), cross_kv, mask)
-        cache = [torch.cat([t, torch.zeros_like(t[:, :, :2])], dim=2) for kv in past for t in kv]  # 2 spare slots
+        rows = torch.tensor([0, 0, 1])  # the first sentence in two rows (beams), the second in one
+        cache = [torch.cat([t[rows], torch.zeros_like(t[rows, :, :2])], dim=2) for kv in past for t in kv]  # 2 spare
         cross = [t for kv in cross_kv for t in kv]
+        fold, unfold = (torch.from_numpy(a) for a in io.fold_indices([0, 2], [2, 1]))
         _export(
             DecoderStepGraph(model),
-            (torch.tensor([[15], [16]]), torch.tensor([3, 2]), mask, *cache, *cross),
+            (torch.tensor([[15], [17], [16]]), torch.tensor([3, 3, 2]), mask, fold, unfold, *cache, *cross),
             spec["decoder"],
             folder / "decoder.onnx",
             contrib=True,

@@ -22,6 +22,7 @@ from export.fused import fused_self_attention
 NEG_INF = -1e9  # finite "minus infinity": keeps fully masked rows NaN-free in fp16 and ONNX
 
 KV = tuple[Tensor, Tensor]
+Folding = tuple[Tensor, Tensor]  # fold (N, M), unfold (R,): IO contract 6's cross-attention over sentences
 
 
 @dataclass
@@ -161,6 +162,19 @@ class MultiHeadAttention(nn.Module):
         out, weights = attention(q, kv[0], kv[1], bias)
         return self.merge_token(out), weights
 
+    def attend_folded(self, x: Tensor, kv: KV, bias: Tensor, fold: Tensor, unfold: Tensor) -> tuple[Tensor, Tensor]:
+        """`attend_token` with each sentence's rows folded into the queries of one product over its
+        own keys and values (IO contract 6): x (R, 1, D); kv (N, H, S, d_k) and bias (N, 1, 1, S)
+        per sentence; fold (N, M) the rows of each sentence's queries, unfold (R,) each row's place
+        among the N * M. Returns (R, 1, D) and the weights folded, (N, H, M, S): unfolding them
+        would cost every step three operators per layer, for a caller that seldom asks for them
+        (`graphs.unfold_rows`)."""
+        n, m = fold.shape
+        q = self.q_proj(x)[fold].reshape(n, m, self.n_heads, self.d_k).transpose(1, 2)  # (N, H, M, d_k)
+        out, weights = attention(q, kv[0], kv[1], bias)  # (N, H, M, d_k), (N, H, M, S)
+        out = out.transpose(1, 2).reshape(n * m, 1, self.n_heads * self.d_k)[unfold]  # (R, 1, D)
+        return self.merge_token(out), weights
+
     def step(self, x: Tensor, cache: KV, cache_bias: Tensor) -> tuple[Tensor, KV]:
         """Self-attention of one new token (x: (R, 1, D)) over its row's cache and itself; also
         returns the token's key and value (R, H, 1, d_k), for the caller to cache."""
@@ -229,24 +243,31 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(h, present, self_bias)[0]
         return self._cross_and_ffn(x, cross, src_bias, present)
 
-    def step(self, x: Tensor, cache: KV, cross: KV, cache_bias: Tensor, src_bias: Tensor) -> tuple[Tensor, KV, Tensor]:
+    def step(
+        self, x: Tensor, cache: KV, cross: KV, cache_bias: Tensor, src_bias: Tensor, folding: Folding | None = None
+    ) -> tuple[Tensor, KV, Tensor]:
         """One new token per row over a slot cache (`MultiHeadAttention.step`): the new hidden
-        states, the token's key and value, the cross-attention weights (R, H, 1, S)."""
+        states, the token's key and value, the cross-attention weights (R, H, 1, S). `folding`:
+        the cross-attention inputs are per sentence (`MultiHeadAttention.attend_folded`)."""
         out, new = self.self_attn.step(self.norm1(x), cache, cache_bias)
-        return self._cross_and_ffn(x + out, cross, src_bias, new, one_token=True)
+        return self._cross_and_ffn(x + out, cross, src_bias, new, one_token=True, folding=folding)
 
     def step_in_place(
-        self, x: Tensor, cache: KV, cross: KV, positions: Tensor, src_bias: Tensor
+        self, x: Tensor, cache: KV, cross: KV, positions: Tensor, src_bias: Tensor, folding: Folding | None = None
     ) -> tuple[Tensor, KV, Tensor]:
         """`step` over the fused in-place self-attention: returns the whole cache, new slots written."""
         out, present = self.self_attn.step_in_place(self.norm1(x), cache, positions)
-        return self._cross_and_ffn(x + out, cross, src_bias, present, one_token=True)
+        return self._cross_and_ffn(x + out, cross, src_bias, present, one_token=True, folding=folding)
 
     def _cross_and_ffn(
-        self, x: Tensor, cross: KV, src_bias: Tensor, kv: KV, one_token: bool = False
+        self, x: Tensor, cross: KV, src_bias: Tensor, kv: KV, one_token: bool = False, folding: Folding | None = None
     ) -> tuple[Tensor, KV, Tensor]:
-        attend = self.cross_attn.attend_token if one_token else self.cross_attn
-        out, cross_weights = attend(self.norm2(x), cross, src_bias)
+        h = self.norm2(x)
+        if folding is not None:
+            out, cross_weights = self.cross_attn.attend_folded(h, cross, src_bias, *folding)
+        else:
+            attend = self.cross_attn.attend_token if one_token else self.cross_attn
+            out, cross_weights = attend(h, cross, src_bias)
         x = x + out
         return x + self.ffn(self.norm3(x)), kv, cross_weights
 
@@ -364,6 +385,7 @@ class Translator(nn.Module):
         cross: list[KV],
         src_mask: Tensor,
         in_place: bool = False,
+        folding: Folding | None = None,
     ) -> tuple[Tensor, list[KV], Tensor]:
         """One token for each of R rows that may stand at different positions (the serving step).
 
@@ -373,6 +395,9 @@ class Translator(nn.Module):
         layer (R, H, 1, d_k), which the caller writes into slot `position` (`in_place`: the whole
         cache with them written there, as the fused graph of IO contract 5 returns it), and the
         cross-attention weights of the token over the source, (R, layers, H, S).
+        `folding` (fold, unfold of IO contract 6): `cross` and `src_mask` are per sentence, each
+        sentence's rows attend to them as one product, and the weights come folded, (N, layers,
+        H, M, S) (`graphs.unfold_rows`); without it, per row.
         """
         x = self.embed(tokens, positions=positions[:, None])  # (R, 1, D)
         slots = torch.arange(cache[0][0].size(2), device=tokens.device)
@@ -381,11 +406,12 @@ class Translator(nn.Module):
         new_kv, weights = [], []
         for layer, layer_cache, layer_cross in zip(self.layers, cache, cross, strict=True):
             if in_place:
-                x, kv, cross_weights = layer.step_in_place(x, layer_cache, layer_cross, positions, src_bias)
+                x, kv, cross_weights = layer.step_in_place(x, layer_cache, layer_cross, positions, src_bias, folding)
             else:
-                x, kv, cross_weights = layer.step(x, layer_cache, layer_cross, cache_bias, src_bias)
+                x, kv, cross_weights = layer.step(x, layer_cache, layer_cross, cache_bias, src_bias, folding)
             new_kv.append(kv)
-            weights.append(cross_weights.transpose(1, 2))  # (R, 1, H, S)
+            # (R, 1, H, S); folded: (N, 1, H, M, S)
+            weights.append(cross_weights.unsqueeze(1) if folding is not None else cross_weights.transpose(1, 2))
         logits = self.norm(x[:, 0]) @ self.embed.tokens.weight.T  # (R, V), tied projection
         return logits, new_kv, torch.cat(weights, dim=1)
 

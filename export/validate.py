@@ -116,10 +116,13 @@ def ort_greedy(
         ]
         enc_mask = np.stack([np.pad(r["mask"], (0, s - len(r["mask"]))) for r in live])
         last = np.array([[out[r["id"]][-1] if out[r["id"]] else c.bos_id] for r in live], dtype=np.int64)
+        fold, unfold = io.per_row_folding(len(live))
         feed = {
             io.INPUT_IDS: last,
             io.POSITION_IDS: np.array([r["cache"][0].shape[1] for r in live], dtype=np.int64),
             io.ENCODER_ATTENTION_MASK: enc_mask,
+            io.FOLD: fold,
+            io.UNFOLD: unfold,
             **dict(zip(io.cache_names(n), cache, strict=True)),
             **dict(zip(io.cross_names(n), cross, strict=True)),
         }
@@ -245,10 +248,13 @@ def check_translator(
                 for kv in ref_past
                 for t in kv
             ]
+            fold, unfold = io.per_row_folding(b)
             feed = {
                 io.INPUT_IDS: prefix[:, cached : cached + 1].numpy(),
                 io.POSITION_IDS: np.full(b, cached, dtype=np.int64),
                 io.ENCODER_ATTENTION_MASK: mask,
+                io.FOLD: fold,
+                io.UNFOLD: unfold,
                 **cross,
                 **dict(zip(io.cache_names(n), cache, strict=True)),
             }
@@ -268,12 +274,67 @@ def check_translator(
                 cross_t,
                 t_mask,
             )
-            worst = max(worst, float(np.abs(ref_weights.detach().numpy() - got[io.CROSS_ATTENTIONS]).max()))
+            weights = io.unfold_rows(got[io.CROSS_ATTENTIONS], unfold)
+            worst = max(worst, float(np.abs(ref_weights.detach().numpy() - weights).max()))
+        worst = max(worst, _check_folded(model, dec, names, got_enc[1:], mask, cross_t, t_mask, probabilities))
     if worst > tol:
         raise ExportError(
             f"{enc_path.name}/{dec_path.name}: ONNX Runtime differs from PyTorch by {worst:.2e} > {tol:.0e}"
         )
     return worst
+
+
+def _check_folded(
+    model: Translator,
+    dec: ort.InferenceSession,
+    names: list[str],
+    cross: Sequence[np.ndarray],
+    mask: np.ndarray,
+    cross_t: Sequence[tuple[torch.Tensor, torch.Tensor]],
+    t_mask: torch.Tensor,
+    probabilities: bool,
+) -> float:
+    """The decoder with sentences of several rows (beams at different tokens, the rows of one
+    sentence apart and in reverse order): every row's outputs against PyTorch's per-row step."""
+    c, n = model.config, len(model.layers)
+    b = len(mask)
+    widths = [1 + k % 3 for k in range(b)]  # 1, 2, 3, 1, ... rows
+    total = sum(widths)
+    starts = [total - s - w for s, w in zip(np.cumsum([0, *widths[:-1]]).tolist(), widths, strict=True)]
+    sentence = np.empty(total, np.int64)
+    for k, (s0, w) in enumerate(zip(starts, widths, strict=True)):
+        sentence[s0 : s0 + w] = k
+    fold, unfold = io.fold_indices(starts, widths)
+    cached = 3
+    tokens = np.arange(total, dtype=np.int64)[:, None] % (c.vocab_size - 10) + 10
+    rng = np.random.default_rng(7)
+    cache = [
+        rng.normal(size=(total, c.n_heads, cached + 2, c.d_model // c.n_heads)).astype(np.float32) for _ in range(2 * n)
+    ]
+    feed = {
+        io.INPUT_IDS: tokens,
+        io.POSITION_IDS: np.full(total, cached, dtype=np.int64),
+        io.ENCODER_ATTENTION_MASK: mask,
+        io.FOLD: fold,
+        io.UNFOLD: unfold,
+        **dict(zip(io.cross_names(n), cross, strict=True)),
+        **dict(zip(io.cache_names(n), cache, strict=True)),
+    }
+    got = dict(zip(names, dec.run(None, feed), strict=True))
+    rows = torch.from_numpy(sentence)
+    logits, _, weights = model.decode_step(
+        _t(tokens),
+        _t(feed[io.POSITION_IDS]),
+        [(_t(cache[2 * i]), _t(cache[2 * i + 1])) for i in range(n)],
+        [(k[rows], v[rows]) for k, v in cross_t],
+        t_mask[rows],
+    )
+    ref = torch.log_softmax(logits, -1).detach().numpy()
+    want, have = (np.exp(ref), np.exp(got[io.LOGPROBS])) if probabilities else (ref, got[io.LOGPROBS])
+    return max(
+        float(np.abs(want - have).max()),
+        float(np.abs(weights.detach().numpy() - io.unfold_rows(got[io.CROSS_ATTENTIONS], unfold)).max()),
+    )
 
 
 def check_quantized_translator(

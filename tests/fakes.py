@@ -1,8 +1,9 @@
 """A translator runtime with exact arithmetic, for the batch and scheduler tests.
 
 Its "K/V cache" stores the tokens each row has seen (heads 1, d_k 1: the new key of a step is
-its token) and its "cross-attention" stores the sentence's first source id, so the
-log-probabilities of a row depend only on what `RunningBatch` fed it: the sentence it belongs to
+its token) and its "cross-attention" (one per sentence, IO contract 6) stores the sentence's
+first source id, so the log-probabilities of a row depend only on what `RunningBatch` fed it: the
+sentence it belongs to
 and the prefix its cache slots hold. Wrong row bookkeeping (a bad reorder, a slot written in the
 wrong place, an unmasked padding column, a moved block) gives wrong prefixes, and results that
 differ from decoding the sentence alone.
@@ -16,6 +17,7 @@ from functools import cache
 
 import numpy as np
 
+from service.contract.graphs import per_row_folding
 from service.engine.runtime import DecoderStep
 
 BOS, EOS, PAD = 1, 2, 0
@@ -60,6 +62,7 @@ class FakeRuntime:
         enc_mask: np.ndarray,
         cache: Sequence[np.ndarray],
         cross: Sequence[np.ndarray],
+        folding: tuple[np.ndarray, np.ndarray] | None = None,
         attention: bool = False,
         binding: None = None,
     ) -> DecoderStep:
@@ -69,10 +72,14 @@ class FakeRuntime:
             raise RuntimeError("simulated runtime failure")
         self.steps += 1
         self.rows.append(len(tokens))
+        fold, unfold = folding if folding is not None else per_row_folding(len(tokens))
+        assert len(unfold) == len(tokens) and len(fold) == len(enc_mask) == len(cross[0])
         out = np.zeros((len(tokens), self.vocab), np.float32)
         for r in range(len(tokens)):
             valid = cache[0][r, 0, : positions[r], 0].astype(int).tolist()  # the row's own slots
-            sentence = cross[0][r, 0, enc_mask[r] == 1, 0]
+            n, j = divmod(int(unfold[r]), fold.shape[1])  # the row's sentence, as the graph folds it
+            assert fold[n, j] == r, "unfold must name the place fold gives the row"
+            sentence = cross[0][n, 0, enc_mask[n] == 1, 0]
             assert len(set(sentence.tolist())) == 1, "a row must see exactly its own sentence"
             fed = (*valid, int(tokens[r]))
             assert fed[0] == BOS, "slot 0 must hold the row's BOS"

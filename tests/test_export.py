@@ -19,7 +19,7 @@ from export.model import Classifier, Translator, greedy
 from export.publish import ExportOptions
 from export.tokenizer import encode_texts
 from export.train import save_checkpoint
-from service.contract.graphs import cross_names, pad
+from service.contract.graphs import cross_names, pad, per_row_folding
 from service.contract.manifest import ManifestError, read_manifest, verify_folder
 from tests.conftest import LABELS, sentences
 
@@ -225,6 +225,7 @@ def test_decoder_step_is_bit_identical_whatever_the_slot_count(tiny_store: Path)
             "input_ids": np.array([[9]]),
             "position_ids": np.array([position]),
             "encoder_attention_mask": np.ones((1, source), np.int64),
+            **dict(zip(("fold", "unfold"), per_row_folding(1), strict=True)),
             **cross,
         }
         for name, keys in live.items():

@@ -194,3 +194,53 @@ def test_tiny_classifier_overfits() -> None:
         opt.step()
     assert loss.item() < 0.05
     assert model.eval()(ids, mask).argmax(-1).tolist() == labels.tolist()
+
+
+def test_fold_indices_name_every_row_once_in_its_own_sentence() -> None:
+    """IO contract 6's fold (N, M) and unfold (R,): each sentence's queries are its own rows (its
+    spare places repeat one of them), each row is named by exactly one place, M is the widest
+    sentence's rows and at least 2, whatever the sentences' order against their rows."""
+    from service.contract.graphs import MIN_FOLD, fold_indices
+
+    rng = random.Random(4)
+    for _ in range(200):
+        widths = [rng.choice([1, 1, 2, 3, 4, 5]) for _ in range(rng.randint(1, 9))]
+        order = list(range(len(widths)))
+        rng.shuffle(order)  # the rows' order of the sentences (blocks), against their slots
+        starts, row = [0] * len(widths), 0
+        for k in order:
+            starts[k], row = row, row + widths[k]
+        fold, unfold = fold_indices(starts, widths)
+        m = max(MIN_FOLD, *widths)
+        assert fold.shape == (len(widths), m) and unfold.shape == (row,)
+        for k, (s0, w) in enumerate(zip(starts, widths, strict=True)):
+            assert fold[k, :w].tolist() == list(range(s0, s0 + w))
+            assert all(s0 <= r < s0 + w for r in fold[k, w:])
+        assert [fold.reshape(-1)[place] for place in unfold] == list(range(row))
+        assert all(place % m < widths[place // m] for place in unfold)  # never a spare place
+
+
+def test_folded_cross_attention_equals_per_row() -> None:
+    """The decoder step with each sentence's keys and values once and its rows folded into one
+    product (IO contract 6) gives what every row with its own copy gives: logits and weights."""
+    from service.contract.graphs import fold_indices, unfold_rows
+
+    torch.manual_seed(0)
+    model = Translator(TranslatorConfig(vocab_size=60, d_model=32, n_heads=4, d_ff=64, n_layers=2, dropout=0.0)).eval()
+    src = torch.randint(5, 60, (3, 7))
+    src_mask = torch.ones_like(src)
+    src_mask[1, 4:] = 0
+    cross = model.cross_kv(model.encode(src, src_mask))
+    widths, starts = [2, 1, 3], [4, 0, 1]  # sentence 1's row first, then sentence 2's, then sentence 0's
+    sentence = torch.tensor([1, 2, 2, 2, 0, 0])  # each row's
+    rows = len(sentence)
+    tokens = torch.randint(5, 60, (rows, 1))
+    positions = torch.tensor([2, 3, 3, 3, 1, 1])
+    cache = [(torch.randn(rows, 4, 5, 8), torch.randn(rows, 4, 5, 8)) for _ in model.layers]
+    with torch.no_grad():
+        per_row = [(k[sentence], v[sentence]) for k, v in cross]
+        want, _, want_w = model.decode_step(tokens, positions, cache, per_row, src_mask[sentence])
+        fold, unfold = (torch.from_numpy(a) for a in fold_indices(starts, widths))
+        got, _, got_w = model.decode_step(tokens, positions, cache, cross, src_mask, folding=(fold, unfold))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(torch.from_numpy(unfold_rows(got_w.numpy(), unfold.numpy())), want_w)

@@ -152,7 +152,7 @@ def test_an_emptied_batch_reuses_its_buffers_and_sizes_its_source_at_the_next_jo
     cache = batch.buf.cache
     assert decode(long) == [alone(rt, long, params)]
     assert batch.buf.cache is cache  # nothing reallocated
-    batch.buf.resize_slots(0, 128)  # the slots a translation of about 100 tokens leaves behind
+    batch.buf.resize_rows(0, batch.buf.capacity, 128, rt.heads, rt.d_k, 2 * rt.n_layers)  # what ~100 tokens leave
     assert decode(short) == [alone(rt, short, params)]
     assert batch.buf.columns == SOURCE_ALIGN  # its own width, aligned (3 tokens: 8 columns)
     assert batch.buf.slots <= 32

@@ -30,6 +30,7 @@ from service.contract.graphs import pad
 
 NEG_INF = -1e9  # as export.model: finite, so fully masked rows stay NaN-free in fp16
 KV = tuple[Tensor, Tensor]
+Folding = tuple[Tensor, Tensor]  # fold (N, M), unfold (R,): IO contract 6
 T = TypeVar("T")
 
 
@@ -200,11 +201,14 @@ class Seq2Seq(nn.Module):
         cross: list[KV],
         src_mask: Tensor,
         in_place: bool = False,
+        folding: Folding | None = None,
     ) -> tuple[Tensor, list[KV], Tensor]:
         """One token per row at each row's own position (`export.model.Translator.decode_step`):
         log-probabilities (R, V) with the suppressed ids at -inf, each layer's new key and value
         (R, H, 1, d_k) (`in_place`: the whole cache with them in slot `position`, the fused graph's
-        output), the cross-attention weights (R, layers, H, S)."""
+        output), the cross-attention weights (R, layers, H, S). `folding`: `cross` and `src_mask`
+        per sentence, each sentence's rows folded into one product, the weights folded too
+        (N, layers, H, M, S) (IO contract 6)."""
         x = self.dec.embed(tokens, positions[:, None])  # (R, 1, D)
         slots = torch.arange(cache[0][0].shape[2], device=tokens.device)
         cache_bias = _bias(slots[None, :] < positions[:, None])  # (R, 1, 1, C)
@@ -217,11 +221,13 @@ class Seq2Seq(nn.Module):
                 else partial(self._cached_attn, layer.self_attn, layer_cache, cache_bias)
             )
             x, kv = self._residual(x, layer.self_attn_layer_norm, step)
-            cross_step = partial(self._cross_attn, layer.encoder_attn, layer_cross, src_bias)
+            cross_step = partial(self._cross_attn, layer.encoder_attn, layer_cross, src_bias, folding)
             x, w = self._residual(x, layer.encoder_attn_layer_norm, cross_step)
             x, _ = self._residual(x, layer.final_layer_norm, partial(_ffn, layer))
             new_kv.append(kv)
-            weights.append(w.transpose(1, 2))  # (R, 1, H, S)
+            weights.append(
+                w.unsqueeze(1) if folding is not None else w.transpose(1, 2)
+            )  # (N, 1, H, M, S) / (R, 1, H, S)
         if self.dec.final_norm is not None:
             x = self.dec.final_norm(x)
         logits = x[:, 0] @ self.lm_head.T + self.logits_bias  # (R, V)
@@ -243,9 +249,18 @@ class Seq2Seq(nn.Module):
         out, present = fused_self_attention(h, (a.q_proj, a.k_proj, a.v_proj), cache, positions, self.heads, a.scaling)
         return a.out_proj(out), present
 
-    def _cross_attn(self, a: nn.Module, kv: KV, bias: Tensor, h: Tensor) -> tuple[Tensor, Tensor]:
-        out, w = _attend(a, _heads(a.q_proj(h), self.heads), kv[0], kv[1], bias)
-        return a.out_proj(_merge(out)), w
+    def _cross_attn(
+        self, a: nn.Module, kv: KV, bias: Tensor, folding: Folding | None, h: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        if folding is None:
+            out, w = _attend(a, _heads(a.q_proj(h), self.heads), kv[0], kv[1], bias)
+            return a.out_proj(_merge(out)), w
+        fold, unfold = folding  # as `export.model.MultiHeadAttention.attend_folded`: weights folded
+        n, m = fold.shape
+        d = h.shape[-1]
+        q = a.q_proj(h)[fold].reshape(n, m, d)  # (N, M, D)
+        out, w = _attend(a, _heads(q, self.heads), kv[0], kv[1], bias)  # (N, H, M, d_k), (N, H, M, S)
+        return a.out_proj(_merge(out).reshape(n * m, 1, d)[unfold]), w
 
     def teacher_forced(self, src: Tensor, src_mask: Tensor, tgt: Tensor) -> Tensor:
         """Log-probabilities (B, T, V) of each next token given target prefixes `tgt` (B, T), one
@@ -281,13 +296,19 @@ class StepGraph(nn.Module):
         self.model, self.n = model, len(model.layers)
 
     def forward(
-        self, input_ids: Tensor, position_ids: Tensor, encoder_attention_mask: Tensor, *kv: Tensor
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor,
+        encoder_attention_mask: Tensor,
+        fold: Tensor,
+        unfold: Tensor,
+        *kv: Tensor,
     ) -> tuple[Tensor, ...]:
         n = self.n
         cache = [(kv[2 * i], kv[2 * i + 1]) for i in range(n)]
         cross = [(kv[2 * n + 2 * i], kv[2 * n + 2 * i + 1]) for i in range(n)]
         logp, present, weights = self.model.decode_step(
-            input_ids, position_ids, cache, cross, encoder_attention_mask, in_place=True
+            input_ids, position_ids, cache, cross, encoder_attention_mask, in_place=True, folding=(fold, unfold)
         )
         return (logp, *[t for pair in present for t in pair], weights)
 
@@ -304,8 +325,9 @@ def export_translator(model: Seq2Seq, folder: Path) -> dict[str, str]:
         mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
         _export(EncoderGraph(model), (ids, mask), spec["encoder"], folder / "encoder.onnx")
         cross = [t for kv in model.cross_kv(model.encode(ids, mask)) for t in kv]
-        cache = [t for kv in model.empty_cache(2, 5) for t in kv]
-        args = (torch.tensor([[12], [13]]), torch.tensor([3, 1]), mask, *cache, *cross)
+        cache = [t for kv in model.empty_cache(3, 5) for t in kv]  # the first sentence in two rows, the second in one
+        fold, unfold = (torch.from_numpy(a) for a in io.fold_indices([0, 2], [2, 1]))
+        args = (torch.tensor([[12], [14], [13]]), torch.tensor([3, 3, 1]), mask, fold, unfold, *cache, *cross)
         _export(StepGraph(model), args, spec["decoder"], folder / "decoder.onnx", contrib=True)
     return {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}
 
@@ -344,10 +366,13 @@ def check_against_transformers(
     for step in range(steps + rows - 1):
         active = [r for r in range(rows) if 0 <= step - r < steps]
         pos = np.array([step - r for r in active], dtype=np.int64)
+        fold, unfold = io.per_row_folding(len(active))
         feed = {
             io.INPUT_IDS: tgt.numpy()[active, pos][:, None],
             io.POSITION_IDS: pos,
             io.ENCODER_ATTENTION_MASK: mask[active],
+            io.FOLD: fold,
+            io.UNFOLD: unfold,
             **dict(zip(io.cache_names(n), [b[active] for b in cache], strict=True)),
             **dict(zip(io.cross_names(n), [x[active] for x in cross], strict=True)),
         }

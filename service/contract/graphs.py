@@ -21,17 +21,27 @@ different positions, so sentences can join and leave a running batch at any step
 Attention weights are outputs of the serving graphs rather than of extra graphs: they are
 computed anyway, a caller fetches them only when asked, and extra graphs would carry a second
 copy of every weight (the bundled store has a size budget).
+Contract 6 folds the cross-attention: the decoder takes each sentence's source once, whatever its
+number of rows (beams): encoder_attention_mask (N, source) and cross_key_values.{i}.key/value
+(N, heads, source, d_k) for N sentences, with fold (N, M): the rows of each sentence's queries
+(M, at least 2, the widest sentence's rows; a sentence with fewer repeats one of its rows) and
+unfold (R,): each row's place in the folded (N * M) queries (`fold_indices`); cross_attentions
+come folded too, (N, layers, heads, M, source) (`unfold_rows`). Every sentence's
+queries go through one product over its own keys and values: no copy of them per beam, and each
+query's result is the same bit for bit whatever M (2 or more), N or its slot (measured; one query
+alone, M = 1, is computed another way and differs in the last bit: hence M >= 2).
 Contract 5 (the decoder's self-attention fused, `export.fused`) returns, instead of
 new_key_values, present.{i}.key/value (R, heads, slots, d_k): the cache with each row's new key and
 value written into its slot `position`. A caller that binds each cache input and its present output
 to the same memory (ONNX Runtime's IO binding) gets the slot written in place and nothing else
 copied; a plain call gets a copy of the cache (`new_kv_from_present` reads the new slot from it).
+Contract 5's cross-attention inputs were per row (a beam's sentence copied once per beam).
 Contract 4 (imported checkpoints) keeps contract 3's graphs and adds to the manifest what differs
 between models: special ids (`decoder_start_id`, the first step's input, defaults to `bos_id`),
 each source language's framing, each target language's forced first tokens, decoding defaults.
 Its log-probabilities may hold -inf: suppressed ids (Marian's pad), never renormalised, as in
-transformers' logits processors. The service reads contract 5 only: a version of 3 or 4 is
-refused with the command that re-exports it (its decoder would copy the cache every step).
+transformers' logits processors. The service reads contract 6 only: a version of 3 to 5 is
+refused with the command that re-exports it.
 Contract 1 (before step-level batching) had no position_ids; contract 2 returned the grown
 cache (the past gathered by a row_index input, the new key appended), which copied every row's
 cache twice per step. The candidates of a beam are ranked by the caller, for all rows at once:
@@ -44,9 +54,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-IO_CONTRACT_VERSION = 5
+IO_CONTRACT_VERSION = 6
 """Bumped whenever a graph's inputs or outputs change meaning; the service refuses other versions."""
-READABLE_IO_CONTRACTS = (5,)  # a decoder of contract 3 or 4 copies its cache each step: re-export it
+READABLE_IO_CONTRACTS = (6,)  # 3 and 4 copy the cache each step, 5 the cross K/V per beam: re-export
 
 SPECIAL_IDS = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "mask_id": 4}
 """Fixed across every model of the project (the tokenizer trainer checks it)."""
@@ -54,6 +64,8 @@ SPECIAL_IDS = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "mask_id": 4}
 INPUT_IDS, ATTENTION_MASK, LOGITS = "input_ids", "attention_mask", "logits"
 LAST_HIDDEN_STATE, ENCODER_ATTENTION_MASK, POSITION_IDS = "last_hidden_state", "encoder_attention_mask", "position_ids"
 LOGPROBS, ATTENTIONS, CROSS_ATTENTIONS = "logprobs", "attentions", "cross_attentions"
+FOLD, UNFOLD = "fold", "unfold"
+MIN_FOLD = 2  # queries per sentence in the folded cross-attention, at least (see contract 6)
 
 
 def kv_names(prefix: str, n_layers: int) -> list[str]:
@@ -94,3 +106,31 @@ def pad(seqs: Sequence[Sequence[int]], pad_id: int = SPECIAL_IDS["pad_id"]) -> t
         ids[i, : len(s)] = s
         mask[i, : len(s)] = 1
     return ids, mask
+
+
+def fold_indices(starts: Sequence[int], widths: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Contract 6's fold (N, M) and unfold (R,) for N sentences, sentence n holding the rows
+    starts[n] .. starts[n] + widths[n] - 1 (R rows in all, each in one sentence): M is the widest
+    sentence's rows, at least `MIN_FOLD`; a sentence's spare query places repeat its last row."""
+    n = len(widths)
+    m = max(MIN_FOLD, max(widths, default=1))
+    start = np.asarray(starts, np.int64)[:, None]
+    width = np.asarray(widths, np.int64)[:, None]
+    fold = start + np.minimum(np.arange(m, dtype=np.int64)[None, :], width - 1)  # (N, M)
+    w = width[:, 0]
+    offset = np.arange(int(w.sum()), dtype=np.int64) - np.repeat(np.cumsum(w) - w, w)  # a row's place in its sentence
+    unfold = np.empty(len(offset), np.int64)
+    unfold[np.repeat(start[:, 0], w) + offset] = np.repeat(np.arange(n, dtype=np.int64) * m, w) + offset
+    return fold, unfold
+
+
+def per_row_folding(rows: int) -> tuple[np.ndarray, np.ndarray]:
+    """`fold_indices` of `rows` sentences of one row each (row r is sentence r)."""
+    return fold_indices(range(rows), [1] * rows)
+
+
+def unfold_rows(folded: np.ndarray, unfold: np.ndarray) -> np.ndarray:
+    """Contract 6's folded cross-attention weights (N, layers, heads, M, source) per row: (R,
+    layers, heads, source)."""
+    n, layers, heads, m, source = folded.shape
+    return folded.transpose(0, 3, 1, 2, 4).reshape(n * m, layers, heads, source)[unfold]

@@ -3,10 +3,10 @@
 On CPU the running batch keeps its buffers in numpy and binds them to the decoder as they are
 (`runtime.StepBinding`). On a GPU that binding would copy the whole cache and the cross-attention
 keys and values to the device and back at every step. Here they live on the device instead: the
-decoder writes each row's new key and value in place (IO contract 5), and what the batch does to its
-rows between steps (a sentence's rows written when it joins, beam rows taking their parent's cache,
-blocks moving up when sentences leave, buffers growing) runs as tiny ONNX graphs on the decoder's own
-provider. Per step only the token ids, positions and source mask go to the device and the
+decoder writes each row's new key and value in place (since IO contract 5), and what the batch does
+to its buffers between steps (a sentence's keys written when it joins, beam rows taking their parent's
+cache, blocks and sentence slots moving up when sentences leave, buffers growing) runs as tiny ONNX
+graphs on the decoder's own provider. Per step only the token ids, positions and source mask go to the device and the
 log-probabilities come back.
 
 Nothing here is CUDA-specific but the device name: the same code runs on the CPU provider, which is
@@ -158,81 +158,85 @@ def address(buf: ort.OrtValue, row: int = 0) -> int:
     return int(buf.data_ptr()) + row * int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(FLOAT).itemsize
 
 
-class MaskedRows:
-    """What both buffer layouts keep on the host, and do to it alike: the source mask, (capacity,
-    source columns)."""
+class SourceSlots:
+    """What both buffer layouts keep on the host, and do to it alike: the source mask, one row
+    per sentence slot (sentence capacity, source columns)."""
 
     mask: np.ndarray
 
     @property
-    def capacity(self) -> int:
+    def sentence_capacity(self) -> int:
         return int(self.mask.shape[0])
 
     @property
     def columns(self) -> int:
         return int(self.mask.shape[1])
 
-    def _resized_mask(self, rows: int, capacity: int, columns: int) -> np.ndarray:
-        """A mask of this size holding the first `rows` rows' (as many columns as fit)."""
+    def _resized_mask(self, n: int, capacity: int, columns: int) -> np.ndarray:
+        """A mask of this size holding the first `n` sentences' (as many columns as fit)."""
         mask = np.zeros((capacity, columns), np.int64)
         keep = min(columns, self.columns)
-        mask[:rows, :keep] = self.mask[:rows, :keep]
+        mask[:n, :keep] = self.mask[:n, :keep]
         return mask
 
-    def _mark(self, start: int, width: int, length: int) -> None:
-        """A joining sentence's rows see its `length` source columns and nothing beyond."""
-        self.mask[start : start + width, :length] = 1
-        self.mask[start : start + width, length:] = 0
+    def _mark(self, slot: int, length: int) -> None:
+        """A joining sentence sees its `length` source columns and nothing beyond."""
+        self.mask[slot, :length] = 1
+        self.mask[slot, length:] = 0
 
 
-class DeviceBuffers(MaskedRows):
+class DeviceBuffers(SourceSlots):
     """`running._Buffers` in device memory: the cross-attention K/V and the self-attention cache as
-    device values with spare capacity; the source mask stays on the host (a few bytes a row, bound as
-    a host input each step)."""
+    device values with spare capacity; the source mask stays on the host (a few bytes a sentence,
+    bound as a host input each step)."""
 
     def __init__(self, ops: DeviceOps) -> None:
         self.ops = ops
-        self.cross: list[ort.OrtValue] = []  # 2L values (capacity, H, S_cap, d_k)
+        self.cross: list[ort.OrtValue] = []  # 2L values (sentence capacity, H, S_cap, d_k)
         self.cache: list[ort.OrtValue] = []  # 2L values (capacity, H, slots, d_k)
-        self.mask = np.zeros((0, 0), np.int64)  # (capacity, S_cap)
+        self.mask = np.zeros((0, 0), np.int64)  # (sentence capacity, S_cap)
+
+    @property
+    def capacity(self) -> int:
+        return self.cache[0].shape()[0] if self.cache else 0
 
     @property
     def slots(self) -> int:
         return self.cache[0].shape()[2] if self.cache else 0
 
-    def resize(self, rows: int, capacity: int, columns: int, slots: int, heads: int, d_k: int, layers2: int) -> None:
-        cross = self.ops.zeros((capacity, heads, columns, d_k), layers2)
+    def resize_rows(self, rows: int, capacity: int, slots: int, heads: int, d_k: int, layers2: int) -> None:
         cache = self.ops.zeros((capacity, heads, slots, d_k), layers2)
-        self.ops.fit(self.cross, cross, rows)
-        self.ops.fit(self.cache, cache, rows)
-        self.cross, self.cache, self.mask = cross, cache, self._resized_mask(rows, capacity, columns)
-
-    def resize_slots(self, rows: int, slots: int) -> None:
-        capacity, heads, _, d_k = self.cache[0].shape()
-        cache = self.ops.zeros((capacity, heads, slots, d_k), len(self.cache))
         self.ops.fit(self.cache, cache, rows)
         self.cache = cache
 
-    def move(self, src: int, dst: int, width: int) -> None:
-        self.ops.permute([*self.cross, *self.cache], np.arange(src, src + width), src + width, dst)
-        self.mask[dst : dst + width] = self.mask[src : src + width]
+    def resize_sources(self, n: int, capacity: int, columns: int, heads: int, d_k: int, layers2: int) -> None:
+        cross = self.ops.zeros((capacity, heads, columns, d_k), layers2)
+        self.ops.fit(self.cross, cross, n)
+        self.cross, self.mask = cross, self._resized_mask(n, capacity, columns)
 
-    def write(self, start: int, width: int, cross: Sequence[np.ndarray], length: int) -> None:
-        """A joining sentence's rows: its cross-attention K/V (2L arrays (H, length, d_k)) in each of
-        its `width` rows, zeros beyond `length`; its source mask."""
+    def move(self, src: int, dst: int, width: int) -> None:
+        self.ops.permute(self.cache, np.arange(src, src + width), src + width, dst)
+
+    def move_sentence(self, src: int, dst: int) -> None:
+        self.ops.permute(self.cross, np.array([src]), src + 1, dst)
+        self.mask[dst] = self.mask[src]
+
+    def write(self, slot: int, cross: Sequence[np.ndarray], length: int) -> None:
+        """A joining sentence's cross-attention K/V (2L arrays (H, length, d_k)) into its slot,
+        zeros beyond `length`; its source mask."""
         rows = []
         for c in cross:
-            block = np.zeros((width, c.shape[0], self.columns, c.shape[2]), FLOAT)
-            block[:, :, :length] = c
+            block = np.zeros((1, c.shape[0], self.columns, c.shape[2]), FLOAT)
+            block[0, :, :length] = c
             rows.append(block)
-        self.ops.upload(rows, self.cross, start)
-        self._mark(start, width, length)
+        self.ops.upload(rows, self.cross, slot)
+        self._mark(slot, length)
 
     def reorder(self, moved: np.ndarray, parents: np.ndarray, needed: int) -> None:
         """Every row takes its parent's cache (rows that keep their own copy themselves: one gather)."""
         self.ops.permute(self.cache, parents, len(parents))
 
-    def leading(self, rows: int) -> tuple[list[DeviceRows], list[DeviceRows]]:
-        """The cache and cross-attention buffers' leading rows, as the decoder binds them."""
+    def leading(self, rows: int, sentences: int) -> tuple[list[DeviceRows], list[DeviceRows]]:
+        """The cache's leading rows and the cross-attention buffers' leading sentences, as the decoder binds them."""
         device = self.ops.device
-        return [DeviceRows(c, rows, device) for c in self.cache], [DeviceRows(c, rows, device) for c in self.cross]
+        return [DeviceRows(c, rows, device) for c in self.cache], [DeviceRows(c, sentences, device) for c in self.cross]

@@ -1,23 +1,26 @@
 """A running decoder batch: sentences join and leave at any step, each with its own block of rows.
 
 Every active sentence holds a block of `width` consecutive rows (its `Search` decides what they
-do). One `step()` runs the decoder graph once for all rows, each row at its own position with
-its own cache (IO contracts 3 to 5), then lets each search strategy take its sentences' step at once
-(one pass over the vocabulary for all greedy rows, one sort for the candidates of all beams).
-Nothing a sentence sees depends on its neighbours: a row attends to its own cache slots only,
-padding is masked.
+do) and a sentence slot. One `step()` runs the decoder graph once for all rows, each row at its
+own position with its own cache, each sentence's rows folded over one copy of its source (IO
+contract 6), then lets each search strategy take its sentences' step at once (one pass over the
+vocabulary for all greedy rows, one sort for the candidates of all beams). Nothing a sentence
+sees depends on its neighbours: a row attends to its own cache slots only, padding is masked,
+and a sentence's folded cross-attention is the same bit for bit whatever the fold's width.
 
-Data kept between steps, all in preallocated per-row buffers whose capacity grows by doubling
-(rows, cache slots) or as needed (source columns), so that little of it moves:
-- the self-attention cache: row r's keys and values in slots 0 .. t-1 (t: its position). The
-  graph writes the step's new key and value into slot t itself (contract 5, the buffers bound to
-  it by `StepBinding`) or returns them to be written here (contracts 3, 4); a beam
-  reorder copies just the rows whose parent changed; a joining row needs no copy at all (slot
-  contents beyond a row's position are never attended);
-- cross-attention K/V and the source mask: a joining sentence writes its block once.
-When sentences leave, the blocks after them move up to close the gap; source columns (a multiple
-of `SOURCE_ALIGN`) that no row needs any more are released when they reach `SOURCE_SLACK`, cache
-slots when at most a quarter of them is still needed. A batch that empties keeps its buffers for
+Data kept between steps, in preallocated buffers whose capacity grows by doubling (rows,
+sentences, cache slots) or as needed (source columns), so that little of it moves:
+- per row, the self-attention cache: row r's keys and values in slots 0 .. t-1 (t: its
+  position). The graph writes the step's new key and value into slot t itself (the buffers bound
+  to it by `StepBinding`) or returns them to be written here (a graph called without a binding);
+  a beam reorder copies just the rows whose parent changed; a joining row needs no copy at all
+  (slot contents beyond a row's position are never attended);
+- per sentence, its cross-attention K/V and source mask: written once when it joins, whatever
+  its number of rows (a beam of 4 reads one copy).
+When sentences leave, the blocks after them move up to close the gap, and the last sentence
+slots fill the freed ones; source columns (a multiple of `SOURCE_ALIGN`) that no sentence needs
+any more are released when they reach `SOURCE_SLACK`, cache slots when at most a quarter of them
+is still needed. A batch that empties keeps its buffers for
 the sentences that join next, fitted to them as they join. The buffers are numpy arrays
 (`_Buffers`), or, on a GPU, values in its memory (`service.engine.device.DeviceBuffers`, the same
 operations as small graphs there): the cache never crosses to the host between steps.
@@ -33,9 +36,9 @@ from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 
-from service.contract.graphs import pad
+from service.contract.graphs import fold_indices, pad
 from service.engine.decoding import Hypothesis, Search, Strategy
-from service.engine.device import DeviceBuffers, MaskedRows
+from service.engine.device import DeviceBuffers, SourceSlots
 from service.engine.lengths import length_groups
 from service.engine.runtime import StepBinding, TranslatorRuntime
 from service.priority import lower_priority
@@ -93,54 +96,62 @@ class Block(Generic[T]):
     search: Search
     start: int = 0  # first row
     source_len: int = 0
+    slot: int = 0  # its place in the per-sentence buffers (cross-attention K/V, source mask)
 
 
 @dataclass
-class _Buffers(MaskedRows):
-    """Per-row buffers with spare capacity (rows, source columns, cache slots): cross-attention
-    K/V and the source mask (fixed per sentence), the self-attention cache (growing)."""
+class _Buffers(SourceSlots):
+    """The batch's buffers with spare capacity: per row, the self-attention cache (rows, cache
+    slots: growing); per sentence, its cross-attention K/V and source mask (sentences, source
+    columns: written once, read by all its rows, IO contract 6)."""
 
-    cross: list[np.ndarray] = field(default_factory=list)  # 2L arrays (capacity, H, S_cap, d_k)
-    mask: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))  # (capacity, S_cap)
+    cross: list[np.ndarray] = field(default_factory=list)  # 2L arrays (sentence capacity, H, S_cap, d_k)
+    mask: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))  # (sentence capacity, S_cap)
     cache: list[np.ndarray] = field(default_factory=list)  # 2L arrays (capacity, H, slots, d_k)
+
+    @property
+    def capacity(self) -> int:
+        return self.cache[0].shape[0] if self.cache else 0
 
     @property
     def slots(self) -> int:
         return self.cache[0].shape[2] if self.cache else 0
 
-    def resize(self, rows: int, capacity: int, columns: int, slots: int, heads: int, d_k: int, layers2: int) -> None:
-        """New buffers of this size holding the first `rows` rows (and as many columns and slots as fit)."""
-        keep, kept_slots = min(columns, self.columns), min(slots, self.slots)
-        cross = [np.zeros((capacity, heads, columns, d_k), np.float32) for _ in range(layers2)]
-        cache = [np.zeros((capacity, heads, slots, d_k), np.float32) for _ in range(layers2)]
-        for new, old in zip(cross, self.cross, strict=False):
-            new[:rows, :, :keep] = old[:rows, :, :keep]
-        for new, old in zip(cache, self.cache, strict=False):
-            new[:rows, :, :kept_slots] = old[:rows, :, :kept_slots]
-        self.cross, self.mask, self.cache = cross, self._resized_mask(rows, capacity, columns), cache
-
-    def resize_slots(self, rows: int, slots: int) -> None:
-        """Only the cache gets more (or fewer) slots: the rest stays where it is."""
+    def resize_rows(self, rows: int, capacity: int, slots: int, heads: int, d_k: int, layers2: int) -> None:
+        """A new cache of this size holding the first `rows` rows (and as many slots as fit)."""
         kept = min(slots, self.slots)
-        cache = [np.zeros((old.shape[0], old.shape[1], slots, old.shape[3]), np.float32) for old in self.cache]
-        for new, old in zip(cache, self.cache, strict=True):
+        cache = [np.zeros((capacity, heads, slots, d_k), np.float32) for _ in range(layers2)]
+        for new, old in zip(cache, self.cache, strict=False):
             new[:rows, :, :kept] = old[:rows, :, :kept]
         self.cache = cache
 
-    def move(self, src: int, dst: int, width: int) -> None:
-        """Rows src.. to dst.. (dst < src: ascending moves never overwrite a row still to move)."""
-        for buf in (*self.cross, *self.cache):
-            buf[dst : dst + width] = buf[src : src + width]
-        self.mask[dst : dst + width] = self.mask[src : src + width]
+    def resize_sources(self, n: int, capacity: int, columns: int, heads: int, d_k: int, layers2: int) -> None:
+        """New cross-attention buffers and mask of this size holding the first `n` sentences (and
+        as many source columns as fit)."""
+        keep = min(columns, self.columns)
+        cross = [np.zeros((capacity, heads, columns, d_k), np.float32) for _ in range(layers2)]
+        for new, old in zip(cross, self.cross, strict=False):
+            new[:n, :, :keep] = old[:n, :, :keep]
+        self.cross, self.mask = cross, self._resized_mask(n, capacity, columns)
 
-    def write(self, start: int, width: int, cross: Sequence[np.ndarray], length: int) -> None:
-        """A joining sentence's rows: its cross-attention K/V (2L arrays (H, length, d_k)) in each of
-        its `width` rows, zeros beyond `length`; its source mask."""
-        rows = slice(start, start + width)
+    def move(self, src: int, dst: int, width: int) -> None:
+        """Cache rows src.. to dst.. (dst < src: ascending moves never overwrite a row still to move)."""
+        for buf in self.cache:
+            buf[dst : dst + width] = buf[src : src + width]
+
+    def move_sentence(self, src: int, dst: int) -> None:
+        """A sentence's cross-attention K/V and source mask from slot `src` to slot `dst`."""
+        for buf in self.cross:
+            buf[dst] = buf[src]
+        self.mask[dst] = self.mask[src]
+
+    def write(self, slot: int, cross: Sequence[np.ndarray], length: int) -> None:
+        """A joining sentence's cross-attention K/V (2L arrays (H, length, d_k)) into its slot,
+        zeros beyond `length`; its source mask."""
         for buf, c in zip(self.cross, cross, strict=True):
-            buf[rows, :, :length] = c
-            buf[rows, :, length:] = 0.0
-        self._mark(start, width, length)
+            buf[slot, :, :length] = c
+            buf[slot, :, length:] = 0.0
+        self._mark(slot, length)
 
     def reorder(self, moved: np.ndarray, parents: np.ndarray, needed: int) -> None:
         """Rows `moved` take their parents' cache, slots below `needed` (the rest is never read;
@@ -154,9 +165,9 @@ class _Buffers(MaskedRows):
         for buf, new in zip(self.cache, new_kv, strict=True):
             buf[every, :, positions] = new[:, :, 0]
 
-    def leading(self, rows: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """The cache and cross-attention buffers' leading rows, as the decoder reads them."""
-        return [c[:rows] for c in self.cache], [c[:rows] for c in self.cross]
+    def leading(self, rows: int, sentences: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The cache's leading rows and the cross-attention buffers' leading sentences, as the decoder reads them."""
+        return [c[:rows] for c in self.cache], [c[:sentences] for c in self.cross]
 
 
 class DecoderBatch(Protocol[T]):
@@ -225,17 +236,22 @@ class RunningBatch(Generic[T]):
         if not encoded:
             return
         need = self.rows + sum(s.width for s in searches)
+        sentences = len(self.blocks) + len(encoded)
         columns = max(self._source_needed(), _aligned(max(e.length for e in encoded)))
         if not self.rows:  # an idle batch: the last sentences' source width and cache slots are not these
             self._fit(columns, IDLE_SLOTS)
-        if need > self.buf.capacity or columns > self.buf.columns:
-            # rows double only when rows run out: wider sources alone keep the row capacity (the
+        if need > self.buf.capacity:
+            self._resize_rows(max(need, 2 * self.buf.capacity, 8), max(self.buf.slots, SLOT_CHUNK))
+        if sentences > self.buf.sentence_capacity or columns > self.buf.columns:
+            # sentences double only when slots run out: wider sources alone keep the capacity (the
             # source columns shrink again when long sentences leave, so they come and go often)
-            capacity = max(need, 2 * self.buf.capacity, 8) if need > self.buf.capacity else self.buf.capacity
-            self._resize(capacity, max(columns, self.buf.columns), max(self.buf.slots, SLOT_CHUNK))
+            held = self.buf.sentence_capacity
+            capacity = max(sentences, 2 * held, 8) if sentences > held else held
+            self._resize_sources(capacity, max(columns, self.buf.columns))
         for enc, search, tag in zip(encoded, searches, tags, strict=True):
-            self.buf.write(self.rows, search.width, enc.cross, enc.length)
-            self.blocks.append(Block(tag, search, self.rows, enc.length))
+            slot = len(self.blocks)
+            self.buf.write(slot, enc.cross, enc.length)
+            self.blocks.append(Block(tag, search, self.rows, enc.length, slot))
             self.rows += search.width
 
     def drop(self, keep: Callable[[T], bool]) -> list[T]:
@@ -256,10 +272,13 @@ class RunningBatch(Generic[T]):
         positions = np.concatenate([np.full(b.search.width, b.search.t, np.int64) for b in self.blocks])  # (R,)
         needed = int(positions.max()) + 1
         if needed > self.buf.slots:  # doubling: a sentence of n tokens copies its cache about log2(n) times
-            self.buf.resize_slots(self.rows, max(needed, 2 * self.buf.slots))
+            self._resize_rows(self.buf.capacity, max(needed, 2 * self.buf.slots))
         tokens = np.concatenate([b.search.tokens for b in self.blocks])
-        cache, cross = self.buf.leading(r)
-        out = self.rt.decode(tokens, positions, self.buf.mask[:r], cache, cross, binding=self._binding())
+        n = len(self.blocks)
+        cache, cross = self.buf.leading(r, n)
+        out = self.rt.decode(
+            tokens, positions, self.buf.mask[:n], cache, cross, self._folding(), binding=self._binding()
+        )
         if not out.written:
             assert isinstance(self.buf, _Buffers)  # device buffers are bound: written in place
             self.buf.store_new(positions, out.new_kv)
@@ -293,13 +312,25 @@ class RunningBatch(Generic[T]):
             self._bindings[key] = self.rt.binding()
         return self._bindings[key]
 
+    def _folding(self) -> tuple[np.ndarray, np.ndarray]:
+        """Which rows are whose (contract 6's fold and unfold), sentences in slot order."""
+        starts, widths = [0] * len(self.blocks), [0] * len(self.blocks)
+        for b in self.blocks:
+            starts[b.slot], widths[b.slot] = b.start, b.search.width
+        return fold_indices(starts, widths)
+
     def _remove(self, gone: Sequence[Block[T]]) -> None:
-        """The leaving blocks' rows are filled (cross rows, source mask, cache): by the last blocks
-        when they fit the holes, else by moving every later block up."""
+        """The leaving blocks' rows are filled (cache): by the last blocks when they fit the holes,
+        else by moving every later block up; their sentence slots by the last sentences."""
         if not gone:
             return
         leaving = set(map(id, gone))
         kept = sorted((b for b in self.blocks if id(b) not in leaving), key=lambda b: b.start)
+        holes = sorted(b.slot for b in gone if b.slot < len(kept))
+        movers = sorted((b for b in kept if b.slot >= len(kept)), key=lambda b: b.slot)
+        for b, slot in zip(movers, holes, strict=True):
+            self.buf.move_sentence(b.slot, slot)
+            b.slot = slot
         rows = sum(b.search.width for b in kept)
         if not self._fill_holes(kept, rows):
             pos = 0
@@ -318,9 +349,9 @@ class RunningBatch(Generic[T]):
         """Releases source columns beyond `columns` once `SOURCE_SLACK` of them are padding, and cache
         slots once at most a quarter of them hold `slots` (a long sentence left: attend over fewer)."""
         if self.buf.columns - columns >= SOURCE_SLACK:
-            self._resize(self.buf.capacity, columns, self.buf.slots)
+            self._resize_sources(self.buf.sentence_capacity, columns)
         if self.buf.slots >= 4 * max(slots, SLOT_CHUNK):
-            self.buf.resize_slots(self.rows, 2 * max(slots, SLOT_CHUNK))
+            self._resize_rows(self.buf.capacity, 2 * max(slots, SLOT_CHUNK))
 
     def _fill_holes(self, kept: list[Block[T]], end: int) -> bool:
         """Moves the blocks lying wholly beyond `end` (the rows that remain) into the holes below (a
@@ -349,8 +380,11 @@ class RunningBatch(Generic[T]):
             b.start = dst
         return True
 
-    def _resize(self, capacity: int, columns: int, slots: int) -> None:
-        self.buf.resize(self.rows, capacity, columns, slots, self.rt.heads, self.rt.d_k, self.layers2)
+    def _resize_rows(self, capacity: int, slots: int) -> None:
+        self.buf.resize_rows(self.rows, capacity, slots, self.rt.heads, self.rt.d_k, self.layers2)
+
+    def _resize_sources(self, capacity: int, columns: int) -> None:
+        self.buf.resize_sources(len(self.blocks), capacity, columns, self.rt.heads, self.rt.d_k, self.layers2)
 
     def _source_needed(self) -> int:
         return _aligned(max((b.source_len for b in self.blocks), default=0))

@@ -126,7 +126,7 @@ Rows = np.ndarray | DeviceRows  # a buffer's leading rows: host memory, or devic
 
 
 class StepBinding:
-    """One caller's buffers bound to one decoder session (IO contract 5), kept across steps: the
+    """One caller's buffers bound to one decoder session (IO contract 6), kept across steps: the
     cache, cross-attention K/V and source mask are rebound only when their memory or row count
     changes (a resize, rows joining or leaving), the log-probabilities land in a buffer of this
     binding's own, and each cache input shares its memory with its present output, so the fused
@@ -145,6 +145,8 @@ class StepBinding:
         self._logprobs = np.zeros((0, rt.vocab), np.float32)
         self._ids = np.zeros((0, 1), np.int64)
         self._positions = np.zeros(0, np.int64)
+        self._fold = np.zeros((0, 0), np.int64)
+        self._unfold = np.zeros(0, np.int64)
 
     def run(
         self,
@@ -153,22 +155,27 @@ class StepBinding:
         enc_mask: np.ndarray,
         cache: Sequence[Rows],
         cross: Sequence[Rows],
+        folding: tuple[np.ndarray, np.ndarray],
     ) -> np.ndarray:
         """One step; returns the log-probabilities (R, V), a view valid until the next call. The
-        arrays are the leading R rows of the caller's buffers (views or the buffers themselves):
-        the binding holds while the same buffers come with the same R."""
-        r = len(tokens)
+        arrays are the leading R rows (N sentences) of the caller's buffers (views or the buffers
+        themselves): the binding holds while the same buffers come with the same R, N and fold width."""
+        r, fold = len(tokens), folding[0]
         owners: list[object] = [_owner(a) for a in (enc_mask, *cache, *cross)]
-        key = (r, *map(id, owners))
+        key = (r, *fold.shape, *map(id, owners))
         if key != self._key:
-            self._bind(r, enc_mask, cache, cross)
+            self._bind(r, fold.shape, enc_mask, cache, cross)
             self._key, self._owners = key, owners  # held: an id stays theirs while the key holds
         self._ids[:r, 0] = tokens
         self._positions[:r] = positions
+        self._fold[...] = fold
+        self._unfold[:r] = folding[1]
         self.rt.decoder.run_with_iobinding(self.io)
         return self._logprobs[:r]
 
-    def _bind(self, r: int, enc_mask: np.ndarray, cache: Sequence[Rows], cross: Sequence[Rows]) -> None:
+    def _bind(
+        self, r: int, fold: tuple[int, ...], enc_mask: np.ndarray, cache: Sequence[Rows], cross: Sequence[Rows]
+    ) -> None:
         rt, io = self.rt, self.io
         held = []
         for name, out_name, a in zip(rt.cache_names, rt.present_names, cache, strict=True):
@@ -184,11 +191,15 @@ class StepBinding:
             grown = max(r, 2 * self._logprobs.shape[0])
             self._logprobs = np.zeros((grown, rt.vocab), np.float32)
             self._ids, self._positions = np.zeros((grown, 1), np.int64), np.zeros(grown, np.int64)
+            self._unfold = np.zeros(grown, np.int64)
+        self._fold = np.zeros(fold, np.int64)
         inputs: list[tuple[str, Rows]] = [
             *zip(rt.cross_names, cross, strict=True),
             (graphs.ENCODER_ATTENTION_MASK, enc_mask),
             (graphs.INPUT_IDS, self._ids[:r]),
             (graphs.POSITION_IDS, self._positions[:r]),
+            (graphs.FOLD, self._fold),
+            (graphs.UNFOLD, self._unfold[:r]),
         ]
         for name, a in inputs:
             if isinstance(a, DeviceRows):
@@ -254,24 +265,30 @@ class TranslatorRuntime:
         enc_mask: np.ndarray,
         cache: Sequence[Rows],
         cross: Sequence[Rows],
+        folding: tuple[np.ndarray, np.ndarray] | None = None,
         attention: bool = False,
         binding: StepBinding | None = None,
     ) -> DecoderStep:
-        """One step for R rows: row r's token at `positions[r]`, its keys in cache slots
-        0 .. positions[r]-1 (2L arrays (R, H, slots, d_k), contiguous: leading rows of a buffer;
-        contract 5 needs a slot for the new key too). With a `binding` (contract 5), the new keys
-        are written into `cache` in place; without, they are returned for the caller to write."""
+        """One step for R rows of N sentences: row r's token at `positions[r]`, its keys in cache
+        slots 0 .. positions[r]-1 (2L arrays (R, H, slots, d_k), contiguous: leading rows of a
+        buffer, with a slot for the new key too); each sentence's source mask (N, S) and
+        cross-attention K/V (2L arrays (N, H, S, d_k)); `folding`: which rows are whose
+        (`graphs.fold_indices`; None: sentence r is row r). With a `binding`, the new keys are
+        written into `cache` in place; without, they are returned for the caller to write."""
+        folding = folding if folding is not None else graphs.per_row_folding(len(tokens))
         if binding is not None and not attention:
-            return DecoderStep(binding.run(tokens, positions, enc_mask, cache, cross), [])
+            return DecoderStep(binding.run(tokens, positions, enc_mask, cache, cross, folding), [])
         feed: dict[str, Rows] = {  # host arrays: device buffers are only ever bound
             graphs.INPUT_IDS: tokens.reshape(-1, 1),
             graphs.POSITION_IDS: positions,
             graphs.ENCODER_ATTENTION_MASK: enc_mask,
+            graphs.FOLD: folding[0],
+            graphs.UNFOLD: folding[1],
         }
         feed.update(zip(self.cache_names, cache, strict=True))
         feed.update(zip(self.cross_names, cross, strict=True))
         outs = self.decoder.run(self.outputs + ([graphs.CROSS_ATTENTIONS] if attention else []), feed)
-        weights = outs.pop() if attention else None
+        weights = graphs.unfold_rows(outs.pop(), folding[1]) if attention else None
         new_kv = graphs.new_kv_from_present(outs[1:], positions) if self.in_place else outs[1:]
         return DecoderStep(outs[0], new_kv, weights)
 

@@ -262,7 +262,8 @@ def load_translator(entry: StoreEntry, options: runtime.LoadOptions | None = Non
     if m.io_contract not in READABLE_IO_CONTRACTS:
         raise ManifestError(
             f"{entry.folder}: exported for IO contract {m.io_contract}, this service needs {IO_CONTRACT_VERSION} "
-            f"(the decoder writes its cache in place); re-export the checkpoint: python -m export.publish CHECKPOINT "
+            f"(the decoder writes its cache in place and reads each sentence's source once for all its beams); "
+            f"re-export the checkpoint: python -m export.publish CHECKPOINT "
             f"--name {m.name} (a transformers checkpoint: python -m export.import_hf DIR --name {m.name})"
         )
     encoder = read_pinned(entry, files["encoder"])
