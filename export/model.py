@@ -171,9 +171,11 @@ class MultiHeadAttention(nn.Module):
         (`graphs.unfold_rows`)."""
         n, m = fold.shape
         q = self.q_proj(x)[fold].reshape(n, m, self.n_heads, self.d_k).transpose(1, 2)  # (N, H, M, d_k)
-        out, weights = attention(q, kv[0], kv[1], bias)  # (N, H, M, d_k), (N, H, M, S)
+        # each query one product of its own, the sentence's keys broadcast to it (`graphs`: contract 6)
+        k, v = kv[0][:, :, None], kv[1][:, :, None]  # (N, H, 1, S, d_k)
+        out, weights = attention(q[:, :, :, None], k, v, bias[:, None])  # (N, H, M, 1, d_k), (N, H, M, 1, S)
         out = out.transpose(1, 2).reshape(n * m, 1, self.n_heads * self.d_k)[unfold]  # (R, 1, D)
-        return self.merge_token(out), weights
+        return self.merge_token(out), weights[:, :, :, 0]
 
     def step(self, x: Tensor, cache: KV, cache_bias: Tensor) -> tuple[Tensor, KV]:
         """Self-attention of one new token (x: (R, 1, D)) over its row's cache and itself; also

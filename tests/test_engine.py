@@ -421,8 +421,8 @@ def test_a_version_trained_with_names_masked_ships_the_words_that_are_no_names(
 def test_a_sentences_step_is_bit_identical_whatever_the_fold(entries: dict[str, StoreEntry], variant: str) -> None:
     """IO contract 6 folds each sentence's rows into the queries of one product over its own
     keys and values. A sentence's log-probabilities and cross-attention must not depend on how
-    wide the fold is (the widest sentence's rows, at least 2), on its place, or on its neighbours:
-    a greedy row alone, beside beams of 3, and behind them, bit for bit."""
+    wide the fold is (the widest sentence's rows), on its place, or on its neighbours: a greedy
+    row alone (a fold of one), beside beams of 3, and behind them, bit for bit."""
     engine = load_translator(entries["tiny-mt"], LoadOptions(threads=1, variant=variant))
     rt = engine.rt
     ids, mask = graphs.pad([[5, 6, 7, 8, engine.eos_id], [9, 10, engine.eos_id]])
@@ -444,7 +444,7 @@ def test_a_sentences_step_is_bit_identical_whatever_the_fold(entries: dict[str, 
         assert out.attention is not None
         return out.logprobs, out.attention
 
-    alone = step([0], [0], [0], [1])  # fold width 2
+    alone = step([0], [0], [0], [1])
     beside = step([0, 1, 2, 3], [0, 1], [0, 1], [1, 3])  # width 3: the greedy row, then a beam of 3
     behind = step([1, 2, 3, 0], [1, 0], [0, 3], [3, 1])
     for got_alone, got_beside, got_behind in zip(alone, beside, behind, strict=True):

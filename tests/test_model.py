@@ -199,8 +199,8 @@ def test_tiny_classifier_overfits() -> None:
 def test_fold_indices_name_every_row_once_in_its_own_sentence() -> None:
     """IO contract 6's fold (N, M) and unfold (R,): each sentence's queries are its own rows (its
     spare places repeat one of them), each row is named by exactly one place, M is the widest
-    sentence's rows and at least 2, whatever the sentences' order against their rows."""
-    from service.contract.graphs import MIN_FOLD, fold_indices
+    sentence's rows, whatever the sentences' order against their rows."""
+    from service.contract.graphs import fold_indices
 
     rng = random.Random(4)
     for _ in range(200):
@@ -211,7 +211,7 @@ def test_fold_indices_name_every_row_once_in_its_own_sentence() -> None:
         for k in order:
             starts[k], row = row, row + widths[k]
         fold, unfold = fold_indices(starts, widths)
-        m = max(MIN_FOLD, *widths)
+        m = max(widths)
         assert fold.shape == (len(widths), m) and unfold.shape == (row,)
         for k, (s0, w) in enumerate(zip(starts, widths, strict=True)):
             assert fold[k, :w].tolist() == list(range(s0, s0 + w))

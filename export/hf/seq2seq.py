@@ -258,9 +258,9 @@ class Seq2Seq(nn.Module):
         fold, unfold = folding  # as `export.model.MultiHeadAttention.attend_folded`: weights folded
         n, m = fold.shape
         d = h.shape[-1]
-        q = a.q_proj(h)[fold].reshape(n, m, d)  # (N, M, D)
-        out, w = _attend(a, _heads(q, self.heads), kv[0], kv[1], bias)  # (N, H, M, d_k), (N, H, M, S)
-        return a.out_proj(_merge(out).reshape(n * m, 1, d)[unfold]), w
+        q = _heads(a.q_proj(h)[fold].reshape(n, m, d), self.heads)[:, :, :, None]  # (N, H, M, 1, d_k)
+        out, w = _attend(a, q, kv[0][:, :, None], kv[1][:, :, None], bias[:, None])  # each query its own product
+        return a.out_proj(_merge(out[:, :, :, 0]).reshape(n * m, 1, d)[unfold]), w[:, :, :, 0]
 
     def teacher_forced(self, src: Tensor, src_mask: Tensor, tgt: Tensor) -> Tensor:
         """Log-probabilities (B, T, V) of each next token given target prefixes `tgt` (B, T), one

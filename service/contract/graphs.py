@@ -24,12 +24,15 @@ copy of every weight (the bundled store has a size budget).
 Contract 6 folds the cross-attention: the decoder takes each sentence's source once, whatever its
 number of rows (beams): encoder_attention_mask (N, source) and cross_key_values.{i}.key/value
 (N, heads, source, d_k) for N sentences, with fold (N, M): the rows of each sentence's queries
-(M, at least 2, the widest sentence's rows; a sentence with fewer repeats one of its rows) and
-unfold (R,): each row's place in the folded (N * M) queries (`fold_indices`); cross_attentions
-come folded too, (N, layers, heads, M, source) (`unfold_rows`). Every sentence's
-queries go through one product over its own keys and values: no copy of them per beam, and each
-query's result is the same bit for bit whatever M (2 or more), N or its slot (measured; one query
-alone, M = 1, is computed another way and differs in the last bit: hence M >= 2).
+(M: the widest sentence's rows; a sentence with fewer repeats one of its rows) and unfold (R,):
+each row's place in the folded (N * M) queries (`fold_indices`); cross_attentions come folded
+too, (N, layers, heads, M, source) (`unfold_rows`). Each query is a product of its own with its
+sentence's keys and values broadcast to it (MatMul over (N, heads, M, 1, d_k) and (N, heads, 1,
+source, d_k)): they are read from memory once for all its beams and never copied per beam, and a
+query's result is the same bit for bit whatever M, N or its slot, and as a row of contract 5.
+(One product of a sentence's M queries, a GEMM, took about half the time again at beam 4, but
+one query alone takes another kernel path there and differs in the last bit; padded to two, a
+greedy batch of 64 rows stepped 1.1 to 1.2x slower; measured, `bench.fold_step`.)
 Contract 5 (the decoder's self-attention fused, `export.fused`) returns, instead of
 new_key_values, present.{i}.key/value (R, heads, slots, d_k): the cache with each row's new key and
 value written into its slot `position`. A caller that binds each cache input and its present output
@@ -65,7 +68,6 @@ INPUT_IDS, ATTENTION_MASK, LOGITS = "input_ids", "attention_mask", "logits"
 LAST_HIDDEN_STATE, ENCODER_ATTENTION_MASK, POSITION_IDS = "last_hidden_state", "encoder_attention_mask", "position_ids"
 LOGPROBS, ATTENTIONS, CROSS_ATTENTIONS = "logprobs", "attentions", "cross_attentions"
 FOLD, UNFOLD = "fold", "unfold"
-MIN_FOLD = 2  # queries per sentence in the folded cross-attention, at least (see contract 6)
 
 
 def kv_names(prefix: str, n_layers: int) -> list[str]:
@@ -111,9 +113,9 @@ def pad(seqs: Sequence[Sequence[int]], pad_id: int = SPECIAL_IDS["pad_id"]) -> t
 def fold_indices(starts: Sequence[int], widths: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
     """Contract 6's fold (N, M) and unfold (R,) for N sentences, sentence n holding the rows
     starts[n] .. starts[n] + widths[n] - 1 (R rows in all, each in one sentence): M is the widest
-    sentence's rows, at least `MIN_FOLD`; a sentence's spare query places repeat its last row."""
+    sentence's rows; a sentence's spare query places repeat its last row."""
     n = len(widths)
-    m = max(MIN_FOLD, max(widths, default=1))
+    m = max(widths, default=1)
     start = np.asarray(starts, np.int64)[:, None]
     width = np.asarray(widths, np.int64)[:, None]
     fold = start + np.minimum(np.arange(m, dtype=np.int64)[None, :], width - 1)  # (N, M)
