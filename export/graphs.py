@@ -47,9 +47,13 @@ class EncoderGraph(nn.Module):
 
 
 class DecoderStepGraph(nn.Module):
-    def __init__(self, model: Translator) -> None:
+    """The decoder step as the contract's graph. `normalised`: the model's `decode_step` returns
+    log-probabilities already (an imported model's suppressed ids at -inf must not be
+    renormalised away by another log-softmax)."""
+
+    def __init__(self, model: Translator | Seq2Seq, normalised: bool = False) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.normalised = model, normalised
         self.n = len(model.layers)
 
     def forward(
@@ -66,7 +70,7 @@ class DecoderStepGraph(nn.Module):
         logits, present, weights = self.model.decode_step(
             input_ids, position_ids, cache, cross, encoder_attention_mask, in_place=True, folding=(fold, unfold)
         )
-        logprobs = torch.log_softmax(logits, dim=-1)  # (R, V)
+        logprobs = logits if self.normalised else torch.log_softmax(logits, dim=-1)  # (R, V)
         return (logprobs, *[t for kv_ in present for t in kv_], weights)
 
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from export.fused import fused_self_attention
-from export.graphs import EncoderGraph, _export, translator_io
+from export.graphs import DecoderStepGraph, EncoderGraph, _export, translator_io
 from export.hf import ImportProblem
 from export.validate import ExportError, session
 from service.contract import graphs as io
@@ -287,32 +287,6 @@ def _ffn(layer: nn.Module, h: Tensor) -> tuple[Tensor, None]:
     return layer.fc2(layer.activation_fn(layer.fc1(h))), None
 
 
-class StepGraph(nn.Module):
-    """The decoder step as the contract's graph: the log-probabilities come out of `decode_step`
-    already (suppressed ids at -inf must not be renormalised away by another log-softmax)."""
-
-    def __init__(self, model: Seq2Seq) -> None:
-        super().__init__()
-        self.model, self.n = model, len(model.layers)
-
-    def forward(
-        self,
-        input_ids: Tensor,
-        position_ids: Tensor,
-        encoder_attention_mask: Tensor,
-        fold: Tensor,
-        unfold: Tensor,
-        *kv: Tensor,
-    ) -> tuple[Tensor, ...]:
-        n = self.n
-        cache = [(kv[2 * i], kv[2 * i + 1]) for i in range(n)]
-        cross = [(kv[2 * n + 2 * i], kv[2 * n + 2 * i + 1]) for i in range(n)]
-        logp, present, weights = self.model.decode_step(
-            input_ids, position_ids, cache, cross, encoder_attention_mask, in_place=True, folding=(fold, unfold)
-        )
-        return (logp, *[t for pair in present for t in pair], weights)
-
-
 # -- export and the checks against transformers ------------------------------------------------
 
 
@@ -328,7 +302,7 @@ def export_translator(model: Seq2Seq, folder: Path) -> dict[str, str]:
         cache = [t for kv in model.empty_cache(3, 5) for t in kv]  # the first sentence in two rows, the second in one
         fold, unfold = (torch.from_numpy(a) for a in io.fold_indices([0, 2], [2, 1]))
         args = (torch.tensor([[12], [14], [13]]), torch.tensor([3, 3, 1]), mask, fold, unfold, *cache, *cross)
-        _export(StepGraph(model), args, spec["decoder"], folder / "decoder.onnx", contrib=True)
+        _export(DecoderStepGraph(model, normalised=True), args, spec["decoder"], folder / "decoder.onnx", contrib=True)
     return {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}
 
 
