@@ -114,15 +114,12 @@ def fold_indices(starts: Sequence[int], widths: Sequence[int]) -> tuple[np.ndarr
     """Contract 6's fold (N, M) and unfold (R,) for N sentences, sentence n holding the rows
     starts[n] .. starts[n] + widths[n] - 1 (R rows in all, each in one sentence): M is the widest
     sentence's rows; a sentence's spare query places repeat its last row."""
-    n = len(widths)
+    start, width = np.asarray(starts, np.int64), np.asarray(widths, np.int64)
     m = max(widths, default=1)
-    start = np.asarray(starts, np.int64)[:, None]
-    width = np.asarray(widths, np.int64)[:, None]
-    fold = start + np.minimum(np.arange(m, dtype=np.int64)[None, :], width - 1)  # (N, M)
-    w = width[:, 0]
-    offset = np.arange(int(w.sum()), dtype=np.int64) - np.repeat(np.cumsum(w) - w, w)  # a row's place in its sentence
+    fold = start[:, None] + np.minimum(np.arange(m, dtype=np.int64), width[:, None] - 1)  # (N, M)
+    offset = np.arange(int(width.sum()), dtype=np.int64) - np.repeat(np.cumsum(width) - width, width)  # in its sentence
     unfold = np.empty(len(offset), np.int64)
-    unfold[np.repeat(start[:, 0], w) + offset] = np.repeat(np.arange(n, dtype=np.int64) * m, w) + offset
+    unfold[np.repeat(start, width) + offset] = np.repeat(np.arange(len(width), dtype=np.int64) * m, width) + offset
     return fold, unfold
 
 
