@@ -141,7 +141,7 @@ class DecodeOptions(StrictModel):
             temperature=self.temperature,
             top_k=self.top_k,
             top_p=self.top_p,
-            seed=_sentence_seed(self.seed, sentence),
+            seed=_sentence_seed(self.seed, sentence) if self.decode == "sample" else 0,  # two hashes: only to draw
             repetition_penalty=self.repetition_penalty,
             no_repeat_ngram_size=self.no_repeat_ngram_size
             if "no_repeat_ngram_size" in given
