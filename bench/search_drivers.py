@@ -36,19 +36,19 @@ new_state: R rows, row i being the continuation of ``rows[i]``.
 def decode(step: StepFn[S], state: S, searches: Sequence[Search]) -> list[list[Hypothesis]]:
     """Decodes sentences that start together: row i of the initial `state` is sentence i.
 
-    Each sentence occupies `width` consecutive rows; a sentence that is done leaves the batch
-    at once, so later steps run on fewer rows. Each strategy takes its sentences' step at once,
-    as in the running batch.
+    Each sentence occupies `rows` consecutive rows (a beam: one at its first step, then `width`);
+    a sentence that is done leaves the batch at once, so later steps run on fewer rows. Each
+    strategy takes its sentences' step at once, as in the running batch.
     """
     live = [i for i, s in enumerate(searches) if not s.done]
-    rows = np.concatenate([np.full(searches[i].width, i, dtype=np.int64) for i in live] or [np.zeros(0, np.int64)])
+    rows = np.concatenate([np.full(searches[i].rows, i, dtype=np.int64) for i in live] or [np.zeros(0, np.int64)])
     while live:
         tokens = np.concatenate([searches[i].tokens for i in live])
         logp, state = step(tokens, state, rows)
         logp = np.asarray(logp)
         if logp.ndim != 2 or logp.shape[0] != rows.size or logp.shape[1] == 0:
             raise ValueError(f"step returned logprobs of shape {logp.shape}, expected ({rows.size}, V)")
-        starts = np.cumsum([0] + [searches[i].width for i in live])[:-1]
+        starts = np.cumsum([0] + [searches[i].rows for i in live])[:-1]
         groups: dict[Strategy, list[int]] = {}
         for j, i in enumerate(live):
             groups.setdefault(searches[i].strategy, []).append(j)

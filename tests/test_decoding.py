@@ -228,7 +228,7 @@ def test_beam_size_one_is_greedy_on_tables() -> None:
 def test_early_exit_makes_no_extra_step() -> None:
     model = table_model(BETTER_THAN_GREEDY)
     run_beam(model, DecodeParams(beam_size=2), [100])
-    assert model.rows_per_call == [2, 2]  # a sentence keeps its K rows; both beams end at step 2
+    assert model.rows_per_call == [1, 2]  # the first step runs one row, then the K rows; both beams end at step 2
     model = table_model(BETTER_THAN_GREEDY)
     run_greedy(model, [100])
     assert model.rows_per_call == [1, 1]  # 2, then EOS
@@ -237,8 +237,8 @@ def test_early_exit_makes_no_extra_step() -> None:
 def test_finished_sentences_leave_the_batch() -> None:
     model = table_model(BETTER_THAN_GREEDY, ENDLESS, ENDLESS)
     out = run_beam(model, DecodeParams(beam_size=2), [100, 4, 3])
-    # K rows per sentence from the first step; sentence 0 is done after step 2, 2 after step 3.
-    assert model.rows_per_call == [6, 6, 4, 2]
+    # one row per sentence at the first step, then K; sentence 0 is done after step 2, 2 after step 3.
+    assert model.rows_per_call == [3, 6, 4, 2]
     assert [len(h[0].tokens) for h in out] == [1, 4, 3]
     model = table_model(BETTER_THAN_GREEDY, ENDLESS, ENDLESS)
     run_greedy(model, [100, 4, 3])
@@ -500,11 +500,11 @@ def _decide_as_alone(
         assert live == [i for i, s in enumerate(batched) if not s.done]
         logp_of = {}
         for i in live:
-            logits = rng.normal(size=(widths[i], vocab)).round(0 if ties else 6)  # rounding: equal scores
+            logits = rng.normal(size=(alone[i].rows, vocab)).round(0 if ties else 6)  # rounding: equal scores
             logits[:, EOS] += rng.normal() * 2
             logp_of[i] = (logits - np.logaddexp.reduce(logits, axis=1, keepdims=True)).astype(np.float32)
         logp = np.concatenate([logp_of[i] for i in live])
-        starts = np.cumsum([0] + [widths[i] for i in live])[:-1].astype(np.int64)
+        starts = np.cumsum([0] + [batched[i].rows for i in live])[:-1].astype(np.int64)
         decided: dict[int, np.ndarray | None] = {}
         for strategy in (GREEDY, BEAM):
             members = [j for j, i in enumerate(live) if batched[i].strategy is strategy]
@@ -538,7 +538,7 @@ def test_forced_tokens_are_taken_with_log_probability_zero(beam: int) -> None:
     table = table - np.logaddexp.reduce(table, axis=1, keepdims=True)
     s = Search(DecodeParams(beam_size=beam, max_new_tokens=4), 0, eos, forced=(5,), forced_eos=True)
     while not s.done:
-        s.advance(table)
+        s.advance(table[: s.rows])
     best = s.hypotheses()[0]
     assert best.tokens[0] == 5 and best.finished and len(best.tokens) == 3  # 5, two free tokens, forced EOS
     assert best.tokens[1:] == (4, 4)

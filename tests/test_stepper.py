@@ -114,7 +114,31 @@ def test_rows_of_finished_and_dropped_sentences_leave_at_once() -> None:
     assert batch.drop(lambda i: i != 2) == [2] and batch.rows == 3
     while batch.blocks:
         batch.step()
-    assert rt.rows[:2] == [8, 3]  # 2 + 3 + 3 rows, then only sentence 1
+    assert rt.rows[:3] == [3, 3, 3]  # one row each at their first step, then only sentence 1: its three rows
+
+
+def test_a_beam_takes_its_first_step_on_one_row_then_widens_in_place() -> None:
+    """A beam's first step runs one row (its K rows would all be the same BOS row); after it the
+    block widens to K rows copied from that row, moving the blocks after it, and one that was moved
+    into a hole before its first step widens there: every sentence decodes as alone."""
+    rt = FakeRuntime(seed=11)
+    beam3, beam2, greedy = (DecodeParams(beam_size=k, max_new_tokens=6) for k in (3, 2, 1))
+    params = [greedy, beam3, greedy, beam2]
+    srcs = [[100 + i, 5 + i, EOS] for i in range(4)]
+    want = [alone(rt, s, p) for s, p in zip(srcs, params, strict=True)]
+    rt.rows.clear()
+    batch: RunningBatch[int] = RunningBatch(rt, PAD)  # type: ignore[arg-type]
+    got: dict[int, list[Hypothesis]] = {}
+    batch.join(srcs[:2], [Search(p, BOS, EOS) for p in params[:2]], [0, 1])
+    got.update(batch.step())
+    assert rt.rows == [2] and batch.used == batch.rows == 4  # sentence 1 widened to 3 rows
+    batch.join(srcs[2:], [Search(p, BOS, EOS) for p in params[2:]], [2, 3])
+    assert batch.drop(lambda i: i != 0) == [0]  # sentence 3 (one row) moves into sentence 0's row
+    got.update(batch.step())
+    assert rt.rows == [2, 5] and [(b.tag, b.start, b.rows) for b in batch.blocks] == [(3, 0, 2), (1, 2, 3), (2, 5, 1)]
+    while batch.blocks:
+        got.update(batch.step())
+    assert [got[i] for i in (1, 2, 3)] == want[1:]
 
 
 def test_row_capacity_follows_rows_not_source_widths() -> None:

@@ -1,15 +1,17 @@
 """Greedy, beam and sampling search: pure numpy, model-agnostic.
 
-A `Search` is one sentence's decoding state. It occupies a fixed block of `width` rows in every
-decoder step (beam_size rows for beam search, 1 for greedy, num_hypotheses for sampling). Its
+A `Search` is one sentence's decoding state. It occupies a block of `width` rows in every
+decoder step (beam_size rows for beam search, 1 for greedy, num_hypotheses for sampling), but a
+beam's first step, whose rows would all be the same BOS row, runs its one row (`rows`). Its
 `Strategy` (`Greedy`, `Beam`, `Sampling`, as in fairseq's search.py) owns one batch-level step:
 the log-probabilities of a whole decoder step in, for every sentence it serves the rows that
 continue and with which tokens. A strategy reads only each sentence's own rows, so a sentence
 decodes to the same result alone, in a batch, or joining a running batch at any step
 (`service.engine.running`); batching only shares the passes over the vocabulary.
 
-Beam search is kept the fairseq way: the block's K rows start from BOS with scores
-(0, -inf, ..., -inf); candidates are ranked over the block's K*V continuations, 2K of them so
+Beam search is kept the fairseq way, its first step unexpanded: one BOS row ranks its V
+continuations, the K best then become the block's K rows; from then on candidates are ranked
+over the block's K*V continuations, 2K of them so
 beams that end are refilled; an EOS among the K best is finalised; the length penalty is
 applied when a hypothesis is finalised. Ties are broken towards the lower (row, token) index,
 so results are reproducible.
@@ -119,11 +121,13 @@ class Search:
         self.limit = params.max_new_tokens if limit is None else min(limit, params.max_new_tokens)
         self.width = k = params.width
         self.t = 0  # steps taken
-        self.tokens = np.full(k, bos_id, dtype=np.int64)  # (K,) each row's last token
-        # Beam rows start as one: (0, -inf, ...) so the first step ranks row 0's continuations
-        # only. Sampled rows are independent draws from the start.
-        self.cum = np.zeros(k) if params.sample else np.array([0.0] + [-np.inf] * (k - 1))
-        self.hist = np.zeros((k, self.limit), dtype=np.int64)  # (K, T) generated ids
+        # Beam rows start as one BOS row (K copies would compute K equal rows: a beam-4 sentence of
+        # 10 tokens ran 40 row-steps, now 37); its first step's K best continuations become K rows.
+        # Sampled rows are independent draws from the start.
+        start = k if params.sample else 1
+        self.tokens = np.full(start, bos_id, dtype=np.int64)  # (rows,) each row's last token
+        self.cum = np.zeros(start)  # (rows,) each row's cumulative log-probability
+        self.hist = np.zeros((start, self.limit), dtype=np.int64)  # (rows, T) generated ids
         self.alive = np.ones(k, dtype=bool)  # sampling: rows that have not ended
         self.found: list[Hypothesis] = []
         self.done = self.limit == 0
@@ -132,6 +136,11 @@ class Search:
         self.rng = np.random.default_rng(params.seed) if params.sample else None
         self.strategy = strategy_for(params) if strategy is None else strategy
         self.strategy.check(params)
+
+    @property
+    def rows(self) -> int:
+        """Rows the next step runs: `width`, except one before a beam's first step."""
+        return len(self.tokens)
 
     @property
     def penalised(self) -> bool:
@@ -150,8 +159,8 @@ class Search:
         return None
 
     def advance(self, logp: np.ndarray) -> np.ndarray | None:
-        """One step of this sentence alone from its (width, V) log-probabilities."""
-        return self.strategy.step([self], _check_logprobs(logp, self.width), _FIRST_ROW)[0]
+        """One step of this sentence alone from its (rows, V) log-probabilities."""
+        return self.strategy.step([self], _check_logprobs(logp, self.rows), _FIRST_ROW)[0]
 
     def hypotheses(self) -> list[Hypothesis]:
         """Best first: up to num_hypotheses (fewer only if the vocabulary cannot supply them)."""
@@ -169,7 +178,7 @@ class Search:
             return logp
         logp = np.array(logp, dtype=np.float64)
         n = p.no_repeat_ngram_size
-        for r in range(self.width):
+        for r in range(self.rows):
             hist = self.hist[r, :done]
             if p.repetition_penalty != 1.0:
                 seen = np.unique(hist)
@@ -193,8 +202,9 @@ class Strategy(ABC):
 
     @abstractmethod
     def step(self, searches: Sequence[Search], logp: np.ndarray, starts: NDArray[np.int64]) -> list[np.ndarray | None]:
-        """One step for `searches`, whose blocks start at rows `starts` of `logp` (R, V), in row
-        order: per search the parent of each of its rows within its block, or None when done."""
+        """One step for `searches`, whose blocks of `rows` rows start at rows `starts` of `logp`
+        (R, V), in row order: per search the parent within its block of each of its `width` rows
+        after the step (more than it ran after a beam's first step), or None when done."""
 
 
 class Greedy(Strategy):
@@ -245,14 +255,15 @@ class Beam(Strategy):
         penalised = [s.penalised for s in searches]
         plain = [i for i, p in enumerate(penalised) if not p]
         if plain:
-            width = [searches[i].width for i in plain]
-            widths = np.array(width)
+            ran = [searches[i].rows for i in plain]
+            rows = np.array(ran)
+            counts = 2 * np.array([searches[i].width for i in plain])
             cum = np.concatenate([searches[i].cum for i in plain])
-            if sum(width) == logp.shape[0]:  # every row is ours, all searches plain, blocks in row order
+            if sum(ran) == logp.shape[0]:  # every row is ours, all searches plain, blocks in row order
                 own, first = logp, starts.tolist()
             else:
-                own, first = logp[_rows(starts[plain], widths)], (np.cumsum(widths) - widths).tolist()
-            score, row, tok = rank_candidates(own, cum, widths, 2 * widths, searches[plain[0]].eos_id)
+                own, first = logp[_rows(starts[plain], rows)], (np.cumsum(rows) - rows).tolist()
+            score, row, tok = rank_candidates(own, cum, rows, counts, searches[plain[0]].eos_id)
             row -= np.asarray(first, np.int64)[:, None]  # within each block
             group = [searches[i] for i in plain]
             each = _continue_all if len(group) >= _VECTORISED_FROM else _continue_each
@@ -261,9 +272,8 @@ class Beam(Strategy):
         for i, s in enumerate(searches):
             if penalised[i]:
                 s.t += 1
-                own = s.penalised_logprobs(logp[starts[i] : starts[i] + s.width])
-                k = s.width
-                score, row, tok = _top_candidates(own, s.cum, k, 2 * k, s.eos_id)
+                own = s.penalised_logprobs(logp[starts[i] : starts[i] + s.rows])
+                score, row, tok = _top_candidates(own, s.cum, s.rows, 2 * s.width, s.eos_id)
                 out[i] = _continue(s, score[0], row[0], tok[0])
         return out
 

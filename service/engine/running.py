@@ -1,10 +1,11 @@
 """A running decoder batch: sentences join and leave at any step, each with its own block of rows.
 
 Every active sentence holds a block of `width` consecutive rows (its `Search` decides what they
-do) and a sentence slot. One `step()` runs the decoder graph once for all rows, each row at its
-own position with its own cache, each sentence's rows folded over one copy of its source (IO
-contract 6), then lets each search strategy take its sentences' step at once (one pass over the
-vocabulary for all greedy rows, one sort for the candidates of all beams). Nothing a sentence
+do; a beam's first step runs one row, widened to `width` after it) and a sentence slot. One
+`step()` runs the decoder graph once for all rows, each row at its own position with its own
+cache, each sentence's rows folded over one copy of its source (IO contract 6), then lets each
+search strategy take its sentences' step at once (one pass over the vocabulary for all greedy
+rows, one sort for the candidates of all beams). Nothing a sentence
 sees depends on its neighbours: a row attends to its own cache slots only, padding is masked,
 and a sentence's folded cross-attention is the same bit for bit whatever the fold's width.
 
@@ -14,7 +15,9 @@ sentences, cache slots) or as needed (source columns), so that little of it move
   position). The graph writes the step's new key and value into slot t itself (the buffers bound
   to it by `StepBinding`) or returns them to be written here (a graph called without a binding);
   a beam reorder copies just the rows whose parent changed; a joining row needs no copy at all
-  (slot contents beyond a row's position are never attended);
+  (slot contents beyond a row's position are never attended); a beam widening after its first
+  step copies its one row to its other rows (and moves the blocks after it: the sentences that
+  joined with it, at the end);
 - per sentence, its cross-attention K/V and source mask: written once when it joins, whatever
   its number of rows (a beam of 4 reads one copy).
 When sentences leave, the blocks after them move up to close the gap, and the last sentence
@@ -97,6 +100,7 @@ class Block(Generic[T]):
     start: int = 0  # first row
     source_len: int = 0
     slot: int = 0  # its place in the per-sentence buffers (cross-attention K/V, source mask)
+    rows: int = 0  # rows it holds now: its search's width, or one before a beam's first step
 
 
 @dataclass
@@ -206,7 +210,8 @@ class RunningBatch(Generic[T]):
         self.rt, self.pad_id, self.timer = rt, pad_id, timer
         self.layers2 = 2 * rt.n_layers
         self.blocks: list[Block[T]] = []
-        self.rows = 0
+        self.rows = 0  # the rows its sentences hold once under way (their widths): what a scheduler plans with
+        self.used = 0  # the rows in the buffers now, what a step runs (fewer before beams' first steps)
         self.stepped_rows = 0
         self.buf: _Buffers | DeviceBuffers = _Buffers() if rt.device_ops is None else DeviceBuffers(rt.device_ops)
         self._bindings: dict[int, StepBinding | None] = {}  # per runtime (id): kept across steps
@@ -252,7 +257,8 @@ class RunningBatch(Generic[T]):
         for enc, search, tag in zip(encoded, searches, tags, strict=True):
             slot = len(self.blocks)
             self.buf.write(slot, enc.cross, enc.length)
-            self.blocks.append(Block(tag, search, self.rows, enc.length, slot))
+            self.blocks.append(Block(tag, search, self.used, enc.length, slot, search.rows))
+            self.used += search.rows
             self.rows += search.width
         self._fold = None
 
@@ -270,8 +276,8 @@ class RunningBatch(Generic[T]):
             self.stepped_rows = 0
             return []
         t0 = time.perf_counter()
-        r = self.stepped_rows = self.rows
-        positions = np.concatenate([np.full(b.search.width, b.search.t, np.int64) for b in self.blocks])  # (R,)
+        r = self.stepped_rows = self.used
+        positions = np.concatenate([np.full(b.rows, b.search.t, np.int64) for b in self.blocks])  # (R,)
         needed = int(positions.max()) + 1
         if needed > self.buf.slots:  # doubling: a sentence of n tokens copies its cache about log2(n) times
             self._resize_rows(self.buf.capacity, max(needed, 2 * self.buf.slots))
@@ -287,6 +293,7 @@ class RunningBatch(Generic[T]):
         every = np.arange(r)
         parents = every.copy()
         finished: list[Block[T]] = []
+        widened: dict[int, np.ndarray] = {}  # beams after their first step: block (id) -> its rows' parents
         by_strategy: dict[Strategy, list[Block[T]]] = {}
         for b in self.blocks:  # in row order
             by_strategy.setdefault(b.search.strategy, []).append(b)
@@ -295,12 +302,16 @@ class RunningBatch(Generic[T]):
             for b, chosen in zip(blocks, strategy.step([b.search for b in blocks], out.logprobs, starts), strict=True):
                 if chosen is None:
                     finished.append(b)
+                elif len(chosen) == b.rows:
+                    parents[b.start : b.start + b.rows] = b.start + chosen
                 else:
-                    parents[b.start : b.start + b.search.width] = b.start + chosen
+                    widened[id(b)] = chosen
         finished.sort(key=lambda b: b.start)
         moved = np.flatnonzero(parents != every)
         if moved.size:  # beam rows that continue another row take its cache
             self.buf.reorder(moved, parents, needed)
+        if widened:
+            self._widen(widened, needed)
         self._remove(finished)
         self._record("decode", time.perf_counter() - t0)
         return [(b.tag, b.search.hypotheses()) for b in finished]
@@ -314,13 +325,28 @@ class RunningBatch(Generic[T]):
             self._bindings[key] = self.rt.binding()
         return self._bindings[key]
 
+    def _widen(self, widened: dict[int, np.ndarray], needed: int) -> None:
+        """Beams after their first step take their width: each new row copies its parent (the one
+        row), and the blocks after them move down (the sentences that joined with them: at the end).
+        The capacity was reserved for every sentence's width when it joined."""
+        sources, pos = [], 0
+        for b in self.blocks:  # in row order
+            chosen = widened.get(id(b))
+            sources.append(b.start + chosen if chosen is not None else np.arange(b.start, b.start + b.rows))
+            b.start, b.rows = pos, len(sources[-1])
+            pos += b.rows
+        src = np.concatenate(sources)
+        moved = np.flatnonzero(src != np.arange(pos))
+        self.buf.reorder(moved, src, needed)
+        self.used, self._fold = pos, None
+
     def _folding(self) -> tuple[np.ndarray, np.ndarray]:
         """Which rows are whose (contract 6's fold and unfold), sentences in slot order: made when
         the blocks change, not at every step (about 20 us, 5 % of a one-row int8 step)."""
         if self._fold is None:
             starts, widths = [0] * len(self.blocks), [0] * len(self.blocks)
             for b in self.blocks:
-                starts[b.slot], widths[b.slot] = b.start, b.search.width
+                starts[b.slot], widths[b.slot] = b.start, b.rows
             self._fold = fold_indices(starts, widths)
         return self._fold
 
@@ -336,16 +362,17 @@ class RunningBatch(Generic[T]):
         for b, slot in zip(movers, holes, strict=True):
             self.buf.move_sentence(b.slot, slot)
             b.slot = slot
-        rows = sum(b.search.width for b in kept)
-        if not self._fill_holes(kept, rows):
+        used = sum(b.rows for b in kept)
+        if not self._fill_holes(kept, used):
             pos = 0
             for b in kept:
                 if b.start != pos:
-                    self.buf.move(b.start, pos, b.search.width)
+                    self.buf.move(b.start, pos, b.rows)
                     b.start = pos
-                pos += b.search.width
+                pos += b.rows
         kept.sort(key=lambda b: b.start)
-        self.blocks, self.rows, self._fold = kept, rows, None
+        self.blocks, self.used, self._fold = kept, used, None
+        self.rows = sum(b.search.width for b in kept)
         # an idle batch keeps its buffers (a fresh array's every page faults on first write) until the next join
         if kept:
             self._fit(self._source_needed(), max(b.search.t for b in kept) + 1)
@@ -362,7 +389,7 @@ class RunningBatch(Generic[T]):
         """Moves the blocks lying wholly beyond `end` (the rows that remain) into the holes below (a
         sentence leaving from the middle then costs one block's copy, not every later block's);
         False, moving nothing, where they do not fit (a block across the end, or holes too narrow)."""
-        stay = [b for b in kept if b.start + b.search.width <= end]
+        stay = [b for b in kept if b.start + b.rows <= end]
         movers = [b for b in kept if b.start >= end]
         if len(stay) + len(movers) != len(kept):
             return False  # a block across the end
@@ -370,23 +397,23 @@ class RunningBatch(Generic[T]):
         for b in stay:
             if b.start > pos:
                 holes.append([pos, b.start])
-            pos = b.start + b.search.width
+            pos = b.start + b.rows
         if pos < end:
             holes.append([pos, end])
         plan = []
-        for b in sorted(movers, key=lambda b: -b.search.width):
-            hole = next((h for h in holes if h[1] - h[0] >= b.search.width), None)
+        for b in sorted(movers, key=lambda b: -b.rows):
+            hole = next((h for h in holes if h[1] - h[0] >= b.rows), None)
             if hole is None:
                 return False
             plan.append((b, hole[0]))
-            hole[0] += b.search.width
+            hole[0] += b.rows
         for b, dst in plan:  # sources lie beyond the end, destinations below it: no overlap
-            self.buf.move(b.start, dst, b.search.width)
+            self.buf.move(b.start, dst, b.rows)
             b.start = dst
         return True
 
     def _resize_rows(self, capacity: int, slots: int) -> None:
-        self.buf.resize_rows(self.rows, capacity, slots, self.rt.heads, self.rt.d_k, self.layers2)
+        self.buf.resize_rows(self.used, capacity, slots, self.rt.heads, self.rt.d_k, self.layers2)
 
     def _resize_sources(self, capacity: int, columns: int) -> None:
         self.buf.resize_sources(len(self.blocks), capacity, columns, self.rt.heads, self.rt.d_k, self.layers2)
@@ -481,7 +508,7 @@ class ShardedBatch(Generic[T]):
 
     def step(self) -> list[tuple[T, list[Hypothesis]]]:
         active = [p for p in self.parts if p.blocks]
-        self.stepped_rows = sum(p.rows for p in active)
+        self.stepped_rows = sum(p.used for p in active)
         if len(active) <= 1:
             for p in active:
                 p.rt = self.wide
