@@ -51,7 +51,7 @@ SOURCE_SLACK = 8  # shrink the source buffer once this many columns are padding 
 SOURCE_ALIGN = 8  # the source buffer's width is a multiple of this (see `_aligned`)
 SLOT_CHUNK = 8  # the fewest cache slots; they double when rows need more (each growth copies the cache)
 ENCODE_CALL_TOKENS = 8  # an encoder run's fixed cost in padded tokens' worth (`encode_sources`)
-IDLE_SLOTS = 16  # an idle batch keeps the cache slots of sentences this long (up to 4x: 64), releases more
+IDLE_SLOTS = 16  # an idle batch keeps the cache slots of sentences this long (below 4x: up to 32), releases more
 
 
 def _aligned(columns: int) -> int:
