@@ -277,7 +277,7 @@ class RunningBatch(Generic[T]):
             return []
         t0 = time.perf_counter()
         r = self.stepped_rows = self.used
-        positions = np.concatenate([np.full(b.rows, b.search.t, np.int64) for b in self.blocks])  # (R,)
+        positions = np.repeat(np.array([b.search.t for b in self.blocks], np.int64), [b.rows for b in self.blocks])
         needed = int(positions.max()) + 1
         if needed > self.buf.slots:  # doubling: a sentence of n tokens copies its cache about log2(n) times
             self._resize_rows(self.buf.capacity, max(needed, 2 * self.buf.slots))
@@ -302,10 +302,10 @@ class RunningBatch(Generic[T]):
             for b, chosen in zip(blocks, strategy.step([b.search for b in blocks], out.logprobs, starts), strict=True):
                 if chosen is None:
                     finished.append(b)
-                elif len(chosen) == b.rows:
-                    parents[b.start : b.start + b.rows] = b.start + chosen
-                else:
+                elif len(chosen) != b.rows:
                     widened[id(b)] = chosen
+                elif b.rows > 1:  # a row alone continues itself
+                    parents[b.start : b.start + b.rows] = b.start + chosen
         finished.sort(key=lambda b: b.start)
         moved = np.flatnonzero(parents != every)
         if moved.size:  # beam rows that continue another row take its cache
