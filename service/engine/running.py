@@ -328,16 +328,18 @@ class RunningBatch(Generic[T]):
     def _widen(self, widened: dict[int, np.ndarray], needed: int) -> None:
         """Beams after their first step take their width: each new row copies its parent (the one
         row), and the blocks after them move down (the sentences that joined with them: at the end).
-        The capacity was reserved for every sentence's width when it joined."""
-        sources, pos = [], 0
-        for b in self.blocks:  # in row order
+        The capacity was reserved for every sentence's width when it joined; the blocks before the
+        first one widening stay as they are."""
+        first = next(i for i, b in enumerate(self.blocks) if id(b) in widened)  # blocks in row order
+        src = [np.arange(self.blocks[first].start)]
+        pos = self.blocks[first].start
+        for b in self.blocks[first:]:
             chosen = widened.get(id(b))
-            sources.append(b.start + chosen if chosen is not None else np.arange(b.start, b.start + b.rows))
-            b.start, b.rows = pos, len(sources[-1])
+            src.append(b.start + chosen if chosen is not None else np.arange(b.start, b.start + b.rows))
+            b.start, b.rows = pos, len(src[-1])
             pos += b.rows
-        src = np.concatenate(sources)
-        moved = np.flatnonzero(src != np.arange(pos))
-        self.buf.reorder(moved, src, needed)
+        parents = np.concatenate(src)
+        self.buf.reorder(np.flatnonzero(parents != np.arange(pos)), parents, needed)
         self.used, self._fold = pos, None
 
     def _folding(self) -> tuple[np.ndarray, np.ndarray]:
