@@ -9,8 +9,9 @@ revision `--base` (checked out into a temporary git worktree) and this tree each
 (on the other CPU, 32 connections, one text per request) loads one of them at a time, A B then
 B A, short runs, so both see the same drift. `--setting` applies SERVE_* settings to this tree's
 server only (the same code under another setting). Prints each pair's B ÷ A and their median, and
-the server's CPU time per request (user + system, all its threads, from /proc): less swayed by a
-slow minute than the rate, as long as the server has its CPU to itself.
+the server's CPU time per request (user + system, all its threads, from /proc) and the event loop's
+alone (its main thread): less swayed by a slow minute than the rate, as long as the server has its
+CPU to itself.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ def worktree(revision: str) -> Iterator[Path]:
             subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, check=False)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, all its threads."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU time of a process, all its threads (or one: the event loop's is `pid`)."""
+    stat = Path(f"/proc/{pid}/task/{thread}/stat" if thread else f"/proc/{pid}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -80,27 +82,31 @@ def main(argv: list[str] | None = None) -> int:
             wait_ready(b)
             for server in (a, b):  # warm-up
                 wrk_result(wrk(server.url, args.path, bodies, args.connections, 3, args.client_cpus))
-            ratios, cpu_ratios = [], []
+            ratios, cpu_ratios, loop_ratios = [], [], []
             for i in range(args.pairs):
-                rates, cpu, p50 = {}, {}, {}
+                rates, cpu, loop, p50 = {}, {}, {}, {}
                 for server in (a, b) if i % 2 == 0 else (b, a):
-                    used = cpu_seconds(server.pid)
+                    used, looped = cpu_seconds(server.pid), cpu_seconds(server.pid, server.pid)
                     run = wrk(server.url, args.path, bodies, args.connections, args.seconds, args.client_cpus)
                     result = wrk_result(run)
                     rates[server.port], p50[server.port] = result["per_s"], result["p50_ms"]
                     cpu[server.port] = (cpu_seconds(server.pid) - used) / max(1, result["requests"])
+                    loop[server.port] = (cpu_seconds(server.pid, server.pid) - looped) / max(1, result["requests"])
                 ratios.append(rates[b.port] / rates[a.port])
                 cpu_ratios.append(cpu[b.port] / cpu[a.port])
+                loop_ratios.append(loop[b.port] / loop[a.port])
                 print(
                     f"A {rates[a.port]:8.1f}  B {rates[b.port]:8.1f} requests/s  B/A {ratios[-1]:.3f}   "
                     f"CPU per request A {cpu[a.port] * 1e6:6.0f}  B {cpu[b.port] * 1e6:6.0f} us  "
-                    f"B/A {cpu_ratios[-1]:.3f}   "
+                    f"B/A {cpu_ratios[-1]:.3f}   event loop A {loop[a.port] * 1e6:5.0f}  "
+                    f"B {loop[b.port] * 1e6:5.0f} us  B/A {loop_ratios[-1]:.3f}   "
                     f"p50 A {p50[a.port]:.2f}  B {p50[b.port]:.2f} ms",
                     flush=True,
                 )
             print(
                 f"median B/A over {args.pairs} pairs: requests/s {statistics.median(ratios):.3f}, "
-                f"CPU per request {statistics.median(cpu_ratios):.3f} (logs in {logs})"
+                f"CPU per request {statistics.median(cpu_ratios):.3f}, the event loop's "
+                f"{statistics.median(loop_ratios):.3f} (logs in {logs})"
             )
         finally:
             stop(a)
