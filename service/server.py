@@ -25,6 +25,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from service import logs
 from service.app import create_app
+from service.http.middleware import LINK_KEY, RequestLink
 from service.http.state import AppState
 from service.settings import Settings, unknown_variables
 
@@ -101,9 +102,31 @@ class HeaderDeadline:
             self.transport.close()
 
 
+class RequestLinks:
+    """Mixed into uvicorn's HTTP protocols: each request's scope gets a `RequestLink`, through
+    which the app learns that its body has arrived and that its client left (so it needs neither
+    a body timer for a body that came with the headers nor a task per request watching `receive`)."""
+
+    cycle: Any
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)  # type: ignore[misc]
+        cycle = self.cycle
+        if cycle is not None and LINK_KEY not in cycle.scope:  # before its task first runs
+            cycle.scope[LINK_KEY] = RequestLink(lambda: not cycle.more_body)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        cycle = self.cycle
+        super().connection_lost(exc)  # type: ignore[misc]
+        if cycle is not None and cycle.disconnected:  # before its answer completed
+            link = cycle.scope.get(LINK_KEY)
+            if isinstance(link, RequestLink):
+                link.lost()
+
+
 def guarded_protocol(header_timeout: float, max_header_bytes: int = 16384) -> type:
     """uvicorn's fastest HTTP/1.1 protocol here (httptools, a C parser; else h11) with the
-    header deadline and size limit."""
+    header deadline and size limit, and request links."""
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -111,7 +134,7 @@ def guarded_protocol(header_timeout: float, max_header_bytes: int = 16384) -> ty
     except ImportError:  # httptools missing: the pure-Python parser
         base = H11Protocol
     limits = {"header_timeout": header_timeout, "max_header_bytes": max_header_bytes}
-    return type(f"Guarded{base.__name__}", (HeaderDeadline, base), limits)
+    return type(f"Guarded{base.__name__}", (HeaderDeadline, RequestLinks, base), limits)
 
 
 class DrainingServer(uvicorn.Server):

@@ -2,6 +2,11 @@
 
 Pure ASGI (no BaseHTTPMiddleware): the route runs in the same task, and the body is checked on
 the raw stream, so a lying or missing Content-Length cannot get more than the limit through.
+
+A server that knows its connections (`service.server`'s protocol) puts a `RequestLink` in each
+request's scope: then a body that arrived with its headers is read without a timer, and a client
+that leaves is reported by the server, where otherwise a task per request watches `receive`
+(about 25 us of the event loop's time per request, a tenth of a served `/predict`'s).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import logging
 import re
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -28,6 +34,7 @@ log = logging.getLogger(__name__)
 
 SCOPE_KEY = "serve.request"
 DISCONNECTED = "serve.disconnected"  # set in the scope when the client left before its answer
+LINK_KEY = "serve.link"  # a RequestLink, from a server that offers one
 CLIENT_CLOSED = 499  # status logged for such a request (nginx's convention)
 REQUEST_ID_HEADER = b"x-request-id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
@@ -35,6 +42,22 @@ _OCTETS = "application/octet-stream"
 _FORM = "application/x-www-form-urlencoded"
 _MULTIPART = "multipart/form-data"
 _JSON_TYPE = re.compile(r"^application/([a-z0-9.+-]*\+)?json\s*(;.*)?$", re.IGNORECASE)
+
+
+class RequestLink:
+    """What the server tells the app about one request's connection: whether the whole body has
+    arrived (`body_arrived`), and, through `on_lost`, that the client left before the answer
+    completed (called at most once, on the event loop)."""
+
+    __slots__ = ("body_arrived", "on_lost")
+
+    def __init__(self, body_arrived: Callable[[], bool]) -> None:
+        self.body_arrived = body_arrived
+        self.on_lost: Callable[[], None] | None = None
+
+    def lost(self) -> None:
+        if self.on_lost is not None:
+            self.on_lost()
 
 
 @dataclass
@@ -218,23 +241,18 @@ class BodyLimit:
             wrong_type = "Content-Type must be application/json"
             await error_response(protocol, wrong_type, "unsupported_media_type")(scope, receive, send)
             return
-        chunks, size = [], 0
+        link = scope.get(LINK_KEY)
         try:
-            async with asyncio.timeout(self.body_timeout):  # no task per request, unlike wait_for
-                while True:
-                    message = await receive()
-                    if message["type"] == "http.disconnect":
-                        return
-                    chunk = message.get("body", b"")
-                    size += len(chunk)
-                    if size > limit:
-                        break
-                    chunks.append(chunk)
-                    if not message.get("more_body", False):
-                        break
+            if isinstance(link, RequestLink) and link.body_arrived():  # no timer: nothing to wait for
+                chunks, size = await _read(receive, limit)
+            else:
+                async with asyncio.timeout(self.body_timeout):  # no task per request, unlike wait_for
+                    chunks, size = await _read(receive, limit)
         except TimeoutError:
             late = f"the request body did not arrive within {self.body_timeout:g} s"
             await error_response(protocol, late, "request_timeout")(scope, receive, send)
+            return
+        except _ClientLeft:
             return
         if size > limit:
             await error_response(protocol, too_large, "payload_too_large")(scope, receive, send)
@@ -242,40 +260,80 @@ class BodyLimit:
         await _run_watched(self.app, scope, b"".join(chunks), receive, send)
 
 
-async def _run_watched(app: ASGIApp, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
-    """Runs the route with the body replayed; cancels it if the client disconnects first."""
-    left = asyncio.Event()
-    started = False
-    replayed = False
+class _ClientLeft(Exception):
+    pass
 
-    async def replay() -> Message:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
+
+async def _read(receive: Receive, limit: int) -> tuple[list[bytes], int]:
+    """The body's chunks and their size, up to the first chunk that passes `limit`."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _ClientLeft
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return chunks, size
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return chunks, size
+
+
+class _Watched:
+    """A route's view of its request: the body replayed, sends tracked, and `left()` when the
+    client leaves: the route is cancelled if its answer has not started."""
+
+    __slots__ = ("scope", "body", "route", "started", "finishing", "gone", "_left", "_send")
+
+    def __init__(self, scope: Scope, body: bytes, route: asyncio.Task[object], send: Send) -> None:
+        self.scope, self.route, self._send = scope, route, send
+        self.body: bytes | None = body  # None once replayed
+        self.started = self.finishing = self.gone = False
+        self._left: asyncio.Event | None = None  # made when a route waits past its body (rare)
+
+    async def receive(self) -> Message:
+        if self.body is not None:
+            body, self.body = self.body, None
             return {"type": "http.request", "body": body, "more_body": False}
-        await left.wait()
+        if not self.gone:
+            self._left = self._left or asyncio.Event()
+            await self._left.wait()
         return {"type": "http.disconnect"}
 
-    async def tracked_send(message: Message) -> None:
-        nonlocal started
-        started = started or message["type"] == "http.response.start"
-        await send(message)
+    async def send(self, message: Message) -> None:
+        self.started = self.started or message["type"] == "http.response.start"
+        await self._send(message)
 
+    def left(self) -> None:
+        self.gone = True
+        if self._left is not None:
+            self._left.set()
+        if not self.started and not self.finishing:
+            self.scope[DISCONNECTED] = True
+            self.route.cancel()
+
+
+async def _watch(receive: Receive, watched: _Watched) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    watched.left()
+
+
+async def _run_watched(app: ASGIApp, scope: Scope, body: bytes, receive: Receive, send: Send) -> None:
+    """Runs the route with the body replayed; cancels it if the client disconnects first."""
     route = asyncio.current_task()  # the route runs in this task (one task less per request)
     assert route is not None
-    finishing = False
-
-    async def watch() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        left.set()
-        if not started and not finishing:
-            scope[DISCONNECTED] = True
-            route.cancel()
-
-    watcher = asyncio.ensure_future(watch())
+    watched = _Watched(scope, body, route, send)
+    link = scope.get(LINK_KEY)
+    watcher = None
+    if isinstance(link, RequestLink):
+        link.on_lost = watched.left
+    else:  # a server that reports nothing: watch its receive
+        watcher = asyncio.ensure_future(_watch(receive, watched))
     try:
-        await app(scope, replay, tracked_send)
+        await app(scope, watched.receive, watched.send)
     except asyncio.CancelledError:
         if not scope.get(DISCONNECTED):
             raise  # the server is cancelling us, not the client
@@ -284,5 +342,8 @@ async def _run_watched(app: ASGIApp, scope: Scope, body: bytes, receive: Receive
         if scope.get(DISCONNECTED):  # the route finished despite our cancel: take it back (no later await sees it)
             route.uncancel()
     finally:
-        finishing = True
-        watcher.cancel()
+        watched.finishing = True
+        if watcher is not None:
+            watcher.cancel()
+        elif isinstance(link, RequestLink):
+            link.on_lost = None
