@@ -233,10 +233,12 @@ class ServedModel:
         """The task of `version` (default: the serving one) when it serves; NotReady otherwise."""
         if self.unloaded:
             raise NotReady(f"model {self.name} is unloaded")
-        held = self._held()
-        if version is not None and version not in held:
-            raise ModelNotFound(f"model {self.name} has no loaded version {version}")
-        v = held.get(version) if version is not None else self.serving
+        if version is None:
+            v = self.serving
+        else:
+            v = self._held().get(version)
+            if v is None:
+                raise ModelNotFound(f"model {self.name} has no loaded version {version}")
         if v is None or v.state is VersionState.FAILED:
             raise NotReady(f"model {self.name} is not available: it failed to load")
         if v.state is not VersionState.READY or v.task is None:
@@ -602,7 +604,9 @@ class ModelSet:
             if wanted not in self.models:
                 raise ModelNotFound(f"the default {task_name} model {wanted!r} is not in the store")
             return self.models[wanted]
-        candidates = [m for m in self.models.values() if m.task_name == task_name and not m.unloaded]
+        candidates = [m for m in self.models.values() if not m.unloaded and m.task_name == task_name]
+        if len(candidates) == 1:
+            return candidates[0]
         if not candidates and not self.loaded:
             raise NotReady("models are still loading")
         unloaded = [m.name for m in self.models.values() if m.unloaded and m.was(task_name)]

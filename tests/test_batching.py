@@ -180,8 +180,13 @@ def test_queue_full_and_deadline_and_shutdown() -> None:
         late = asyncio.ensure_future(b.submit(8, deadline=time.monotonic() + 0.1))
         with pytest.raises(DeadlineExceeded, match="while queued"):
             await late
+        withdrawn = asyncio.ensure_future(b.submit(10))
+        await asyncio.sleep(0.01)
+        withdrawn.cancel()
+        assert b.work == 2 + 3 + 4 + 9 + 11  # sizes: running 1, queued 2 and 3, the expired and withdrawn until dropped
         model.gate.set()
         assert await first == 3 and await queued == [5, 7]
+        assert b.work == 0
         await b.close(1)
         with pytest.raises(ShuttingDown):
             await b.submit(9)
@@ -249,6 +254,7 @@ def test_no_item_is_left_behind_under_steady_load() -> None:
                 calls.append(asyncio.ensure_future(b.submit(x, deadline=time.monotonic() + 10.0)))
             await asyncio.sleep(0.015)
         out = await asyncio.gather(*calls, return_exceptions=True)
+        assert b.work == 0  # every admitted item's size left the count with it
         await b.close(5)
         return out
 

@@ -533,8 +533,12 @@ def _check_logprobs(logp: np.ndarray, n_rows: int) -> np.ndarray:
     return logp
 
 
+_INTEGERS = (int, np.integer)
+_NUMBERS = (int, float)
+
+
 def _check_int(name: str, value: object, lo: int, hi: int | None) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+    if isinstance(value, bool) or not isinstance(value, _INTEGERS):
         raise ValueError(f"{name} must be an integer, got {value!r}")
     if value < lo or (hi is not None and value > hi):
         bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
@@ -542,7 +546,7 @@ def _check_int(name: str, value: object, lo: int, hi: int | None) -> None:
 
 
 def _check_float(name: str, value: object, lo: float, hi: float | None, *, low_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+    if isinstance(value, bool) or not isinstance(value, _NUMBERS) or value != value:
         raise ValueError(f"{name} must be a number, got {value!r}")
     if value < lo or (low_open and value == lo) or (hi is not None and value > hi):
         bound = ("(" if low_open else "[") + f"{lo}, " + (f"{hi}]" if hi is not None else "inf)")

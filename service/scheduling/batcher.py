@@ -107,6 +107,7 @@ class DynamicBatcher(Generic[T, R]):
         self._closing = False
         self._last_size: dict[Hashable, int] = {}  # per key: items in its last batch
         self._current: list[_Pending[T, R]] = []  # the batch now running
+        self._admitted = 0  # the sizes of the items admitted and not finished: what a newcomer waits behind
         self.admission = Admission(name, limits.max_queue, limits.admit_share, "items")  # rate: size units/s
         self.batches = 0  # executed batches (for tests and logs)
 
@@ -116,6 +117,12 @@ class DynamicBatcher(Generic[T, R]):
     def depth(self) -> int:
         """Items waiting, not yet running."""
         return len(self._waiting)
+
+    @property
+    def work(self) -> int:
+        """The sizes of the items admitted and not finished (kept as they come and go, not summed
+        per request: what the admission of the next one weighs)."""
+        return self._admitted
 
     @property
     def in_flight(self) -> int:
@@ -145,10 +152,11 @@ class DynamicBatcher(Generic[T, R]):
             _Pending(item, loop.create_future(), self._key(item), max(1, self._size(item)), now, deadline)
             for item in items
         ]
+        size = sum(p.size for p in pending)
         if deadline is not None:
-            admitted = sum(p.size for p in self._waiting) + sum(p.size for p in self._current)
-            self.admission.check_time(admitted, sum(p.size for p in pending), deadline - now)
+            self.admission.check_time(self.work, size, deadline - now)
         self._waiting.extend(pending)
+        self._admitted += size
         self._arrived.set()
         self._observer.queue_depth(self.depth)
         futures = [p.future for p in pending]
@@ -186,6 +194,7 @@ class DynamicBatcher(Generic[T, R]):
                 await self._task
         finally:
             leftovers, self._waiting, self._current = self._current + self._waiting, [], []
+            self._admitted = 0
             for p in leftovers:
                 if not p.future.done():
                     p.future.set_exception(ShuttingDown(f"model {self.name} shut down before this item ran"))
@@ -204,6 +213,7 @@ class DynamicBatcher(Generic[T, R]):
                     if not p.future.done():
                         p.future.set_exception(RuntimeError("internal batching error"))
                 self._waiting = []
+                self._admitted = sum(p.size for p in self._current)
 
     async def _step(self) -> bool:
         """Forms and runs one batch; True when closed and nothing is left."""
@@ -236,13 +246,14 @@ class DynamicBatcher(Generic[T, R]):
                 continue
             keep.append(p)
         if len(keep) != len(self._waiting):
+            self._admitted -= sum(p.size for p in self._waiting) - sum(p.size for p in keep)
             self._waiting = keep
             self._observer.queue_depth(self.depth)
 
     def _full(self, key: Hashable) -> bool:
         """Enough items of `key` wait: the size limit, or as many as its last batch ran with."""
         target = min(self.limits.max_batch_size, self._last_size.get(key, self.limits.max_batch_size))
-        return sum(1 for p in self._waiting if p.key == key) >= target
+        return len(self._waiting) >= target and sum(1 for p in self._waiting if p.key == key) >= target
 
     def _select(self) -> list[_Pending[T, R]]:
         """The oldest item plus the same-key items closest to it in size, within size and cost limits."""
@@ -321,6 +332,7 @@ class DynamicBatcher(Generic[T, R]):
                     p.future.set_exception(DeadlineExceeded("the request deadline passed while queued"))
         finally:
             self._current = []
+            self._admitted -= sum(p.size for p in batch)
 
     def _work(self, batch: list[_Pending[T, R]]) -> tuple[list[_Pending[T, R]], Sequence[R]]:
         """In the worker thread: drops items that expired or were withdrawn meanwhile, runs the rest."""

@@ -283,8 +283,8 @@ class TranslationTask(Task):
         forced = engine.forced_prefix(options.target_language)
         limit, defaults = engine.max_new_tokens, engine.generation
         first = options.params(limit, 0, defaults)  # the options hold for this model even when no text has a sentence
-        items = [
-            (seq, engine.search(options.params(limit, k, defaults), forced=forced))
+        items = [  # the same parameters for every sentence, but for sampling's seeds
+            (seq, engine.search(options.params(limit, k, defaults) if k and first.sample else first, forced=forced))
             for k, seq in enumerate(prepared.sources)
         ]
         return prepared, (await self.queue.submit(items, deadline) if items else []), first.length_penalty
