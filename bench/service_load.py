@@ -17,7 +17,9 @@ the same texts. Parts:
 2. HTTP path: served ÷ offline throughput at 32 connections, one text per request (/predict,
    /translate beam 4) and 8 texts per request (/predict); the added latency of HTTP + queueing
    at one connection (p50 served latency - the engine's time for that text alone). The engine
-   offline is measured before and after the served runs; the faster figure is the denominator.
+   offline is measured before and after each round of served runs (`--http-rounds`, a server
+   started afresh each round); a round's ratio takes the faster of its two offline figures, and
+   the table gives each case's median over the rounds (its range beside it).
 3. isolation: the translator saturated by two clients sending 64-text beam-8 requests; the
    latency one /predict client and one-sentence greedy /translate requests see (Python clients:
    latencies, not throughput), for several per-step budgets (SERVE_STEP_MAX_ROWS).
@@ -33,6 +35,7 @@ import json
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -230,6 +233,19 @@ def compare(http: dict[str, Any], off: dict[str, Any]) -> None:
     one["added_p50_ms"] = one["p50_ms"] - off["predict_single_ms"]
 
 
+def median_round(rounds: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Each case's median over the rounds (ratio, served and offline figures, latency), with the
+    ratios' range."""
+    out: dict[str, Any] = {}
+    for name, first in rounds[0].items():
+        case = {k: statistics.median(r[name][k] for r in rounds) for k, v in first.items() if isinstance(v, float)}
+        if "ratio" in case:
+            ratios = [r[name]["ratio"] for r in rounds]
+            case |= {"ratios": ratios, "ratio_range": [min(ratios), max(ratios)]}
+        out[name] = {k: v for k, v in first.items() if not isinstance(v, float)} | case
+    return out
+
+
 def latencies(url: str, path: str, body: dict[str, Any], n: int) -> list[float]:
     """n sequential requests from one client (ms each); every one must answer 200."""
     out = []
@@ -359,18 +375,25 @@ def markdown(results: dict[str, Any]) -> str:
             )
     h = results.get("http")
     if h:
-        lines += ["", "| HTTP path | texts/s served | offline | served ÷ offline |", "|---|---:|---:|---:|"]
+        n = len(results.get("http_rounds", [])) or 1
+        lines += [
+            "",
+            f"| HTTP path (median of {n} rounds) | texts/s served | offline | served ÷ offline | range |",
+            "|---|---:|---:|---:|---|",
+        ]
         for name in ("predict_1_text", "predict_8_texts", "translate_beam4_1_text"):
             r = h[name]
+            low, high = r.get("ratio_range", [r["ratio"], r["ratio"]])
             lines.append(
-                f"| {name} | {r['served_texts_per_s']:,.0f} | {r['offline_texts_per_s']:,.0f} | {r['ratio']:.2f} |"
+                f"| {name} | {r['served_texts_per_s']:,.0f} | {r['offline_texts_per_s']:,.0f} | {r['ratio']:.2f} | "
+                f"{low:.2f}-{high:.2f} |"
             )
         p = h["predict_one_connection"]
         lines.append(f"\n/predict at one connection: p50 {p['p50_ms']:.2f} ms, added {p['added_p50_ms']:.2f} ms.")
         runs = results.get("offline_runs", [])
         if runs:
             seen = ", ".join(f"{r['predict_texts_per_s']:,.0f}" for r in runs)
-            lines.append(f"Offline /predict runs (before, after): {seen} texts/s.")
+            lines.append(f"Offline /predict runs (before and after each round): {seen} texts/s.")
     iso = results.get("isolation")
     if iso:
         lines += [
@@ -403,6 +426,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="the server's CPU threads (SERVE_THREADS) and the engine's")
     p.add_argument("--seconds", type=float, default=30.0, help="per measured load")
     p.add_argument("--offline-seconds", type=float, default=10.0)
+    p.add_argument("--http-rounds", type=int, default=3, help="http: rounds of offline, served (median ratio)")
     p.add_argument("--levels", default="0.25,0.5,0.75,1.0")
     p.add_argument("--parts", default="scheduling,http,isolation,abandonment")
     p.add_argument("--budgets", default="16,32,64,128", help="isolation: SERVE_STEP_MAX_ROWS values")
@@ -416,6 +440,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args.budgets = [int(x) for x in args.budgets.split(",")]
     if args.smoke:
         args.seconds, args.offline_seconds, args.levels, args.budgets, args.probes = 2.0, 1.0, [0.5], [32], 3
+        args.http_rounds = 1
     return args
 
 
@@ -435,14 +460,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "scheduling" in parts:
         results["scheduling"] = scheduling(args, log)
     if "http" in parts:
-        # the engine alone before and after the served runs: this VM's speed drifts by tens of
-        # percent within minutes, so each ratio uses the faster of the two (the conservative side)
-        before = offline(args)
-        results["http"] = http_path(args, log)
-        after = offline(args)
-        off = {k: max(v, after[k]) if k.endswith("_per_s") else min(v, after[k]) for k, v in before.items()}
-        results["offline"], results["offline_runs"] = off, [before, after]
-        compare(results["http"], off)
+        # the engine alone before and after each round of served runs: this VM's speed drifts by
+        # tens of percent within minutes, so each round's ratio uses the faster of the two (the
+        # conservative side), and the rounds' median is the figure
+        runs, rounds = [offline(args)], []
+        for _ in range(args.http_rounds):
+            served = http_path(args, log)
+            runs.append(offline(args))
+            before, after = runs[-2:]
+            off = {k: max(v, after[k]) if k.endswith("_per_s") else min(v, after[k]) for k, v in before.items()}
+            compare(served, off)
+            rounds.append(served)
+        results["http"], results["http_rounds"], results["offline_runs"] = median_round(rounds), rounds, runs
     if "isolation" in parts:
         results["isolation"] = isolation(args, log)
     if "abandonment" in parts:
