@@ -80,45 +80,37 @@ class Client:
         self.sent.append(message)
 
 
+async def leave_once_started(route: HeldRoute, linked: bool) -> tuple[Scope, Client, RequestLink | None]:
+    """Runs `route` behind the body limit; once it has started, the client leaves (through the
+    link, or by `receive` answering a disconnect); then the route is released. Ends with the request."""
+    client = Client()
+    link = RequestLink(lambda: True) if linked else None
+    scope = scope_for(link)
+    task = asyncio.ensure_future(BodyLimit(route, 1000)(scope, client.receive, client.send))
+    await asyncio.wait_for(route.started.wait(), 5)
+    if link is not None:
+        link.lost()
+    else:
+        client.gone.set()
+    await asyncio.sleep(0.01)
+    route.release.set()
+    await asyncio.wait_for(task, 5)  # ends without raising: a cancel was the client's
+    return scope, client, link
+
+
 @pytest.mark.parametrize("linked", [True, False], ids=["link", "watcher"])
 def test_a_client_that_leaves_before_the_answer_cancels_the_route(linked: bool) -> None:
-    async def main() -> tuple[HeldRoute, Scope, Client]:
-        route, client = HeldRoute(), Client()
-        link = RequestLink(lambda: True) if linked else None
-        scope = scope_for(link)
-        task = asyncio.ensure_future(BodyLimit(route, 1000)(scope, client.receive, client.send))
-        await asyncio.wait_for(route.started.wait(), 5)
-        if link is not None:
-            link.lost()
-        else:
-            client.gone.set()
-        await asyncio.wait_for(task, 5)  # ends without raising: the cancel was the client's
-        assert link is None or link.on_lost is None  # nothing left to call after the route ended
-        return route, scope, client
-
-    route, scope, client = asyncio.run(main())
+    route = HeldRoute()
+    scope, client, link = asyncio.run(leave_once_started(route, linked))
     assert route.body == b'{"texts": ["x"]}' and route.cancelled and scope.get(DISCONNECTED)
     assert client.sent == []
+    assert link is None or link.on_lost is None  # nothing left to call after the route ended
 
 
 @pytest.mark.parametrize("linked", [True, False], ids=["link", "watcher"])
 def test_a_client_that_leaves_after_the_answer_started_does_not_cancel_it(linked: bool) -> None:
-    async def main() -> tuple[HeldRoute, Scope, Client]:
-        route, client = HeldRoute(answer_at_once=True), Client()
-        link = RequestLink(lambda: True) if linked else None
-        scope = scope_for(link)
-        task = asyncio.ensure_future(BodyLimit(route, 1000)(scope, client.receive, client.send))
-        await asyncio.wait_for(route.started.wait(), 5)
-        if link is not None:
-            link.lost()
-        else:
-            client.gone.set()
-        await asyncio.sleep(0.01)
-        route.release.set()
-        await asyncio.wait_for(task, 5)
-        return route, scope, client
-
-    route, scope, client = asyncio.run(main())
+    route = HeldRoute(answer_at_once=True)
+    scope, client, _ = asyncio.run(leave_once_started(route, linked))
     assert not route.cancelled and not scope.get(DISCONNECTED)
     assert [m["type"] for m in client.sent] == ["http.response.start", "http.response.body"]
 
