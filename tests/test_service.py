@@ -193,6 +193,30 @@ async def test_mixed_decode_requests_batch_correctly(client: httpx.AsyncClient, 
             assert r.json()["translations"][0]["text"] == expected_translation(t)
 
 
+async def test_each_sampled_sentence_draws_from_its_own_seed(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request's sentences share one set of decoding parameters, except that sampling gives each
+    sentence its own seed (the request's seed and the sentence's place)."""
+    from service.tasks.translation import _sentence_seed
+
+    seen: list[DecodeParams] = []
+    search = TranslatorEngine.search
+
+    def spy(self: TranslatorEngine, params: DecodeParams, *args: Any, **kw: Any) -> Any:
+        seen.append(params)
+        return search(self, params, *args, **kw)
+
+    monkeypatch.setattr(TranslatorEngine, "search", spy)
+    texts = ["The red cat. The blue dog. A dog runs."]
+    r = await client.post("/translate", json={"texts": texts, "decode": "sample", "seed": 7})
+    assert r.status_code == 200, r.text
+    assert [p.seed for p in seen] == [_sentence_seed(7, k) for k in range(3)] and len(set(seen)) == 3
+    seen.clear()
+    assert (await client.post("/translate", json={"texts": texts, "beam_size": 2})).status_code == 200
+    assert len(seen) == 3 and len(set(seen)) == 1 and seen[0].seed == 0
+
+
 async def test_concurrent_requests_share_batches(app: FastAPI, client: httpx.AsyncClient) -> None:
     batcher = state_of(app).models.models["tiny-clf"].task.batcher  # type: ignore[union-attr]
     assert batcher is not None

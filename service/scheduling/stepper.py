@@ -125,6 +125,8 @@ class StepScheduler:
             where = "while queued" if job.admitted == 0 else "while running"
             raise DeadlineExceeded(f"the request deadline passed {where}") from None
         except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                future.exception()  # answered as the client left: read, no "never retrieved" noise
             self._cancel(job, CancelReason.DISCONNECT)
             raise
         finally:
