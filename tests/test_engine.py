@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
@@ -316,6 +317,46 @@ def test_int8_and_fp16_variants_load(entries: dict[str, StoreEntry], clf: Classi
     mt8 = load_translator(entries["tiny-mt"], LoadOptions(threads=1, variant="int8"))
     assert isinstance(mt8, TranslatorEngine)
     assert len(mt8.translate(["The cat."], DecodeParams(beam_size=2, max_new_tokens=5))) == 1
+
+
+def _add_then_layer_norm() -> bytes:
+    """A residual Add and a LayerNormalization: what ONNX Runtime fuses into SkipLayerNormalization."""
+    h, t = onnx.helper, onnx.TensorProto
+    rng = np.random.default_rng(3)
+    dims: list[str | int] = ["batch", 8, 16]
+    nodes = [
+        h.make_node("Add", ["x", "y"], ["sum"]),
+        h.make_node("LayerNormalization", ["sum", "gamma", "beta"], ["out"], axis=-1, epsilon=1e-5),
+    ]
+    weights = [onnx.numpy_helper.from_array(rng.random(16, dtype=np.float32), n) for n in ("gamma", "beta")]
+    inputs = [h.make_tensor_value_info(n, t.FLOAT, dims) for n in ("x", "y")]
+    graph = h.make_graph(nodes, "add_ln", inputs, [h.make_tensor_value_info("out", t.FLOAT, dims)], weights)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)]).SerializeToString()
+
+
+def test_cpu_sessions_keep_the_add_and_layer_norm_apart(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ONNX Runtime's CPU SkipLayerNormalization is a scalar loop, several times slower than the
+    two operators it replaces (`runtime.CPU_FUSIONS_OFF`)."""
+    model, written = _add_then_layer_norm(), tmp_path / "optimized.onnx"
+    plain = runtime.session_options
+
+    def writing(threads: int, spin: bool, arena: bool) -> ort.SessionOptions:
+        opts = plain(threads, spin, arena)
+        opts.optimized_model_filepath = str(written)
+        return opts
+
+    def ops() -> list[str]:
+        return [n.op_type for n in onnx.load(str(written)).graph.node]
+
+    # the graph is one ONNX Runtime fuses when not told otherwise ...
+    ort.InferenceSession(model, writing(1, False, True), providers=["CPUExecutionProvider"])
+    assert "SkipLayerNormalization" in ops()
+    # ... and the service's CPU sessions run it unfused
+    monkeypatch.setattr(runtime, "session_options", writing)
+    runtime.make_session(model, ["CPUExecutionProvider"], 1)
+    assert "SkipLayerNormalization" not in ops() and "LayerNormalization" in ops()
+    assert runtime.fusions_off(["cpu"]) == list(runtime.CPU_FUSIONS_OFF)
+    assert runtime.fusions_off(["CUDAExecutionProvider", "CPUExecutionProvider"]) == []
 
 
 def test_unknown_variant_falls_back_to_default(entries: dict[str, StoreEntry]) -> None:

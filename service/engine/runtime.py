@@ -76,14 +76,22 @@ def resolve_providers(requested: Sequence[str]) -> list[str]:
     return out
 
 
-def make_session(
-    model: bytes, providers: Sequence[str], threads: int, spin: bool = True, arena: bool = True
-) -> ort.InferenceSession:
-    """`spin`: the intra-op threads spin a while after each call, waiting for the next (fast for
-    a session called in a loop, the decoder; a session called now and then, the encoder, would
-    only take those cores from the one that is looping). `arena`: ONNX Runtime's memory arena,
-    whose lock calls of one session on several threads at once contend on (the sharded decoder:
-    two int8 calls of 16 rows ran 1.76x one call's speed with it, 1.93x without; measured)."""
+# ONNX Runtime fuses a residual Add and the LayerNormalization after it into its contrib
+# `SkipLayerNormalization`, whose CPU kernel is a scalar loop (a division per element, sums that do
+# not vectorise): 4.2 to 6.1x the time of the Add and LayerNormalization it replaces at 16 to 4,096
+# rows of 256 (ONNX Runtime 1.32, one thread, Intel Xeon VM, 2026-12-03). The bundled encoder and
+# classifier end in one such pair: kept apart, the int8 classifier at batch 32 and the int8 encoder
+# at 32 sentences ran 1.03-1.07x as fast. CUDA's kernel is a fused one; there it stays.
+CPU_FUSIONS_OFF = ("SkipLayerNormFusion",)
+
+
+def fusions_off(providers: Sequence[str]) -> list[str]:
+    """The graph fusions ONNX Runtime must not apply for these providers (the first one runs)."""
+    first = PROVIDER_ALIASES.get(providers[0].lower(), providers[0]) if providers else "CPUExecutionProvider"
+    return list(CPU_FUSIONS_OFF) if first == "CPUExecutionProvider" else []
+
+
+def session_options(threads: int, spin: bool, arena: bool) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.enable_cpu_mem_arena = arena
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -92,7 +100,19 @@ def make_session(
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 3
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
-    return ort.InferenceSession(model, opts, providers=list(providers))
+    return opts
+
+
+def make_session(
+    model: bytes, providers: Sequence[str], threads: int, spin: bool = True, arena: bool = True
+) -> ort.InferenceSession:
+    """`spin`: the intra-op threads spin a while after each call, waiting for the next (fast for
+    a session called in a loop, the decoder; a session called now and then, the encoder, would
+    only take those cores from the one that is looping). `arena`: ONNX Runtime's memory arena,
+    whose lock calls of one session on several threads at once contend on (the sharded decoder:
+    two int8 calls of 16 rows ran 1.76x one call's speed with it, 1.93x without; measured)."""
+    opts = session_options(threads, spin, arena)
+    return ort.InferenceSession(model, opts, providers=list(providers), disabled_optimizers=fusions_off(providers))
 
 
 def uses_cuda(session: ort.InferenceSession) -> bool:
