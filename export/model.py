@@ -171,11 +171,16 @@ class MultiHeadAttention(nn.Module):
         (`graphs.unfold_rows`)."""
         n, m = fold.shape
         q = self.q_proj(x)[fold].reshape(n, m, self.n_heads, self.d_k).transpose(1, 2)  # (N, H, M, d_k)
-        # each query one product of its own, the sentence's keys broadcast to it (`graphs`: contract 6)
-        k, v = kv[0][:, :, None], kv[1][:, :, None]  # (N, H, 1, S, d_k)
-        out, weights = attention(q[:, :, :, None], k, v, bias[:, None])  # (N, H, M, 1, d_k), (N, H, M, 1, S)
+        # The scores: one product of a sentence's M queries with its keys (the keys read once, no
+        # copy along a broadcast axis). The weighted values: one product per query, the values
+        # broadcast to it: an unscaled product of one query takes MLAS's one-row kernel, which
+        # would change a row's last bit with its fold's width; the scores' product carries the
+        # scale, so it never does (`docs/engine.md`, the decoder IO contract).
+        scores = q @ kv[0].transpose(-2, -1) / math.sqrt(self.d_k) + bias  # (N, H, M, S)
+        weights = torch.softmax(scores, dim=-1)
+        out = weights[:, :, :, None] @ kv[1][:, :, None]  # (N, H, M, 1, S) x (N, H, 1, S, d_k)
         out = out.transpose(1, 2).reshape(n * m, 1, self.n_heads * self.d_k)[unfold]  # (R, 1, D)
-        return self.merge_token(out), weights[:, :, :, 0]
+        return self.merge_token(out), weights
 
     def step(self, x: Tensor, cache: KV, cache_bias: Tensor) -> tuple[Tensor, KV]:
         """Self-attention of one new token (x: (R, 1, D)) over its row's cache and itself; also

@@ -27,6 +27,7 @@ from service.engine.decoding import DecodeParams
 from service.engine.translator import TranslatorEngine, load_translator
 from service.store import scan
 from tests.hf_checkpoints import Checkpoint
+from tests.test_engine import assert_a_step_ignores_its_fold
 
 SMALL = {
     "d_model": 32,
@@ -345,6 +346,14 @@ def test_fp16_and_int8_variants_pass_the_batch_invariance_gate(
         assert len(got) == len(SENTENCES) and all(row[0].finish_reason in ("eos", "length") for row in got)
         # a quantized variant may pick other tokens where two are close; most sentences agree
         assert sum(a[0].text == b[0].text for a, b in zip(got, reference, strict=True)) >= len(SENTENCES) // 2
+
+
+@pytest.mark.parametrize("name", list(FAMILY_CASES))
+def test_an_imported_sentences_step_is_bit_identical_whatever_the_fold(
+    imported: dict[str, tuple[Path, Path]], name: str
+) -> None:
+    _, store = imported[name]
+    assert_a_step_ignores_its_fold(engine_of(store, name))
 
 
 def test_an_imported_translator_gives_its_cross_attention(imported: dict[str, tuple[Path, Path]]) -> None:

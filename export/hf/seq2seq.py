@@ -258,9 +258,10 @@ class Seq2Seq(nn.Module):
         fold, unfold = folding  # as `export.model.MultiHeadAttention.attend_folded`: weights folded
         n, m = fold.shape
         d = h.shape[-1]
-        q = _heads(a.q_proj(h)[fold].reshape(n, m, d), self.heads)[:, :, :, None]  # (N, H, M, 1, d_k)
-        out, w = _attend(a, q, kv[0][:, :, None], kv[1][:, :, None], bias[:, None])  # each query its own product
-        return a.out_proj(_merge(out[:, :, :, 0]).reshape(n * m, 1, d)[unfold]), w[:, :, :, 0]
+        q = _heads(a.q_proj(h)[fold].reshape(n, m, d), self.heads)  # (N, H, M, d_k)
+        w = torch.softmax((q @ kv[0].transpose(-2, -1)) * a.scaling + bias, dim=-1)  # the M queries one product
+        out = w[:, :, :, None] @ kv[1][:, :, None]  # each query's values a product of its own: (N, H, M, 1, d_k)
+        return a.out_proj(_merge(out[:, :, :, 0]).reshape(n * m, 1, d)[unfold]), w
 
     def teacher_forced(self, src: Tensor, src_mask: Tensor, tgt: Tensor) -> Tensor:
         """Log-probabilities (B, T, V) of each next token given target prefixes `tgt` (B, T), one

@@ -26,13 +26,14 @@ number of rows (beams): encoder_attention_mask (N, source) and cross_key_values.
 (N, heads, source, d_k) for N sentences, with fold (N, M): the rows of each sentence's queries
 (M: the widest sentence's rows; a sentence with fewer repeats one of its rows) and unfold (R,):
 each row's place in the folded (N * M) queries (`fold_indices`); cross_attentions come folded
-too, (N, layers, heads, M, source) (`unfold_rows`). Each query is a product of its own with its
-sentence's keys and values broadcast to it (MatMul over (N, heads, M, 1, d_k) and (N, heads, 1,
-source, d_k)): they are read from memory once for all its beams and never copied per beam, and a
-query's result is the same bit for bit whatever M, N or its slot, and as a row of contract 5.
-(One product of a sentence's M queries, a GEMM, took about half the time again at beam 4, but
-one query alone takes another kernel path there and differs in the last bit; padded to two, a
-greedy batch of 64 rows stepped 1.1 to 1.2x slower; measured, `bench.fold_step`.)
+too, (N, layers, heads, M, source) (`unfold_rows`). The scores are one product of a sentence's
+M queries with its keys; the weighted values one product per query, the sentence's values
+broadcast to it (MatMul over (N, heads, M, 1, source) and (N, heads, 1, source, d_k)): keys and
+values are read from memory once for all its beams and never copied per beam, and a query's
+result is the same bit for bit whatever M, N or its slot, and as a row of contract 5. (The values
+as one product of M queries too took about half the time again at beam 4, but one query alone
+takes another kernel path there and differs in the last bit; padded to two, a greedy batch of 64
+rows stepped 1.1 to 1.2x slower; measured, `bench.fold_step`. The scores' product keeps the bit.)
 Contract 5 (the decoder's self-attention fused, `export.fused`) returns, instead of
 new_key_values, present.{i}.key/value (R, heads, slots, d_k): the cache with each row's new key and
 value written into its slot `position`. A caller that binds each cache input and its present output
