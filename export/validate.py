@@ -23,7 +23,6 @@ from export.tokenizer import encode_sources, encode_texts
 from service.contract import graphs as io
 from service.contract import spans
 from service.contract.graphs import pad
-from service.engine import runtime
 
 # fp32 and fp16: the largest difference from PyTorch on every output (logits or log-probs, encoder
 # states, caches). int8: on the output probabilities only; a quantized graph's internal states
@@ -48,8 +47,7 @@ class ExportError(Exception):
 def session(path: Path) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = torch.get_num_threads()
-    cpu = ["CPUExecutionProvider"]  # with the fusions the service leaves out: the gates check what it runs
-    return ort.InferenceSession(str(path), opts, providers=cpu, disabled_optimizers=runtime.fusions_off(cpu))
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
 
 
 def _t(a: np.ndarray) -> Tensor:
