@@ -80,8 +80,9 @@ def resolve_providers(requested: Sequence[str]) -> list[str]:
 # `SkipLayerNormalization`, whose CPU kernel is a scalar loop (a division per element, sums that do
 # not vectorise): 4.2 to 6.1x the time of the Add and LayerNormalization it replaces at 16 to 4,096
 # rows of 256 (ONNX Runtime 1.32, one thread, Intel Xeon VM, 2026-12-03). The bundled encoder and
-# classifier end in one such pair: kept apart, the int8 classifier at batch 32 and the int8 encoder
-# at 32 sentences ran 1.03-1.07x as fast. CUDA's kernel is a fused one; there it stays.
+# classifier end in one such pair: kept apart, the int8 classifier at batch 32 ran 1.07x as fast and
+# the int8 encoder at 32 sentences 1.04x (one thread; 1.07x and 1.02x on two). CUDA's kernel is a
+# fused one; there it stays.
 CPU_FUSIONS_OFF = ("SkipLayerNormFusion",)
 
 
