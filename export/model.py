@@ -169,8 +169,9 @@ class MultiHeadAttention(nn.Module):
         among the N * M. Returns (R, 1, D) and the weights folded, (N, H, M, S): unfolding them
         would cost every step three operators per layer, for a caller that seldom asks for them
         (`graphs.unfold_rows`)."""
-        n, m = fold.shape
-        q = self.q_proj(x)[fold].reshape(n, m, self.n_heads, self.d_k).transpose(1, 2)  # (N, H, M, d_k)
+        # Every reshape below has a constant shape: one read from `fold` would add a chain of
+        # shape operators to every step, a few microseconds each (`docs/engine.md`).
+        q = self.q_proj(x).reshape(-1, self.n_heads, self.d_k)[fold].transpose(1, 2)  # (N, H, M, d_k)
         # The scores: one product of a sentence's M queries with its keys (the keys read once, no
         # copy along a broadcast axis). The weighted values: one product per query, the values
         # broadcast to it: an unscaled product of one query takes MLAS's one-row kernel, which
@@ -179,8 +180,8 @@ class MultiHeadAttention(nn.Module):
         scores = q @ kv[0].transpose(-2, -1) / math.sqrt(self.d_k) + bias  # (N, H, M, S)
         weights = torch.softmax(scores, dim=-1)
         out = weights[:, :, :, None] @ kv[1][:, :, None]  # (N, H, M, 1, S) x (N, H, 1, S, d_k)
-        out = out.transpose(1, 2).reshape(n * m, 1, self.n_heads * self.d_k)[unfold]  # (R, 1, D)
-        return self.merge_token(out), weights
+        out = out.transpose(1, 2).reshape(-1, 1, self.n_heads * self.d_k)[unfold]  # (R, 1, D)
+        return self.dropout(self.out_proj(out)), weights
 
     def step(self, x: Tensor, cache: KV, cache_bias: Tensor) -> tuple[Tensor, KV]:
         """Self-attention of one new token (x: (R, 1, D)) over its row's cache and itself; also

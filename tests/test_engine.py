@@ -498,6 +498,21 @@ def test_a_sentences_step_is_bit_identical_whatever_the_fold(entries: dict[str, 
     assert_a_step_ignores_its_fold(load_translator(entries["tiny-mt"], LoadOptions(threads=1, variant=variant)))
 
 
+def assert_the_step_reads_no_shape_but_the_caches(decoder: Path) -> None:
+    """The folded cross-attention reshapes to constant shapes: a shape read from `fold` would
+    add a chain of small operators to every step. The fused self-attention's slot count is
+    the only shape the step reads."""
+    graph = onnx.load(str(decoder)).graph
+    layers = sum(t.name.startswith("cache.") for t in graph.input) // 2
+    caches = set(graphs.cache_names(layers))
+    read = [n.input[0] for n in graph.node if n.op_type == "Shape"]
+    assert read and set(read) <= caches, read
+
+
+def test_the_step_reads_no_shape_of_the_fold(entries: dict[str, StoreEntry]) -> None:
+    assert_the_step_reads_no_shape_but_the_caches(entries["tiny-mt"].folder / "decoder.onnx")
+
+
 @pytest.mark.parametrize("contract", [3, 4, 5])
 def test_a_translator_of_an_older_contract_is_refused_with_how_to_re_export(
     tiny_store: Path, tmp_path: Path, contract: int

@@ -27,7 +27,7 @@ from service.engine.decoding import DecodeParams
 from service.engine.translator import TranslatorEngine, load_translator
 from service.store import scan
 from tests.hf_checkpoints import Checkpoint
-from tests.test_engine import assert_a_step_ignores_its_fold
+from tests.test_engine import assert_a_step_ignores_its_fold, assert_the_step_reads_no_shape_but_the_caches
 
 SMALL = {
     "d_model": 32,
@@ -354,6 +354,8 @@ def test_an_imported_sentences_step_is_bit_identical_whatever_the_fold(
 ) -> None:
     _, store = imported[name]
     assert_a_step_ignores_its_fold(engine_of(store, name))
+    [entry] = [e for e in scan(store) if e.name == name]
+    assert_the_step_reads_no_shape_but_the_caches(entry.folder / "decoder.onnx")
 
 
 def test_an_imported_translator_gives_its_cross_attention(imported: dict[str, tuple[Path, Path]]) -> None:

@@ -255,13 +255,12 @@ class Seq2Seq(nn.Module):
         if folding is None:
             out, w = _attend(a, _heads(a.q_proj(h), self.heads), kv[0], kv[1], bias)
             return a.out_proj(_merge(out)), w
-        fold, unfold = folding  # as `export.model.MultiHeadAttention.attend_folded`: weights folded
-        n, m = fold.shape
-        d = h.shape[-1]
-        q = _heads(a.q_proj(h)[fold].reshape(n, m, d), self.heads)  # (N, H, M, d_k)
+        fold, unfold = folding  # as `export.model.MultiHeadAttention.attend_folded`: weights folded,
+        d, dk = self.config.d_model, self.config.d_model // self.heads  # constant shapes: none read per step
+        q = a.q_proj(h).reshape(-1, self.heads, dk)[fold].transpose(1, 2)  # (N, H, M, d_k)
         w = torch.softmax((q @ kv[0].transpose(-2, -1)) * a.scaling + bias, dim=-1)  # the M queries one product
         out = w[:, :, :, None] @ kv[1][:, :, None]  # each query's values a product of its own: (N, H, M, 1, d_k)
-        return a.out_proj(_merge(out[:, :, :, 0]).reshape(n * m, 1, d)[unfold]), w
+        return a.out_proj(out.transpose(1, 2).reshape(-1, 1, d)[unfold]), w
 
     def teacher_forced(self, src: Tensor, src_mask: Tensor, tgt: Tensor) -> Tensor:
         """Log-probabilities (B, T, V) of each next token given target prefixes `tgt` (B, T), one
