@@ -15,7 +15,17 @@ from hypothesis import strategies as st
 
 from bench.search_drivers import beam_search, greedy
 from service.engine import decoding
-from service.engine.decoding import BEAM, GREEDY, SAMPLING, DecodeParams, Hypothesis, Search, Strategy, _top_candidates
+from service.engine.decoding import (
+    BEAM,
+    GREEDY,
+    SAMPLING,
+    DecodeParams,
+    Hypothesis,
+    Search,
+    Strategy,
+    rank_block,
+    rank_candidates,
+)
 
 BOS, EOS = 0, 1
 TINY = 1e-4  # probability of every token a table does not list
@@ -282,7 +292,8 @@ def test_large_vocabulary_matches_reference(vocab: int, ties: bool) -> None:
 @pytest.mark.parametrize(("vocab", "width", "c"), [(1500, 4, 8), (2048, 2, 4), (700, 8, 16)])
 def test_top_candidates_equal_a_full_sort(pattern: str, vocab: int, width: int, c: int) -> None:
     """The hot-path shortcut (per-row threshold, then rank the few survivors) must give
-    exactly the c best of each sentence's width*V view, ties to the lower index."""
+    exactly the c best of each sentence's width*V view, ties to the lower index: ranked for
+    three sentences at once (`rank_candidates`) and for each alone (`rank_block`)."""
     rng = np.random.default_rng(vocab + c)
     n_sent = 3
     logp = rng.normal(size=(n_sent * width, vocab)).astype(np.float32)
@@ -295,8 +306,12 @@ def test_top_candidates_equal_a_full_sort(pattern: str, vocab: int, width: int, 
         logp[:, 3:] = -np.inf
         logp[0, :] = -np.inf
     cum = rng.normal(size=n_sent * width).round(1)
-    score, row, tok = _top_candidates(logp, cum, width, c, pad_tok=EOS)
+    score, row, tok = rank_candidates(logp, cum, np.full(n_sent, width), np.full(n_sent, c), pad_tok=EOS)
     for a in range(n_sent):
+        rows = slice(a * width, (a + 1) * width)
+        alone = rank_block(logp[rows], cum[rows], c, pad_tok=EOS)
+        assert np.array_equal(alone[0], score[a]) and np.array_equal(alone[2], tok[a])
+        assert np.array_equal(alone[1] + a * width, row[a])
         view = (cum[a * width : (a + 1) * width, None] + logp[a * width : (a + 1) * width]).ravel()
         best = np.lexsort((np.arange(view.size), -view))[:c]
         finite = np.isfinite(view[best])
