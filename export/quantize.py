@@ -27,8 +27,9 @@ BLEU / chrF 42.20 / 61.21 against 42.32 / 61.26, stand-in chrF 49.87 against 50.
 0.7266 against 0.7271.
 
 A matmul's output stays float (requantizing it cost a pass over every output and 256 levels of
-precision, the logits' included), and each weight matmul and its bias are one operator: at one
-row a decoder step is mostly per-operator overhead. (A residual Add and its layer norm as one
+precision, the logits' included), so does what float operators read (`float_uses_read_float`),
+and each weight matmul and its bias are one operator: at one row a decoder step is mostly
+per-operator overhead. (A residual Add and its layer norm as one
 `SkipLayerNormalization` saved 3 to 8 % at 1 and 4 rows but cost 5 % at 16 and 64; not done.)
 """
 
@@ -88,6 +89,7 @@ def make_int8(src: Path, dst: Path, calibration: Feeds) -> None:
     )
     proto = onnx.load(str(dst))
     fuse_integer_matmuls(proto)
+    float_uses_read_float(proto)
     for name in head:  # a classifier's head is a Gemm: left float
         quantize_rows(proto, name)
     onnx.save(proto, str(dst))
@@ -166,6 +168,34 @@ def fuse_integer_matmuls(model: onnx.ModelProto) -> int:
         graph.node.extend(n for n in nodes if n.op_type != "DequantizeLinear" or any(o in used for o in n.output))
         _use_contrib_domain(model)
     return len(replaced)
+
+
+def float_uses_read_float(model: onnx.ModelProto) -> int:
+    """Float readers of a quantized activation read the float tensor instead. QDQ quantizes a
+    tensor for all its readers: in a post-norm model (Marian, BART, BERT) a layer norm's output
+    feeds the next matmul and the residual Add, so the residual stream went through 8 bits at
+    every layer (and a DequantizeLinear ran for it at every step), and an encoder's
+    `last_hidden_state`, read by the cross-attention's matmuls, was returned through 8 bits too.
+    The matmuls keep their quantized input. Returns how many DequantizeLinear nodes were dropped."""
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    outputs = {o.name for o in graph.output}
+    floats: dict[str, str] = {}  # a dequantized activation -> the float tensor it was quantized from
+    for n in graph.node:
+        q = producer.get(n.input[0]) if n.op_type == "DequantizeLinear" else None
+        if q is not None and q.op_type == "QuantizeLinear" and q.input[0] not in outputs:
+            floats[n.output[0]] = q.input[0]
+    # A graph output keeps its name: the float tensor takes it.
+    renamed = {f: dq for dq, f in floats.items() if dq in outputs}
+    kept = [n for n in graph.node if not (n.op_type == "DequantizeLinear" and n.output[0] in floats)]
+    for n in kept:
+        for i, name in enumerate(n.input):
+            n.input[i] = renamed.get(floats.get(name, name), floats.get(name, name))
+        for i, name in enumerate(n.output):
+            n.output[i] = renamed.get(name, name)
+    del graph.node[:]
+    graph.node.extend(kept)
+    return len(floats)
 
 
 def quantize_rows(model: onnx.ModelProto, name: str) -> bool:

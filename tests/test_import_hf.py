@@ -23,6 +23,7 @@ import torch
 import transformers
 
 from export.import_hf import ImportOptions, import_checkpoint, main
+from service.contract import graphs
 from service.engine.decoding import DecodeParams
 from service.engine.translator import TranslatorEngine, load_translator
 from service.store import scan
@@ -339,6 +340,11 @@ def test_fp16_and_int8_variants_pass_the_batch_invariance_gate(
     rows = [n for n in int8 if n.op_type == "MatMulIntegerToFloat" and n.input[0].endswith("/rows/xq")]
     assert len(rows) == 1  # the vocabulary projection, each row with its own scale
     assert [n for n in int8 if n.name == f"{rows[0].name}/rows/bias"]  # Marian's final_logits_bias after it
+    # Post-norm: a layer norm's output feeds a matmul (quantized) and the residual Add, which reads
+    # it as float, not through 8 bits; the encoder returns its last hidden state as float too.
+    encoder = onnx.load(str(version / manifest["variants"]["int8"]["encoder"])).graph.node
+    assert not [n.name for n in [*int8, *encoder] if n.op_type == "DequantizeLinear"]
+    assert [n.op_type for n in encoder if graphs.LAST_HIDDEN_STATE in n.output] == ["LayerNormalization"]
     [entry] = scan(store)
     reference = load_translator(entry).translate(SENTENCES)
     for variant in ("fp16", "int8"):
