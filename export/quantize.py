@@ -172,7 +172,7 @@ def fuse_integer_matmuls(model: onnx.ModelProto) -> int:
 
 def float_uses_read_float(model: onnx.ModelProto) -> int:
     """Float readers of a quantized activation read the float tensor instead. QDQ quantizes a
-    tensor for all its readers: in a post-norm model (Marian, BART, BERT) a layer norm's output
+    tensor for all its readers: in a post-norm translator (Marian, BART) a layer norm's output
     feeds the next matmul and the residual Add, so the residual stream went through 8 bits at
     every layer (and a DequantizeLinear ran for it at every step), and an encoder's
     `last_hidden_state`, read by the cross-attention's matmuls, was returned through 8 bits too.
