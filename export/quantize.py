@@ -190,7 +190,8 @@ def float_uses_read_float(model: onnx.ModelProto) -> int:
     kept = [n for n in graph.node if not (n.op_type == "DequantizeLinear" and n.output[0] in floats)]
     for n in kept:
         for i, name in enumerate(n.input):
-            n.input[i] = renamed.get(floats.get(name, name), floats.get(name, name))
+            source = floats.get(name, name)
+            n.input[i] = renamed.get(source, source)
         for i, name in enumerate(n.output):
             n.output[i] = renamed.get(name, name)
     del graph.node[:]

@@ -26,7 +26,7 @@ from export.import_hf import ImportOptions, import_checkpoint, main
 from service.contract import graphs
 from service.engine.decoding import DecodeParams
 from service.engine.translator import TranslatorEngine, load_translator
-from service.store import scan
+from service.store import StoreEntry, scan
 from tests.hf_checkpoints import Checkpoint
 from tests.test_engine import assert_a_step_ignores_its_fold, assert_the_step_reads_no_shape_but_the_caches
 
@@ -82,9 +82,13 @@ def build(
     return folder
 
 
-def engine_of(store: Path, name: str) -> TranslatorEngine:
+def entry_of(store: Path, name: str) -> StoreEntry:
     [entry] = [e for e in scan(store) if e.name == name]
-    return load_translator(entry)
+    return entry
+
+
+def engine_of(store: Path, name: str) -> TranslatorEngine:
+    return load_translator(entry_of(store, name))
 
 
 def generate(folder: Path, sources: list[list[int]], **kwargs: object) -> transformers.utils.ModelOutput:
@@ -360,8 +364,7 @@ def test_an_imported_sentences_step_is_bit_identical_whatever_the_fold(
 ) -> None:
     _, store = imported[name]
     assert_a_step_ignores_its_fold(engine_of(store, name))
-    [entry] = [e for e in scan(store) if e.name == name]
-    assert_the_step_reads_no_shape_but_the_caches(entry.folder / "decoder.onnx")
+    assert_the_step_reads_no_shape_but_the_caches(entry_of(store, name).folder / "decoder.onnx")
 
 
 def test_an_imported_translator_gives_its_cross_attention(imported: dict[str, tuple[Path, Path]]) -> None:
