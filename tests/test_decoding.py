@@ -543,6 +543,24 @@ def test_a_strategy_refuses_parameters_it_cannot_decode() -> None:
     assert Search(DecodeParams(beam_size=1, no_repeat_ngram_size=2), BOS, EOS).strategy is BEAM
 
 
+def test_a_beam_keeps_each_parents_best_child_in_the_parents_row() -> None:
+    """Only the rows that must copy a cache move: row 0's two best continuations and row 1's
+    best continue; in rank order rows 1 and 2 would both copy, here only row 2 (row 0's second)."""
+    s = Search(DecodeParams(beam_size=3, max_new_tokens=5), BOS, EOS)
+    first = np.full((1, 8), -20.0)
+    first[0, [2, 3, 4]] = [-0.1, -0.2, -0.3]
+    assert s.advance(first).tolist() == [0, 0, 0]  # the beam widens from its one row
+    second = np.full((3, 8), -20.0)
+    second[0, [5, 6]] = [-0.1, -0.2]  # row 0's two, ranked first and second
+    second[1, 7] = -0.15  # then row 1's best; row 2's are all worse
+    assert s.advance(second).tolist() == [0, 1, 0]
+    assert s.tokens.tolist() == [5, 7, 6]
+    assert s.hist[:, :2].tolist() == [[2, 5], [3, 7], [2, 6]]
+    assert decoding._in_place([0, 1, 2]) is None
+    assert decoding._in_place([1, 0, 0, 2]) == [1, 0, 3, 2]
+    assert decoding._in_place([3, 3, 3, 3]) == [1, 2, 3, 0]
+
+
 @pytest.mark.parametrize("beam", [1, 3])
 def test_forced_tokens_are_taken_with_log_probability_zero(beam: int) -> None:
     """A forced first token (a target language) and a forced EOS at the limit, whatever the model
