@@ -52,6 +52,8 @@ SOURCE_ALIGN = 8  # the source buffer's width is a multiple of this (see `_align
 SLOT_CHUNK = 8  # the fewest cache slots; they double when rows need more (each growth copies the cache)
 ENCODE_CALL_TOKENS = 8  # an encoder run's fixed cost in padded tokens' worth (`encode_sources`)
 IDLE_SLOTS = 16  # an idle batch keeps the cache slots of sentences this long (below 4x: up to 32), releases more
+_FROM_ROW_ZERO = np.zeros(1, np.int64)  # a lone sentence's block start (read-only)
+_FROM_ROW_ZERO.flags.writeable = False
 
 
 def _aligned(columns: int) -> int:
@@ -276,6 +278,8 @@ class RunningBatch(Generic[T]):
             self.stepped_rows = 0
             return []
         t0 = time.perf_counter()
+        if len(self.blocks) == 1:
+            return self._step_alone(self.blocks[0], t0)
         r = self.stepped_rows = self.used
         positions = np.repeat(np.array([b.search.t for b in self.blocks], np.int64), [b.rows for b in self.blocks])
         needed = int(positions.max()) + 1
@@ -315,6 +319,37 @@ class RunningBatch(Generic[T]):
         self._remove(finished)
         self._record("decode", time.perf_counter() - t0)
         return [(b.tag, b.search.hypotheses()) for b in finished]
+
+    def _step_alone(self, b: Block[T], t0: float) -> list[tuple[T, list[Hypothesis]]]:
+        """`step` for one sentence (a lone request's every step): its rows are the batch's, from
+        row 0 (a batch's blocks close up when others leave), so the per-block bookkeeping goes."""
+        s, r = b.search, b.rows
+        assert b.start == 0 and r == self.used
+        self.stepped_rows = r
+        needed = s.t + 1
+        if needed > self.buf.slots:
+            self._resize_rows(self.buf.capacity, max(needed, 2 * self.buf.slots))
+        positions = np.full(r, s.t, np.int64)
+        cache, cross = self.buf.leading(r, 1)
+        out = self.rt.decode(
+            s.tokens, positions, self.buf.mask[:1], cache, cross, self._folding(), binding=self._binding()
+        )
+        if not out.written:
+            assert isinstance(self.buf, _Buffers)
+            self.buf.store_new(positions, out.new_kv)
+        chosen = s.strategy.step([s], out.logprobs, _FROM_ROW_ZERO)[0]
+        if chosen is None:
+            self._remove([b])
+            self._record("decode", time.perf_counter() - t0)
+            return [(b.tag, s.hypotheses())]
+        if len(chosen) != r:
+            self._widen({id(b): chosen}, needed)
+        elif r > 1:
+            moved = np.flatnonzero(chosen != np.arange(r))
+            if moved.size:  # rows from 0: a row's parent is its index
+                self.buf.reorder(moved, chosen, needed)
+        self._record("decode", time.perf_counter() - t0)
+        return []
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
