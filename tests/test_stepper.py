@@ -89,7 +89,7 @@ def test_random_arrivals_and_departures_decode_as_alone(data: st.DataObject) -> 
         express: RunningBatch[int] = RunningBatch(rt, PAD)  # type: ignore[arg-type]
         batch = LaneBatch(batch, express, lambda i: i % 2 == 0, lambda *_: rng.random() < 0.5)
     got: dict[int, list[Hypothesis]] = {}
-    pending, step = list(range(n)), 0
+    pending, step, stepped, calls = list(range(n)), 0, 0, len(rt.rows)
     while pending or batch.blocks:
         k = rng.randint(0 if batch.blocks else 1, 3)  # the arrival schedule
         joining, pending = pending[:k], pending[k:]
@@ -97,7 +97,10 @@ def test_random_arrivals_and_departures_decode_as_alone(data: st.DataObject) -> 
         if step == 2:  # some sentences leave early (a client went away)
             batch.drop(lambda i: i not in cancel)
         got.update(batch.step())
+        stepped += batch.stepped_rows
         step += 1
+    batch.close()
+    assert stepped == sum(rt.rows[calls:])  # each row a decoder call ran, counted once
     for i in range(n):
         if i not in got:
             assert i in cancel
@@ -187,17 +190,62 @@ def test_a_failing_shard_hands_back_what_the_other_shards_finished() -> None:
     not lost (the owner answers them and fails the rest)."""
     from service.engine.running import StepError
 
-    rt = FakeRuntime(seed=4)
-    rt.fail = lambda: threading.current_thread().name.startswith("shard")  # the second shard's thread
+    class Failing(FakeRuntime):
+        def decode(self, tokens, positions, enc_mask, cache, cross, folding=None, attention=False, binding=None):  # type: ignore[no-untyped-def]
+            if int(cross[0][0, 0, 0, 0]) == 101:  # the second shard's sentence, on whichever thread steps it
+                raise RuntimeError("simulated runtime failure")
+            return super().decode(tokens, positions, enc_mask, cache, cross, folding, attention, binding)
+
+    rt = Failing(seed=4)
     batch: ShardedBatch[int] = ShardedBatch(rt, rt, 2, PAD)  # type: ignore[arg-type]
     one_token = DecodeParams(beam_size=1, max_new_tokens=1)
     batch.join([[100, EOS], [101, EOS]], [Search(one_token, BOS, EOS), Search(one_token, BOS, EOS)], [0, 1])
     assert [len(p.blocks) for p in batch.parts] == [1, 1]
+    finished: list[int] = []
     with pytest.raises(StepError) as failed:
-        batch.step()
-    assert [tag for tag, _ in failed.value.finished] == [0]
+        while batch.blocks:  # the pool shard's failure surfaces once its step has ended
+            finished += [tag for tag, _ in batch.step()]
+    finished += [tag for tag, _ in failed.value.finished]
+    assert finished == [0]
     assert [b.tag for b in batch.blocks] == [1]
     batch.close()
+
+
+def test_shards_do_not_wait_for_each_other() -> None:
+    """The owner steps its shard while a pool shard's step is still going (in lockstep, every step
+    waited for all of them): here sentence 101's first decoder call, on the pool shard, waits for
+    the third call of sentence 100, the owner's."""
+
+    class Gated(FakeRuntime):
+        def __init__(self) -> None:
+            super().__init__(seed=8)
+            self.calls = {100: 0, 101: 0}
+            self.third = threading.Event()
+            self.overlapped: bool | None = None
+
+        def decode(self, tokens, positions, enc_mask, cache, cross, folding=None, attention=False, binding=None):  # type: ignore[no-untyped-def]
+            sentence = int(cross[0][0, 0, 0, 0])  # one sentence a shard: the fake's cross carries its id
+            self.calls[sentence] += 1
+            if sentence == 100 and self.calls[100] == 3:
+                self.third.set()
+            if sentence == 101 and self.calls[101] == 1:
+                self.overlapped = self.third.wait(5)
+            return super().decode(tokens, positions, enc_mask, cache, cross, folding, attention, binding)
+
+    rt = Gated()
+    batch: ShardedBatch[int] = ShardedBatch(rt, rt, 2, PAD)  # type: ignore[arg-type]
+    params = DecodeParams(beam_size=1, max_new_tokens=6)
+    batch.join([[100, EOS], [101, EOS]], [Search(params, BOS, EOS), Search(params, BOS, EOS)], [0, 1])
+    assert [b.tag for b in batch.parts[0].blocks] == [0]  # sentence 100 on the owner's shard
+    got: dict[int, list[Hypothesis]] = {}
+    stepped = 0
+    while batch.blocks:
+        got.update(batch.step())
+        stepped += batch.stepped_rows
+    batch.close()
+    assert rt.overlapped is True
+    assert stepped == sum(rt.rows)  # every row a decoder call ran, counted once (the scheduler's rate)
+    assert got == {i: alone(FakeRuntime(seed=8), [100 + i, EOS], params) for i in (0, 1)}
 
 
 # -- the scheduler thread --------------------------------------------------------------------

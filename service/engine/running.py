@@ -31,9 +31,10 @@ operations as small graphs there): the cache never crosses to the host between s
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -200,6 +201,9 @@ class DecoderBatch(Protocol[T]):
 
     def step(self) -> list[tuple[T, list[Hypothesis]]]: ...
 
+    def settle(self) -> None:
+        """Ends the steps a batch runs on its own between its owner's calls (a sharded batch's)."""
+
     def close(self) -> None:
         """Releases what the batch holds besides memory (threads)."""
 
@@ -224,6 +228,9 @@ class RunningBatch(Generic[T]):
 
     def close(self) -> None:
         """Nothing to release: one batch runs on its owner's thread."""
+
+    def settle(self) -> None:
+        """Nothing runs between steps: one batch runs on its owner's thread."""
 
     # -- sentences in and out ----------------------------------------------------------------
 
@@ -473,14 +480,21 @@ class StepError(Exception):
 
 
 class ShardedBatch(Generic[T]):
-    """Several running batches ("shards") stepped at once on as many threads, as CTranslate2's
-    workers do: each shard's decoder call runs on one core (ONNX Runtime releases the GIL), so
-    large batches use every core without the per-operator synchronisation of intra-op threads.
+    """Several running batches ("shards") stepped on as many threads, as CTranslate2's workers
+    do: each shard's decoder call runs on one core (ONNX Runtime releases the GIL), so large
+    batches use every core without the per-operator synchronisation of intra-op threads.
     A joining sentence goes to the shard with the fewest rows and stays there with its cache.
     When only one shard has work (a lone request), it steps on `wide`, the runtime whose decoder
     session uses every thread (its threads spin between calls: with two cores idle, one sentence
     decodes about 1.4x faster in fp32 than on one thread; measured).
-    The same interface as `RunningBatch` (one owner thread)."""
+
+    The shards do not wait for each other: the owner steps the first shard at each `step`, and
+    every other shard steps on its own pool thread, one step after another, until the owner needs
+    the batch still (`settle`: before sentences join or leave, or an encoder run). Stepped in
+    lockstep, the shards' decoder calls ended together and their Python then queued for the GIL
+    at every step; now one shard's Python overlaps another's decoder call. What a pool shard
+    finishes is handed over by the owner's next `step`. The same interface as `RunningBatch`
+    (one owner thread)."""
 
     def __init__(
         self,
@@ -494,12 +508,21 @@ class ShardedBatch(Generic[T]):
         self.parts: list[RunningBatch[T]] = [RunningBatch(wide, pad_id, timer) for _ in range(shards)]
         self._pool = ThreadPoolExecutor(shards - 1, "shard", lower_priority)
         self.stepped_rows = 0
+        self._runs: dict[int, Future[None]] = {}  # pool shard -> its run of steps
+        self._halt = threading.Event()  # pool shards end their runs after the step under way
+        self._news = threading.Condition()  # a pool shard ended a step (or its run)
+        self._ready: list[tuple[T, list[Hypothesis]]] = []  # what pool shards finished, not yet handed over
+        self._ghosts: list[Block[T]] = []  # their blocks: still the batch's until handed over
+        self._pool_rows = 0  # rows the pool shards stepped since the last `step`
+        self._error: Exception | None = None  # a failed step, for the next `step` to raise
 
     @property
     def blocks(self) -> list[Block[T]]:
-        return [b for p in self.parts for b in p.blocks]
+        """The sentences not handed over yet: those a pool shard finished count until the next `step`."""
+        return [b for p in self.parts for b in p.blocks] + self._ghosts
 
     def set_timer(self, timer: Callable[[str, float], None] | None) -> None:
+        self.settle()
         for p in self.parts:
             p.timer = timer
 
@@ -515,6 +538,7 @@ class ShardedBatch(Generic[T]):
         """Several sentences: split into one run per shard on the one-thread encoder, at once
         (32 int8 sentences of 24 tokens: 10.9 ms, against 15.0 ms as one run on two intra-op
         threads; measured); fewer: one run on the wide runtime."""
+        self.settle()
         n = len(self.parts)
         if len(sources) < n:
             self.parts[0].rt = self.wide
@@ -531,6 +555,8 @@ class ShardedBatch(Generic[T]):
         return first + [e for f in others for e in f.result()]
 
     def join_encoded(self, encoded: Sequence[Encoded], searches: Sequence[Search], tags: Sequence[T]) -> None:
+        if encoded:
+            self.settle()
         rows = [p.rows for p in self.parts]
         chosen: list[list[int]] = [[] for _ in self.parts]
         for i, search in enumerate(searches):
@@ -541,34 +567,99 @@ class ShardedBatch(Generic[T]):
             part.join_encoded([encoded[i] for i in idx], [searches[i] for i in idx], [tags[i] for i in idx])
 
     def drop(self, keep: Callable[[T], bool]) -> list[T]:
+        if any(not keep(b.tag) for b in self.blocks):
+            self.settle()
         return [tag for p in self.parts for tag in p.drop(keep)]
 
+    def settle(self) -> None:
+        """Ends the pool shards' runs after their steps under way: the owner alone touches the
+        batch until the next `step` (a failed step is kept for that `step` to raise)."""
+        if not self._runs:
+            return
+        self._halt.set()
+        for i in list(self._runs):
+            self._end(i)
+        self._halt.clear()
+
     def step(self) -> list[tuple[T, list[Hypothesis]]]:
-        active = [p for p in self.parts if p.blocks]
-        self.stepped_rows = sum(p.used for p in active)
-        if len(active) <= 1:
+        if sum(1 for p in self.parts if p.blocks) <= 1:
+            self.settle()
+            self._raise_failure()
+            active = [p for p in self.parts if p.blocks]
+            with self._news:
+                pooled, self._pool_rows = self._pool_rows, 0
+            self.stepped_rows = pooled + sum(p.used for p in active)
             for p in active:
                 p.rt = self.wide
-            return active[0].step() if active else []
-        for p in active:
-            p.rt = self.narrow
-        others = [self._pool.submit(p.step) for p in active[1:]]
-        done: list[tuple[T, list[Hypothesis]]] = []
-        error: Exception | None = None
-        try:
-            done += active[0].step()
-        except Exception as exc:
-            error = exc
-        for f in others:  # every shard ends its step before anything else touches the batch
+            done = self._handed()
             try:
-                done += f.result()
-            except Exception as exc:
-                error = error or exc
-        if error is not None:
-            raise StepError(error, done) from error
+                return done + (active[0].step() if active else [])
+            except Exception as exc:  # what the pool shards finished before goes with the error
+                raise StepError(exc, done) from exc
+        self._launch()
+        stepped = 0
+        own = self.parts[0]
+        if own.blocks and self._error is None:
+            own.rt = self.narrow
+            stepped += own.used
+            try:
+                own_done = own.step()
+            except Exception as exc:  # its sentences stay, unstepped, for the owner to drop
+                self._error = exc
+                own_done = []
+        else:  # nothing of its own: until a pool shard ends a step
+            with self._news:
+                self._news.wait_for(lambda: bool(self._ready) or any(r.done() for r in self._runs.values()), 1.0)
+            own_done = []
+        for i in [i for i, r in self._runs.items() if r.done()]:
+            self._end(i)
+        with self._news:
+            self._ready[:0] = own_done
+            self.stepped_rows, self._pool_rows = stepped + self._pool_rows, 0
+        self._raise_failure()
+        return self._handed()
+
+    def _launch(self) -> None:
+        """Starts a run of steps for each pool shard that has sentences and none under way."""
+        for i, p in enumerate(self.parts[1:], 1):
+            if i not in self._runs and p.blocks and self._error is None:
+                p.rt = self.narrow
+                self._runs[i] = self._pool.submit(self._run, p)
+
+    def _run(self, p: RunningBatch[T]) -> None:
+        """A pool shard's steps, one after another, until it has no sentences or the owner halts it."""
+        while p.blocks and not self._halt.is_set():
+            before, rows = p.blocks, p.used
+            done = p.step()
+            alive = set(map(id, p.blocks)) if done else set()
+            with self._news:
+                self._ready += done
+                self._ghosts += [b for b in before if id(b) not in alive] if done else []
+                self._pool_rows += rows
+                self._news.notify()
+
+    def _end(self, i: int) -> None:
+        try:
+            self._runs.pop(i).result()
+        except Exception as exc:  # the shard's sentences stay, unstepped, for the owner to drop
+            self._error = self._error or exc
+
+    def _handed(self) -> list[tuple[T, list[Hypothesis]]]:
+        with self._news:
+            done, self._ready, self._ghosts = self._ready, [], []
         return done
 
+    def _raise_failure(self) -> None:
+        """A failed step fails the batch's step once the other shards stand still: what they
+        finished goes with the error (its owner answers those and fails the rest)."""
+        if self._error is None:
+            return
+        self.settle()
+        error, self._error = self._error, None
+        raise StepError(error, self._handed()) from error
+
     def close(self) -> None:
+        self.settle()
         self._pool.shutdown(wait=False)
 
 
@@ -619,9 +710,15 @@ class LaneBatch(Generic[T]):
     def drop(self, keep: Callable[[T], bool]) -> list[T]:
         return [*self.main.drop(keep), *self.express.drop(keep)]
 
+    def settle(self) -> None:
+        self.main.settle()
+        self.express.settle()
+
     def step(self) -> list[tuple[T, list[Hypothesis]]]:
         express = bool(self.express.blocks) and (not self.main.blocks or self.turn(self._express_s, self._main_s))
         batch = self.express if express else self.main
+        if express:  # the express step has the cores: the main batch's shards stand still meanwhile
+            self.main.settle()
         t0 = self.clock()
         try:
             return batch.step()
