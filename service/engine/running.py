@@ -490,7 +490,7 @@ class ShardedBatch(Generic[T]):
 
     The shards do not wait for each other: the owner steps the first shard at each `step`, and
     every other shard steps on its own pool thread, one step after another, until the owner needs
-    the batch still (`settle`: before sentences join or leave, or an encoder run). Stepped in
+    the batch still (`settle`: before sentences join or leave, an encoder run, an express step). Stepped in
     lockstep, the shards' decoder calls ended together and their Python then queued for the GIL
     at every step; now one shard's Python overlaps another's decoder call. What a pool shard
     finishes is handed over by the owner's next `step`. The same interface as `RunningBatch`
@@ -597,8 +597,7 @@ class ShardedBatch(Generic[T]):
             except Exception as exc:  # what the pool shards finished before goes with the error
                 raise StepError(exc, done) from exc
         self._launch()
-        stepped = 0
-        own = self.parts[0]
+        stepped, own, own_done = 0, self.parts[0], []
         if own.blocks and self._error is None:
             own.rt = self.narrow
             stepped += own.used
@@ -606,11 +605,9 @@ class ShardedBatch(Generic[T]):
                 own_done = own.step()
             except Exception as exc:  # its sentences stay, unstepped, for the owner to drop
                 self._error = exc
-                own_done = []
-        else:  # nothing of its own: until a pool shard ends a step
+        elif self._runs:  # nothing of its own: until a pool shard ends a step
             with self._news:
                 self._news.wait_for(lambda: bool(self._ready) or any(r.done() for r in self._runs.values()), 1.0)
-            own_done = []
         for i in [i for i, r in self._runs.items() if r.done()]:
             self._end(i)
         with self._news:
