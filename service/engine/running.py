@@ -490,11 +490,11 @@ class ShardedBatch(Generic[T]):
 
     The shards do not wait for each other: the owner steps the first shard at each `step`, and
     every other shard steps on its own pool thread, one step after another, until the owner needs
-    the batch still (`settle`: before sentences join or leave, an encoder run, an express step). Stepped in
-    lockstep, the shards' decoder calls ended together and their Python then queued for the GIL
-    at every step; now one shard's Python overlaps another's decoder call. What a pool shard
-    finishes is handed over by the owner's next `step`. The same interface as `RunningBatch`
-    (one owner thread)."""
+    the batch still (`settle`: before sentences join or leave, an encoder run, an express step).
+    Stepped in lockstep, the shards' decoder calls ended together and their Python then queued
+    for the GIL at every step; now one shard's Python overlaps another's decoder call. What a
+    pool shard finishes is handed over by the owner's next `step`. The same interface as
+    `RunningBatch` (one owner thread)."""
 
     def __init__(
         self,
