@@ -30,7 +30,8 @@ from numpy.typing import NDArray
 MAX_BEAM_SIZE = 8
 _KEEP_ONE = np.zeros(1, dtype=np.int64)  # a greedy row continues itself (read-only by its users)
 _KEEP_ONE.flags.writeable = False
-_FIRST_ROW = np.zeros(1, dtype=np.int64)  # a sentence alone: its block starts at row 0
+FIRST_ROW = np.zeros(1, dtype=np.int64)  # a sentence alone: its block starts at row 0 (read-only)
+FIRST_ROW.flags.writeable = False
 # Block count for the top-k threshold: enough blocks that few extra tokens pass it, few enough
 # that the per-row maximum over blocks stays a cheap contiguous reduction.
 _THRESHOLD_BLOCKS = 512
@@ -160,7 +161,7 @@ class Search:
 
     def advance(self, logp: np.ndarray) -> np.ndarray | None:
         """One step of this sentence alone from its (rows, V) log-probabilities."""
-        return self.strategy.step([self], _check_logprobs(logp, self.rows), _FIRST_ROW)[0]
+        return self.strategy.step([self], _check_logprobs(logp, self.rows), FIRST_ROW)[0]
 
     def hypotheses(self) -> list[Hypothesis]:
         """Best first: up to num_hypotheses (fewer only if the vocabulary cannot supply them)."""
@@ -393,8 +394,7 @@ def _in_place(parents: list[int]) -> list[int] | None:
     free = [r for r, i in enumerate(rows) if i < 0]
     for r, i in zip(free, rest, strict=True):
         rows[r] = i
-    order = [i for i in rows if i >= 0]
-    return None if order == sorted(order) else order
+    return None if rows == list(range(len(rows))) else rows
 
 
 def _may_improve(s: Search, best_live: float) -> bool:

@@ -41,10 +41,10 @@ from typing import Any, Generic, Protocol, TypeVar
 import numpy as np
 
 from service.contract.graphs import fold_indices, pad
-from service.engine.decoding import Hypothesis, Search, Strategy
+from service.engine.decoding import FIRST_ROW, Hypothesis, Search, Strategy
 from service.engine.device import DeviceBuffers, SourceSlots
 from service.engine.lengths import length_groups
-from service.engine.runtime import StepBinding, TranslatorRuntime
+from service.engine.runtime import DecoderStep, StepBinding, TranslatorRuntime
 from service.priority import lower_priority
 
 T = TypeVar("T")
@@ -53,8 +53,6 @@ SOURCE_ALIGN = 8  # the source buffer's width is a multiple of this (see `_align
 SLOT_CHUNK = 8  # the fewest cache slots; they double when rows need more (each growth copies the cache)
 ENCODE_CALL_TOKENS = 8  # an encoder run's fixed cost in padded tokens' worth (`encode_sources`)
 IDLE_SLOTS = 16  # an idle batch keeps the cache slots of sentences this long (below 4x: up to 32), releases more
-_FROM_ROW_ZERO = np.zeros(1, np.int64)  # a lone sentence's block start (read-only)
-_FROM_ROW_ZERO.flags.writeable = False
 
 
 def _aligned(columns: int) -> int:
@@ -290,17 +288,8 @@ class RunningBatch(Generic[T]):
         r = self.stepped_rows = self.used
         positions = np.repeat(np.array([b.search.t for b in self.blocks], np.int64), [b.rows for b in self.blocks])
         needed = int(positions.max()) + 1
-        if needed > self.buf.slots:  # doubling: a sentence of n tokens copies its cache about log2(n) times
-            self._resize_rows(self.buf.capacity, max(needed, 2 * self.buf.slots))
         tokens = np.concatenate([b.search.tokens for b in self.blocks])
-        n = len(self.blocks)
-        cache, cross = self.buf.leading(r, n)
-        out = self.rt.decode(
-            tokens, positions, self.buf.mask[:n], cache, cross, self._folding(), binding=self._binding()
-        )
-        if not out.written:
-            assert isinstance(self.buf, _Buffers)  # device buffers are bound: written in place
-            self.buf.store_new(positions, out.new_kv)
+        out = self._decode(tokens, positions, needed, len(self.blocks))
         every = np.arange(r)
         parents = every.copy()
         finished: list[Block[T]] = []
@@ -334,17 +323,8 @@ class RunningBatch(Generic[T]):
         assert b.start == 0 and r == self.used
         self.stepped_rows = r
         needed = s.t + 1
-        if needed > self.buf.slots:
-            self._resize_rows(self.buf.capacity, max(needed, 2 * self.buf.slots))
-        positions = np.full(r, s.t, np.int64)
-        cache, cross = self.buf.leading(r, 1)
-        out = self.rt.decode(
-            s.tokens, positions, self.buf.mask[:1], cache, cross, self._folding(), binding=self._binding()
-        )
-        if not out.written:
-            assert isinstance(self.buf, _Buffers)
-            self.buf.store_new(positions, out.new_kv)
-        chosen = s.strategy.step([s], out.logprobs, _FROM_ROW_ZERO)[0]
+        out = self._decode(s.tokens, np.full(r, s.t, np.int64), needed, 1)
+        chosen = s.strategy.step([s], out.logprobs, FIRST_ROW)[0]
         if chosen is None:
             self._remove([b])
             self._record("decode", time.perf_counter() - t0)
@@ -357,6 +337,19 @@ class RunningBatch(Generic[T]):
                 self.buf.reorder(moved, chosen, needed)
         self._record("decode", time.perf_counter() - t0)
         return []
+
+    def _decode(self, tokens: np.ndarray, positions: np.ndarray, needed: int, sentences: int) -> DecoderStep:
+        """The decoder call for the leading rows and sentences, its new keys in the cache."""
+        if needed > self.buf.slots:  # doubling: a sentence of n tokens copies its cache about log2(n) times
+            self._resize_rows(self.buf.capacity, max(needed, 2 * self.buf.slots))
+        cache, cross = self.buf.leading(len(positions), sentences)
+        out = self.rt.decode(
+            tokens, positions, self.buf.mask[:sentences], cache, cross, self._folding(), binding=self._binding()
+        )
+        if not out.written:
+            assert isinstance(self.buf, _Buffers)  # device buffers are bound: written in place
+            self.buf.store_new(positions, out.new_kv)
+        return out
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -511,15 +504,14 @@ class ShardedBatch(Generic[T]):
         self._runs: dict[int, Future[None]] = {}  # pool shard -> its run of steps
         self._halt = threading.Event()  # pool shards end their runs after the step under way
         self._news = threading.Condition()  # a pool shard ended a step (or its run)
-        self._ready: list[tuple[T, list[Hypothesis]]] = []  # what pool shards finished, not yet handed over
-        self._ghosts: list[Block[T]] = []  # their blocks: still the batch's until handed over
+        self._finished: list[Block[T]] = []  # what pool shards finished: the batch's until handed over
         self._pool_rows = 0  # rows the pool shards stepped since the last `step`
         self._error: Exception | None = None  # a failed step, for the next `step` to raise
 
     @property
     def blocks(self) -> list[Block[T]]:
         """The sentences not handed over yet: those a pool shard finished count until the next `step`."""
-        return [b for p in self.parts for b in p.blocks] + self._ghosts
+        return [b for p in self.parts for b in p.blocks] + self._finished
 
     def set_timer(self, timer: Callable[[str, float], None] | None) -> None:
         self.settle()
@@ -567,7 +559,7 @@ class ShardedBatch(Generic[T]):
             part.join_encoded([encoded[i] for i in idx], [searches[i] for i in idx], [tags[i] for i in idx])
 
     def drop(self, keep: Callable[[T], bool]) -> list[T]:
-        if any(not keep(b.tag) for b in self.blocks):
+        if any(not keep(b.tag) for i in self._runs for b in self.parts[i].blocks):
             self.settle()
         return [tag for p in self.parts for tag in p.drop(keep)]
 
@@ -597,24 +589,24 @@ class ShardedBatch(Generic[T]):
             except Exception as exc:  # what the pool shards finished before goes with the error
                 raise StepError(exc, done) from exc
         self._launch()
-        stepped, own, own_done = 0, self.parts[0], []
+        stepped, own, done = 0, self.parts[0], []
         if own.blocks and self._error is None:
             own.rt = self.narrow
             stepped += own.used
             try:
-                own_done = own.step()
+                done = own.step()
             except Exception as exc:  # its sentences stay, unstepped, for the owner to drop
                 self._error = exc
         elif self._runs:  # nothing of its own: until a pool shard ends a step
             with self._news:
-                self._news.wait_for(lambda: bool(self._ready) or any(r.done() for r in self._runs.values()), 1.0)
+                self._news.wait_for(lambda: bool(self._finished) or any(r.done() for r in self._runs.values()), 1.0)
         for i in [i for i, r in self._runs.items() if r.done()]:
             self._end(i)
         with self._news:
-            self._ready[:0] = own_done
             self.stepped_rows, self._pool_rows = stepped + self._pool_rows, 0
-        self._raise_failure()
-        return self._handed()
+        done += self._handed()
+        self._raise_failure(done)
+        return done
 
     def _launch(self) -> None:
         """Starts a run of steps for each pool shard that has sentences and none under way."""
@@ -627,11 +619,10 @@ class ShardedBatch(Generic[T]):
         """A pool shard's steps, one after another, until it has no sentences or the owner halts it."""
         while p.blocks and not self._halt.is_set():
             before, rows = p.blocks, p.used
-            done = p.step()
-            alive = set(map(id, p.blocks)) if done else set()
+            finished = p.step()
+            alive = set(map(id, p.blocks)) if finished else set()
             with self._news:
-                self._ready += done
-                self._ghosts += [b for b in before if id(b) not in alive] if done else []
+                self._finished += [b for b in before if id(b) not in alive] if finished else []
                 self._pool_rows += rows
                 self._news.notify()
 
@@ -642,18 +633,20 @@ class ShardedBatch(Generic[T]):
             self._error = self._error or exc
 
     def _handed(self) -> list[tuple[T, list[Hypothesis]]]:
+        """What the pool shards finished since the last call, handed over (in the batch no longer)."""
         with self._news:
-            done, self._ready, self._ghosts = self._ready, [], []
-        return done
+            finished, self._finished = self._finished, []
+        return [(b.tag, b.search.hypotheses()) for b in finished]
 
-    def _raise_failure(self) -> None:
+    def _raise_failure(self, done: list[tuple[T, list[Hypothesis]]] | None = None) -> None:
         """A failed step fails the batch's step once the other shards stand still: what they
-        finished goes with the error (its owner answers those and fails the rest)."""
+        finished (and `done`, this step's) goes with the error (its owner answers those and fails
+        the rest)."""
         if self._error is None:
             return
         self.settle()
         error, self._error = self._error, None
-        raise StepError(error, self._handed()) from error
+        raise StepError(error, (done or []) + self._handed()) from error
 
     def close(self) -> None:
         self.settle()
