@@ -92,6 +92,18 @@ def fusions_off(providers: Sequence[str]) -> list[str]:
     return list(CPU_FUSIONS_OFF) if first == "CPUExecutionProvider" else []
 
 
+# How long a spinning session's idle intra-op threads keep spinning after a call (microseconds):
+# long enough to bridge a lone sentence's Python between two decoder steps, short enough not to
+# take a core from work that follows on other threads. ONNX Runtime's own default spun about 45 ms
+# after each call (a 2-thread session's process used 44 ms of CPU in 0.05 to 1 s of idleness):
+# the decoder session that uses every thread, called once at the end of a sharded translation
+# (or for an express step), then took a core from the one-thread shards for as long. With 1 ms, 32
+# same-model sentences on two threads translated 1.4x as fast greedy in int8 (65 -> 43 ms), 1.2x
+# beam 4 (184 -> 143-161 ms), 1.2x fp32 greedy (89 -> 70-79 ms), one sentence as fast (Intel Xeon
+# VM, 2026-12-04; measured).
+SPIN_US = 1000
+
+
 def session_options(threads: int, spin: bool, arena: bool) -> ort.SessionOptions:
     opts = ort.SessionOptions()
     opts.enable_cpu_mem_arena = arena
@@ -101,13 +113,14 @@ def session_options(threads: int, spin: bool, arena: bool) -> ort.SessionOptions
     opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     opts.log_severity_level = 3
     opts.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    opts.add_session_config_entry("session.intra_op.spin_duration_us", str(SPIN_US))
     return opts
 
 
 def make_session(
     model: bytes, providers: Sequence[str], threads: int, spin: bool = True, arena: bool = True
 ) -> ort.InferenceSession:
-    """`spin`: the intra-op threads spin a while after each call, waiting for the next (fast for
+    """`spin`: the intra-op threads spin a while (`SPIN_US`) after each call, waiting for the next (fast for
     a session called in a loop, the decoder; a session called now and then, the encoder, would
     only take those cores from the one that is looping). `arena`: ONNX Runtime's memory arena,
     whose lock calls of one session on several threads at once contend on (the sharded decoder:
