@@ -131,6 +131,22 @@ def imported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     return out
 
 
+def test_no_add_of_zeros_over_the_vocabulary(imported: dict[str, tuple[Path, Path]]) -> None:
+    """A zero logits bias (M2M100 has none) and no suppressed token leave no pass over every row's
+    vocabulary in the step; Marian's bias and pad mask stay, around the log-softmax."""
+
+    def around_log_softmax(name: str) -> tuple[str, list[str]]:
+        entry = entry_of(imported[name][1], name)
+        files = entry.require_manifest().variant_files("fp32")
+        graph = onnx.load(str(entry.folder / files["decoder"])).graph
+        producer = {out: n for n in graph.node for out in n.output}
+        [soft] = [n for n in graph.node if n.op_type == "LogSoftmax"]
+        return producer[soft.input[0]].op_type, [n.op_type for n in graph.node if soft.output[0] in n.input]
+
+    assert around_log_softmax("nllb") == ("MatMul", [])
+    assert around_log_softmax("marian") == ("Add", ["Add"])
+
+
 @pytest.mark.parametrize("name", list(FAMILY_CASES))
 def test_greedy_and_beam_match_generate(imported: dict[str, tuple[Path, Path]], name: str) -> None:
     folder, store = imported[name]
