@@ -362,7 +362,7 @@ def test_cpu_sessions_keep_the_add_and_layer_norm_apart(tmp_path: Path, monkeypa
 
 
 IDLE_CPU = """
-import sys, time
+import time
 import numpy as np, onnx
 from service.engine import runtime
 h, t = onnx.helper, onnx.TensorProto
@@ -382,7 +382,10 @@ print((time.process_time() - cpu) * 1000)
 def test_a_spinning_session_stops_spinning_soon_after_a_call() -> None:
     """Its idle threads would take a core from the work after it (a sharded batch's one-thread
     shards after a step on every thread): ONNX Runtime's default spun some 45 ms (`runtime.SPIN_US`)."""
-    done = subprocess.run([sys.executable, "-c", IDLE_CPU], capture_output=True, text=True, timeout=120, check=True)
+    root = Path(__file__).resolve().parents[1]  # where `service` imports from
+    done = subprocess.run(
+        [sys.executable, "-c", IDLE_CPU], capture_output=True, text=True, timeout=120, check=True, cwd=root
+    )
     idle_cpu_ms = float(done.stdout.split()[-1])
     assert idle_cpu_ms < 15.0, f"{idle_cpu_ms:.1f} ms of CPU in 0.3 s after the last call"
 
