@@ -214,7 +214,7 @@ class DeviceBuffers(SourceSlots):
         self.ops.fit(self.cross, cross, n)
         self.cross, self.mask = cross, self._resized_mask(n, capacity, columns)
 
-    def move(self, src: int, dst: int, width: int) -> None:
+    def move(self, src: int, dst: int, width: int, slots: int) -> None:
         self.ops.permute(self.cache, np.arange(src, src + width), src + width, dst)
 
     def move_sentence(self, src: int, dst: int) -> None:

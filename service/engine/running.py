@@ -55,6 +55,11 @@ ENCODE_CALL_TOKENS = 8  # an encoder run's fixed cost in padded tokens' worth (`
 IDLE_SLOTS = 16  # an idle batch keeps the cache slots of sentences this long (below 4x: up to 32), releases more
 
 
+def _written(b: Block[Any]) -> int:
+    """The cache slots a block's rows hold: one per step taken (and one more, as `_fit` keeps)."""
+    return b.search.t + 1
+
+
 def _aligned(columns: int) -> int:
     """The source width for rows needing `columns`: rounded up to `SOURCE_ALIGN`, so a row's
     cross-attention does not depend on how much padding its batch has. ONNX Runtime sums over
@@ -139,10 +144,11 @@ class _Buffers(SourceSlots):
             new[:n, :, :keep] = old[:n, :, :keep]
         self.cross, self.mask = cross, self._resized_mask(n, capacity, columns)
 
-    def move(self, src: int, dst: int, width: int) -> None:
-        """Cache rows src.. to dst.. (dst < src: ascending moves never overwrite a row still to move)."""
+    def move(self, src: int, dst: int, width: int, slots: int) -> None:
+        """Cache rows src.. to dst.. (dst < src: ascending moves never overwrite a row still to move),
+        their first `slots` slots (the rest is never read)."""
         for buf in self.cache:
-            buf[dst : dst + width] = buf[src : src + width]
+            buf[dst : dst + width, :, :slots] = buf[src : src + width, :, :slots]
 
     def move_sentence(self, src: int, dst: int) -> None:
         """A sentence's cross-attention K/V and source mask from slot `src` to slot `dst`."""
@@ -374,7 +380,10 @@ class RunningBatch(Generic[T]):
             b.start, b.rows = pos, len(src[-1])
             pos += b.rows
         parents = np.concatenate(src)
-        self.buf.reorder(np.flatnonzero(parents != np.arange(pos)), parents, needed)
+        # only the rows from the first widening block move: they hold few slots (a beam widens
+        # after its first step, and the blocks after it joined with it or since, but for holes filled)
+        slots = min(needed, max(_written(b) for b in self.blocks[first:]))
+        self.buf.reorder(np.flatnonzero(parents != np.arange(pos)), parents, slots)
         self.used, self._fold = pos, None
 
     def _folding(self) -> tuple[np.ndarray, np.ndarray]:
@@ -404,7 +413,7 @@ class RunningBatch(Generic[T]):
             pos = 0
             for b in kept:
                 if b.start != pos:
-                    self.buf.move(b.start, pos, b.rows)
+                    self.buf.move(b.start, pos, b.rows, _written(b))
                     b.start = pos
                 pos += b.rows
         kept.sort(key=lambda b: b.start)
@@ -445,7 +454,7 @@ class RunningBatch(Generic[T]):
             plan.append((b, hole[0]))
             hole[0] += b.rows
         for b, dst in plan:  # sources lie beyond the end, destinations below it: no overlap
-            self.buf.move(b.start, dst, b.rows)
+            self.buf.move(b.start, dst, b.rows, _written(b))
             b.start = dst
         return True
 
