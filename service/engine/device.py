@@ -215,6 +215,7 @@ class DeviceBuffers(SourceSlots):
         self.cross, self.mask = cross, self._resized_mask(n, capacity, columns)
 
     def move(self, src: int, dst: int, width: int, slots: int) -> None:
+        """Whole rows, in one device gather (`slots`, which bounds the host buffers' copy, is not used here)."""
         self.ops.permute(self.cache, np.arange(src, src + width), src + width, dst)
 
     def move_sentence(self, src: int, dst: int) -> None:
