@@ -380,8 +380,9 @@ class RunningBatch(Generic[T]):
             b.start, b.rows = pos, len(src[-1])
             pos += b.rows
         parents = np.concatenate(src)
-        # only the rows from the first widening block move: they hold few slots (a beam widens
-        # after its first step, and the blocks after it joined with it or since, but for holes filled)
+        # only the rows from the first widening block on move, and they hold few slots: a beam widens
+        # after its first step, and the blocks after it joined with it or since (unless a departure's
+        # hole took an older one: hence the most any of them holds)
         slots = min(needed, max(_written(b) for b in self.blocks[first:]))
         self.buf.reorder(np.flatnonzero(parents != np.arange(pos)), parents, slots)
         self.used, self._fold = pos, None
