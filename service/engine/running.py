@@ -56,7 +56,7 @@ IDLE_SLOTS = 16  # an idle batch keeps the cache slots of sentences this long (b
 
 
 def _written(b: Block[Any]) -> int:
-    """The cache slots a block's rows hold: one per step taken (and one more, as `_fit` keeps)."""
+    """The cache slots a block's rows hold: one per step taken, and one more (what moves copy and `_fit` keeps)."""
     return b.search.t + 1
 
 
@@ -422,7 +422,7 @@ class RunningBatch(Generic[T]):
         self.rows = sum(b.search.width for b in kept)
         # an idle batch keeps its buffers (a fresh array's every page faults on first write) until the next join
         if kept:
-            self._fit(self._source_needed(), max(b.search.t for b in kept) + 1)
+            self._fit(self._source_needed(), max(map(_written, kept)))
 
     def _fit(self, columns: int, slots: int) -> None:
         """Releases source columns beyond `columns` once `SOURCE_SLACK` of them are padding, and cache
