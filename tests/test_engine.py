@@ -108,6 +108,18 @@ def test_length_groups_is_the_cheapest_grouping() -> None:
     assert length_groups([], 8) == []
 
 
+def test_a_text_tokenizes_alone_as_it_does_among_others(mt: TranslatorEngine) -> None:
+    """One text takes the tokenizer's single call, several its batch call: the same ids either way."""
+    texts = [" ".join(s.split()[:4]) for s in sentences(12, seed=5)] + ["", "Ørsted ships v2"]
+    together = mt.codec.encode(texts)
+    assert [mt.codec.encode([t])[0] for t in texts] == together
+    assert together[-2] == [mt.codec.unk_id, *mt.codec.framing.suffix]  # an empty text: one <unk>
+    long = " ".join(sentences(400, seed=2))
+    for batch in ([long], ["short", long]):
+        with pytest.raises(InputTooLong, match=rf"texts\[{len(batch) - 1}\] has \d+ tokens"):
+            mt.codec.encode(batch)
+
+
 def test_sentences_encoded_in_length_groups_equal_each_alone(mt: TranslatorEngine) -> None:
     seqs = sorted(mt.encode(sentences(24, seed=31)), key=len)
     seqs = seqs[:8] + seqs[-1:]  # the longest apart
