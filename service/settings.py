@@ -60,11 +60,11 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="a batch closes this long after its first item")
     max_queue: int = Field(default=512, ge=1, description="queued items (translation: sentences) per model before 429")
     # translation: step-level scheduling
-    # 128: 32 beam-4 sentences a step. Small greedy requests take express steps of their own, so 64 kept
-    # them only a little faster behind saturating beams (p90 15-20 ms against 24-25, within 4x idle) and
-    # cost the beams' throughput: served beam-4 /translate x1.12 at 128, the peer's mixed load x1.27
+    # 64: 128 rows served beam-4 /translate x1.12 and the peer's mixed load's beams x1.4, but a request's
+    # running time grows with the step: at 4x overload with 5 s deadlines the admitted requests' p99 rose
+    # from 1.4-2.0 s to 2.3-3.2 s, their slowest to 4.0-4.8 s, and some answered 504 (docs/results.md)
     step_max_rows: int = Field(
-        default=128, ge=1, le=4096, description="decoder rows (sentences x beams) per step: latency against throughput"
+        default=64, ge=1, le=4096, description="decoder rows (sentences x beams) per step: latency against throughput"
     )
     step_express_share: float = Field(
         default=0.5,
