@@ -62,7 +62,7 @@ class Settings(BaseSettings):
     # translation: step-level scheduling
     # 64: 128 rows served beam-4 /translate x1.12 and the peer's mixed load's beams x1.4, but a request's
     # running time grows with the step: at 4x overload with 5 s deadlines the admitted requests' p99 rose
-    # from 1.4-2.0 s to 2.3-3.2 s, their slowest to 4.0-4.8 s, and some answered 504 (docs/results.md)
+    # from 1.2-2.0 s to 2.1-3.5 s, their slowest to 3.6-4.8 s, and some answered 504 (docs/results.md)
     step_max_rows: int = Field(
         default=64, ge=1, le=4096, description="decoder rows (sentences x beams) per step: latency against throughput"
     )
