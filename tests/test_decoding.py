@@ -443,6 +443,50 @@ def test_sampling_is_reproducible_by_seed_and_top_k_1_is_greedy() -> None:
     assert [h[0].tokens for h in run_beam(model, top1, [8, 8])] == [h.tokens for h in g]
 
 
+def _draw_by_full_sort(logp: np.ndarray, temperature: float, top_k: int, top_p: float, rng: np.random.Generator) -> int:
+    """The definition `decoding._draw` must match: every token sorted, the prefix kept, one draw."""
+    scaled = np.asarray(logp, dtype=np.float64) / temperature
+    order = np.argsort(-scaled, kind="stable")[: top_k or None]
+    probs = np.exp(scaled[order] - scaled[order[0]])
+    probs /= probs.sum()
+    if top_p < 1.0:
+        keep = int(np.searchsorted(np.cumsum(probs), top_p) + 1)
+        order, probs = order[:keep], probs[:keep] / probs[:keep].sum()
+    return int(order[min(int(np.searchsorted(np.cumsum(probs), rng.random(), side="right")), len(order) - 1)])
+
+
+def test_a_draw_sorting_only_the_likely_tokens_draws_what_a_full_sort_draws() -> None:
+    rng = np.random.default_rng(0)
+    rows = np.concatenate([rng.standard_normal((40, 3000)) * scale for scale in (0.3, 3.0, 12.0)]).astype(np.float32)
+    rows[:10, :40] = rows[:10, :1]  # tied likeliest tokens: the lower id first
+    rows[10:20, 5:] = -60.0  # all but a few tokens below the first floor
+    cases = (
+        (0, 1.0, 1.0),
+        (0, 0.9, 0.7),
+        (5, 1.0, 1.0),
+        (50, 0.5, 1.3),
+        (2500, 0.99, 1.0),
+    )  # top_k, top_p, temperature
+    reached = []
+    floors = decoding._DRAW_FLOORS
+    decoding_at_least = decoding._at_least
+
+    def watched(scaled: np.ndarray, probs: np.ndarray, floor: float) -> np.ndarray:
+        reached.append(floor)
+        return decoding_at_least(scaled, probs, floor)
+
+    decoding._at_least = watched
+    try:
+        for r, row in enumerate(rows):
+            for top_k, top_p, temperature in cases:
+                seed = r * 7 + top_k
+                want = _draw_by_full_sort(row, temperature, top_k, top_p, np.random.default_rng(seed))
+                assert decoding._draw(row, temperature, top_k, top_p, np.random.default_rng(seed)) == want, (r, top_k)
+    finally:
+        decoding._at_least = decoding_at_least
+    assert set(reached) == set(floors)  # both the partial sort and the full one were taken
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.integers(0, 2**32 - 1), st.integers(1, 3), st.integers(1, 4))
 def test_no_repeat_ngram_size_holds(seed: int, n: int, k: int) -> None:
