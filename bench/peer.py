@@ -8,7 +8,7 @@ A report, not a test. Each server runs alone, in its own process, pinned to `--s
 with `--threads` ONNX Runtime threads per engine (the project: SERVE_THREADS,
 SERVE_CLASSIFICATION_THREADS and SERVE_TRANSLATION_THREADS all N; LitServe: `LoadOptions(threads=N)`
 in each inference worker), both on the newest version of each model in `--store`, everything
-else at its defaults (the project's step budget SERVE_STEP_MAX_ROWS 64 and express share 0.5, other
+else at its defaults (the project's step budget SERVE_STEP_MAX_ROWS 128 and express share 0.5, other
 values through `--project-setting step_express_share=S`; LitServe batching 32 requests / 2 ms for
 /predict, 16 / 5 ms for /translate). The load generator (Debian's `wrk`,
 `bench.service_load.wrk`) runs pinned to `--client-cpus`. Rounds alternate which server goes

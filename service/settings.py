@@ -60,11 +60,11 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="a batch closes this long after its first item")
     max_queue: int = Field(default=512, ge=1, description="queued items (translation: sentences) per model before 429")
     # translation: step-level scheduling
-    # 64: 128 rows served beam-4 /translate x1.12 and the peer's mixed load's beams x1.4, but a request's
-    # running time grows with the step: at 4x overload with 5 s deadlines the admitted requests' p99 rose
-    # from 1.2-2.0 s to 2.1-3.5 s, their slowest to 3.6-4.8 s, and some answered 504 (docs/results.md)
+    # 128: 32 beam-4 sentences a step; served beam-4 /translate x1.12 against 64 and the peer's mixed load's
+    # beams x1.4. At 4x overload with 5 s deadlines the admitted requests finish as at 64 (p99 1.6-2.0 s,
+    # slowest 2.8-3.5 s) since sampled draws stopped sorting the vocabulary (docs/results.md#reliability)
     step_max_rows: int = Field(
-        default=64, ge=1, le=4096, description="decoder rows (sentences x beams) per step: latency against throughput"
+        default=128, ge=1, le=4096, description="decoder rows (sentences x beams) per step: latency against throughput"
     )
     step_express_share: float = Field(
         default=0.5,

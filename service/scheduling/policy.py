@@ -45,7 +45,7 @@ class CancelReason(StrEnum):
 
 @dataclass(frozen=True)
 class StepLimits:
-    max_rows: int = 64  # rows (sentences x width) per decoder step: the latency/throughput knob
+    max_rows: int = 128  # rows (sentences x width) per decoder step: the latency/throughput knob
     max_cache_tokens: int = 65536  # admitted rows x (source + max new tokens), reserved at admission
     max_queue: int = 512  # sentences waiting or running before 429
     starvation_s: float = 0.5  # a passed-over sentence is admitted first after waiting this long
