@@ -61,8 +61,9 @@ class Settings(BaseSettings):
     max_queue: int = Field(default=512, ge=1, description="queued items (translation: sentences) per model before 429")
     # translation: step-level scheduling
     # 128: 32 beam-4 sentences a step; served beam-4 /translate x1.12 against 64 and the peer's mixed load's
-    # beams x1.4. At 4x overload with 5 s deadlines the admitted requests finish as at 64 (p99 1.6-2.0 s,
-    # slowest 2.8-3.5 s) since sampled draws stopped sorting the vocabulary (docs/results.md#reliability)
+    # beams x1.4. At 4x overload with 5 s deadlines the admitted requests finish about as at 64 (p99 1.4-2.0 s
+    # against 1.4-1.5, slowest 2.7-3.5 s against 2.8-3.6) since sampled draws stopped sorting the vocabulary
+    # (docs/results.md#reliability)
     step_max_rows: int = Field(
         default=128, ge=1, le=4096, description="decoder rows (sentences x beams) per step: latency against throughput"
     )

@@ -455,7 +455,7 @@ def _draw_by_full_sort(logp: np.ndarray, temperature: float, top_k: int, top_p: 
     return int(order[min(int(np.searchsorted(np.cumsum(probs), rng.random(), side="right")), len(order) - 1)])
 
 
-def test_a_draw_sorting_only_the_likely_tokens_draws_what_a_full_sort_draws() -> None:
+def test_a_draw_sorting_only_the_likely_tokens_draws_what_a_full_sort_draws(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(0)
     rows = np.concatenate([rng.standard_normal((40, 3000)) * scale for scale in (0.3, 3.0, 12.0)]).astype(np.float32)
     rows[:10, :40] = rows[:10, :1]  # tied likeliest tokens: the lower id first
@@ -468,23 +468,19 @@ def test_a_draw_sorting_only_the_likely_tokens_draws_what_a_full_sort_draws() ->
         (2500, 0.99, 1.0),
     )  # top_k, top_p, temperature
     reached = []
-    floors = decoding._DRAW_FLOORS
-    decoding_at_least = decoding._at_least
+    at_least = decoding._at_least
 
     def watched(scaled: np.ndarray, probs: np.ndarray, floor: float) -> np.ndarray:
         reached.append(floor)
-        return decoding_at_least(scaled, probs, floor)
+        return at_least(scaled, probs, floor)
 
-    decoding._at_least = watched
-    try:
-        for r, row in enumerate(rows):
-            for top_k, top_p, temperature in cases:
-                seed = r * 7 + top_k
-                want = _draw_by_full_sort(row, temperature, top_k, top_p, np.random.default_rng(seed))
-                assert decoding._draw(row, temperature, top_k, top_p, np.random.default_rng(seed)) == want, (r, top_k)
-    finally:
-        decoding._at_least = decoding_at_least
-    assert set(reached) == set(floors)  # both the partial sort and the full one were taken
+    monkeypatch.setattr(decoding, "_at_least", watched)
+    for r, row in enumerate(rows):
+        for top_k, top_p, temperature in cases:
+            seed = r * 7 + top_k
+            want = _draw_by_full_sort(row, temperature, top_k, top_p, np.random.default_rng(seed))
+            assert decoding._draw(row, temperature, top_k, top_p, np.random.default_rng(seed)) == want, (r, top_k)
+    assert set(reached) == set(decoding._DRAW_FLOORS)  # both the partial sort and the full one were taken
 
 
 @settings(max_examples=60, deadline=None)

@@ -476,7 +476,7 @@ def _draw(logp: NDArray[np.floating], temperature: float, top_k: int, top_p: flo
     scaled = np.asarray(logp, dtype=np.float64) / temperature
     probs = np.exp(scaled - scaled.max())
     n = min(top_k, len(probs)) if top_k else len(probs)
-    total = float(probs.sum()) if n == len(probs) else 0.0
+    total = float(probs.sum()) if n == len(probs) else None  # with top_k: the top n's, summed in order
     u = rng.random()
     for floor in _DRAW_FLOORS:
         order = _at_least(scaled, probs, floor)
@@ -484,7 +484,7 @@ def _draw(logp: NDArray[np.floating], temperature: float, top_k: int, top_p: flo
         if not complete and n < len(probs):
             continue  # the top_k mass needs every one of the top n
         order = order[:n]
-        mass = total or float(probs[order].sum())  # with top_k: the top n's, summed in order
+        mass = float(probs[order].sum()) if total is None else total
         cum = np.cumsum(probs[order] / mass)
         if top_p < 1.0:
             keep = int(np.searchsorted(cum, top_p)) + 1  # the smallest prefix reaching top_p
