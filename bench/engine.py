@@ -395,7 +395,7 @@ def matmul_ceiling(threads: int, m: int, k: int, n: int, timing: Timing, int8: b
     opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid("com.microsoft", 1)]
     model = helper.make_model(graph, opset_imports=opsets)
     model.ir_version = 8  # what any ONNX Runtime reads: onnx's own default can be newer than the runtime installed
-    sess = runtime.make_session(model.SerializeToString(), ["cpu"], threads)
+    sess = runtime.make_session(model.SerializeToString(), ["CPUExecutionProvider"], threads)
     sec, _, _ = median_seconds(lambda: sess.run(["Y"], {"A": a}), timing)
     return 2.0 * m * k * n / sec / 1e9
 

@@ -381,7 +381,7 @@ h, t = onnx.helper, onnx.TensorProto
 w = onnx.numpy_helper.from_array(np.ones((512, 512), np.float32), "w")
 x, y = (h.make_tensor_value_info(n, t.FLOAT, [512, 512]) for n in ("x", "y"))
 graph = h.make_graph([h.make_node("MatMul", ["x", "w"], ["y"])], "mm", [x], [y], [w])
-session = runtime.make_session(h.make_model(graph).SerializeToString(), ["cpu"], 2)
+session = runtime.make_session(h.make_model(graph).SerializeToString(), ["CPUExecutionProvider"], 2)
 x = np.ones((512, 512), np.float32)
 for _ in range(3):
     session.run(None, {"x": x})
