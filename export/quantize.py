@@ -24,7 +24,9 @@ product there (`bench.kernels`: by 10 to 15 % of its largest output on random ac
 exact on CPUs with VNNI. 7-bit weights (`reduce_range`) make it exact everywhere at the same
 speed, but measured worse on the bundled models (`bench.quality`, int8, 2026-12-02): translator
 BLEU / chrF 42.20 / 61.21 against 42.32 / 61.26, stand-in chrF 49.87 against 50.06, classifier
-0.7266 against 0.7271.
+0.7266 against 0.7271. Where the kernel saturates (the AVX2 VM, 2026-12-04) the bundled 8-bit graphs gave
+42.04 / 61.34 and 0.7333 (42.16 / 61.54 and 0.7330 with VNNI); their weights rounded again to 7 bits (a
+pessimistic stand-in for `reduce_range`: two roundings) 42.10 / 61.43 and 0.7334: within a tenth either way.
 
 A matmul's output stays float (requantizing it cost a pass over every output and 256 levels of
 precision, the logits' included), so does what float operators read (`float_uses_read_float`),
