@@ -460,9 +460,12 @@ def test_a_draw_sorting_only_the_likely_tokens_draws_what_a_full_sort_draws(monk
     rows = np.concatenate([rng.standard_normal((40, 3000)) * scale for scale in (0.3, 3.0, 12.0)]).astype(np.float32)
     rows[:10, :40] = rows[:10, :1]  # tied likeliest tokens: the lower id first
     rows[10:20, 5:] = -60.0  # all but a few tokens below the first floor
+    rows[20:30] = np.log(5e-5) + 0.01 * rows[20:30]  # a long tail just below it holding ~13 % of the mass,
+    rows[20:30, 7] = 0.0  # past which top_p 0.95 reaches
     cases = (
         (0, 1.0, 1.0),
         (0, 0.9, 0.7),
+        (0, 0.95, 1.0),
         (5, 1.0, 1.0),
         (50, 0.5, 1.3),
         (2500, 0.99, 1.0),
