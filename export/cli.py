@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import sys
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -42,22 +43,27 @@ def data_file(data_dir: Path, *parts: str, why: str = "run `make data` first") -
 @contextmanager
 def quiet(verbose: bool) -> Iterator[None]:
     """Without --verbose, third-party warnings (torch.onnx's TracerWarning and DeprecationWarning,
-    ONNX Runtime's and transformers' log lines) are not printed: a check that fails raises, so
+    ONNX Runtime's and transformers' log lines and progress bars) are not printed: a check that fails raises, so
     what they say is noise once the export has passed."""
     if verbose:
         yield
         return
     import onnxruntime as ort
 
+    hf = sys.modules.get("transformers")  # an import's: its progress bars go too
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ort.set_default_logger_severity(3)  # errors and fatal only
         logging.disable(logging.WARNING)
+        if hf is not None:
+            hf.utils.logging.disable_progress_bar()
         try:
             yield
         finally:
             logging.disable(logging.NOTSET)
             ort.set_default_logger_severity(2)  # ONNX Runtime's default: warnings
+            if hf is not None:
+                hf.utils.logging.enable_progress_bar()
 
 
 def summary(folder: Path, manifest: Mapping[str, object]) -> list[str]:

@@ -210,11 +210,21 @@ def test_labels_refuses_missing_or_repeated_names(id2label: dict, message: str) 
         ),
         ("xlm-roberta", {"pruned_heads": {1: [0]}}, r"pruned_heads=\{1: \[0\]\}"),
         ("roberta", {"pad_token_id": None}, "pad_token_id=None"),
+        ("bert", {"max_position_embeddings": 4}, "max_position_embeddings=4 leaves 4 positions"),
     ],
 )
 def test_check_supported_names_the_option(family: str, options: dict, message: str) -> None:
     with pytest.raises(ImportProblem, match=f"^{family}: .*{message}"):
         clf.check_supported(tiny_config(family, **options))
+
+
+@pytest.mark.parametrize(("family", "positions"), [("bert", 16), ("roberta", 18)])
+def test_a_short_position_table_is_checked_within_it(family: str, positions: int, tmp_path: Path) -> None:
+    """The export's check batches (one at the longest input, others of fixed lengths) fit the table."""
+    config = tiny_config(family, max_position_embeddings=positions)
+    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    clf.export_classifier(model, tmp_path / "model.onnx")
+    assert max(ids.shape[1] for ids, _ in clf.probe_batches(config)) == clf.max_sequence_length(config) == 16
 
 
 def test_check_supported_accepts_the_families_and_refuses_others() -> None:

@@ -53,12 +53,17 @@ SENTENCES = ["the cat sat on the mat", "привет мир", "a b c d e f g h",
 
 
 def build(
-    tokenizer: Checkpoint, folder: Path, generation: dict[str, object], seed: int = 0, eos_bias: float = 6.0
+    tokenizer: Checkpoint,
+    folder: Path,
+    generation: dict[str, object],
+    seed: int = 0,
+    eos_bias: float = 6.0,
+    **config_options: object,
 ) -> Path:
     """A save_pretrained folder: the tokenizer's files, a tiny random model over its vocabulary."""
     shutil.copytree(tokenizer.folder, folder)
     base = tokenizer.config
-    config = base.__class__(**{**base.to_diff_dict(), **SMALL})
+    config = base.__class__(**{**base.to_diff_dict(), **SMALL, **config_options})
     config.decoder_start_token_id = base.decoder_start_token_id if base.decoder_start_token_id is not None else 2
     torch.manual_seed(seed)
     model = MODELS[config.model_type](config).eval()
@@ -195,6 +200,27 @@ def test_greedy_and_beam_match_generate(imported: dict[str, tuple[Path, Path]], 
         assert abs(best.score - float(r.sequences_scores[0])) <= 1e-4
 
 
+def test_a_short_position_table_and_max_new_tokens_bound_what_is_served(marian: Checkpoint, tmp_path: Path) -> None:
+    """A position table of 16 leaves room for the import's checks (their probes fit it) and bounds
+    the sources; generation_config's max_new_tokens, which generate obeys before max_length, bounds
+    the translations."""
+    gen = {"max_length": 20, "max_new_tokens": 5, "bad_words_ids": [[marian.config.pad_token_id]]}
+    folder = build(marian, tmp_path / "ckpt", gen, max_position_embeddings=16)
+    store = tmp_path / "store"
+    import_checkpoint(folder, store, ImportOptions(name="short", variants=("fp32",)), log=lambda _: None)
+    engine = engine_of(store, "short")
+    assert engine.max_new_tokens == 5 and engine.manifest.max_source_tokens == 16 - 1  # </s> ends a source
+    pool = [i for i in range(4, 90) if i not in set(engine.manifest.skip_ids)]
+    rng = np.random.default_rng(2)
+    sources = [[*rng.choice(pool, int(n)).tolist(), engine.eos_id] for n in rng.integers(2, 15, 12)]
+    greedy = engine.run(sources, [engine.search(engine.default_params()) for _ in sources])
+    for hyps, r in zip(greedy, generate(folder, sources, num_beams=engine.default_params().beam_size), strict=True):
+        assert [*hyps[0].tokens, *([engine.eos_id] if hyps[0].finished else [])] == _strip(
+            r.sequences[0, 1:].tolist(), engine
+        )
+    assert max(len(h[0].tokens) for h in greedy) == 5
+
+
 def _strip(ids: list[int], engine: TranslatorEngine) -> list[int]:
     """generate's output for one sentence: padding after its EOS left out."""
     return ids[: ids.index(engine.eos_id) + 1] if engine.eos_id in ids else ids
@@ -311,6 +337,11 @@ def _pickle_only(folder: Path) -> None:
     (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
 
 
+def _end_tokens(folder: Path) -> None:
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "eos_token_id": [0, 7]}))
+
+
 def _foreign_tokenizer(folder: Path) -> None:
     vocab = json.loads((folder / "vocab.json").read_text())
     (folder / "vocab.json").write_text(json.dumps({**vocab, "extra-piece": 10**6}))
@@ -324,8 +355,9 @@ def _foreign_tokenizer(folder: Path) -> None:
         (_unsupported_option, "is_decoder"),
         (lambda f: (f / "config.json").write_text(json.dumps({"model_type": "gpt2"})), "unsupported model family"),
         (_foreign_tokenizer, "vocab"),
+        (_end_tokens, "eos_token_id=[0, 7]: the engine ends a translation on exactly one id"),
     ],
-    ids=["missing-weights", "pickle-only", "unsupported-option", "unsupported-family", "tokenizer-mismatch"],
+    ids=["missing-weights", "pickle-only", "unsupported-option", "unsupported-family", "tokenizer-mismatch", "end-ids"],
 )
 def test_a_bad_checkpoint_is_one_message_exit_2_and_nothing_written(
     imported: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str], damage, message: str

@@ -171,6 +171,7 @@ _LOADERS: dict[str, Callable[[nn.Module, int], HFClassifierGraph]] = {
     "roberta": _roberta,
     "xlm-roberta": _roberta,
 }
+MIN_TOKENS = 8  # a position table shorter than this is refused
 _CLASSES = {
     "bert": "BertForSequenceClassification",
     "distilbert": "DistilBertForSequenceClassification",
@@ -204,6 +205,11 @@ def check_supported(config: transformers.PretrainedConfig) -> None:
         problems.append(f"pruned_heads={config.pruned_heads}: every layer must keep all its heads")
     if family in ("roberta", "xlm-roberta") and config.pad_token_id is None:
         problems.append("pad_token_id=None: RoBERTa positions are counted from the pad id")
+    elif max_sequence_length(config) < MIN_TOKENS:
+        problems.append(
+            f"max_position_embeddings={config.max_position_embeddings} leaves {max_sequence_length(config)} "
+            f"positions: too few to classify a text (at least {MIN_TOKENS})"
+        )
     if problems:
         raise ImportProblem(f"{family}: " + "; ".join(problems))
 
@@ -276,7 +282,7 @@ def probe_batches(config: transformers.PretrainedConfig, seed: int = 0) -> list[
     for lengths in shapes:
         seqs = []
         for n in lengths:
-            ids = rng.integers(0, config.vocab_size - 1, size=n)
+            ids = rng.integers(0, config.vocab_size - 1, size=min(n, longest))
             seqs.append([int(i) + (i >= pad) for i in ids])  # skip the pad id
         batches.append(io.pad(seqs, pad_id=pad))
     return batches

@@ -134,7 +134,9 @@ class Seq2Seq(nn.Module):
     """A transformers encoder-decoder with the interface of `export.model.Translator` that the
     graphs and the exporter's checks use: `encode`, `cross_kv`, `decode_step`, `layers`, `config`."""
 
-    def __init__(self, hf: nn.Module, decoder_start_id: int, suppressed: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, hf: nn.Module, decoder_start_id: int, suppressed: tuple[int, ...] = (), eos_id: int | None = None
+    ) -> None:
         super().__init__()
         c = hf.config
         self.family = check_supported(c)
@@ -162,7 +164,7 @@ class Seq2Seq(nn.Module):
             d_model=c.d_model,
             vocab_size=vocab,
             bos_id=decoder_start_id,
-            eos_id=c.eos_token_id,
+            eos_id=c.eos_token_id if eos_id is None else eos_id,
             pad_id=c.pad_token_id,
             max_len=limit,
         )
@@ -325,7 +327,7 @@ def check_against_transformers(
     enc, dec = session(folder / roles["encoder"]), session(folder / roles["decoder"])
     ids, mask = pad(sources, c.pad_id)
     t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
-    steps = 12
+    steps = min(12, c.max_len - 1)  # a short position table ends before
     with torch.no_grad():
         out = hf.generate(
             input_ids=t_ids,

@@ -33,6 +33,8 @@ from service.contract.manifest import Framing, Generation
 if TYPE_CHECKING:
     from export.import_hf import ImportOptions
 
+MIN_SOURCE_TOKENS = 8  # a position table with room for fewer source ids is refused
+PROBE_STEPS = 16  # decoder steps of the batch-invariance gate's probes (fewer where the positions end)
 # generation_config.json options the engine does not implement, with the values that mean "off"
 _OFF: dict[str, tuple[object, ...]] = {
     "do_sample": (False, None),
@@ -141,8 +143,16 @@ class ImportedTranslator(ImportedSpec):
         if start is None:
             raise ImportProblem("no decoder_start_token_id in generation_config.json or config.json")
         self.start = int(start)
-        self.model = seq2seq.Seq2Seq(hf, self.start, _suppressed(self.raw_generation))
-        self.probes = self.framed(_probe_sources(self.model.config.vocab_size, set(tok.special_ids), 8))
+        self.eos = end_token(hf.generation_config, config)
+        self.model = seq2seq.Seq2Seq(hf, self.start, _suppressed(self.raw_generation), self.eos)
+        room = self.model.config.max_len - max(len(f.prefix) + len(f.suffix) for f in tok.sources.values())
+        if room < MIN_SOURCE_TOKENS:
+            raise ImportProblem(
+                f"max_position_embeddings={config.max_position_embeddings} leaves {room} source tokens: "
+                f"too few to translate (at least {MIN_SOURCE_TOKENS})"
+            )
+        self.probes = self.framed(_probe_sources(self.model.config.vocab_size, set(tok.special_ids), 8, room))
+        self.probe_steps = min(PROBE_STEPS, self.model.config.max_len - 1)
         self.languages = {
             "source_language": _default_language(folder, "src_lang", tok.sources),
             "target_language": _default_target(self.raw_generation, tok.targets),
@@ -162,7 +172,7 @@ class ImportedTranslator(ImportedSpec):
         return {}
 
     def check_batches(self, variant: str, folder: Path, roles: dict[str, str]) -> dict[str, object]:
-        return validate.require_batch_invariance(variant, folder, roles, self.model, self.probes[:8], 16)
+        return validate.require_batch_invariance(variant, folder, roles, self.model, self.probes[:8], self.probe_steps)
 
     def calibration_feeds(self, folder: Path, roles: dict[str, str]) -> Feeds:
         texts = list(self.calibration[:CALIBRATION_SENTENCES])
@@ -187,11 +197,11 @@ class ImportedTranslator(ImportedSpec):
                 "pad_id": tok.pad_id,
                 "unk_id": tok.unk_id,
                 "bos_id": self.start,
-                "eos_id": int(c.eos_token_id),
+                "eos_id": self.eos,
                 "decoder_start_id": self.start,
             },
             max_source_tokens=positions - framing,
-            max_new_tokens=min(MAX_NEW_TOKENS, positions - 1, int(raw.get("max_length") or 10**6) - 1),
+            max_new_tokens=min(MAX_NEW_TOKENS, positions - 1, _length_limit(raw)),
             targets={code: list(ids) for code, ids in _targets(raw, tok.targets).items()},
             generation=self.generation,
             **self.languages,
@@ -276,17 +286,52 @@ def generation_of(gen: object) -> tuple[Generation, dict[str, object]]:
     return defaults, gen.to_diff_dict()  # type: ignore[attr-defined]
 
 
+def end_token(gen: object, config: transformers.PretrainedConfig) -> int:
+    """The id that ends a translation: generation_config's eos_token_id, which `generate` stops on,
+    else config.json's. The engine ends on one id: a list of several is refused, not cut to one;
+    so is a forced_eos_token_id (the id forced at the length limit) other than that one."""
+    value = getattr(gen, "eos_token_id", None)
+    ids = _ids(config.eos_token_id if value is None else value)
+    if len(ids) != 1:
+        raise ImportProblem(
+            f"generation_config: eos_token_id={value!r}: the engine ends a translation on exactly one id "
+            "(set one in generation_config.json if the others never end a translation)"
+        )
+    forced = getattr(gen, "forced_eos_token_id", None)
+    if forced is not None and _ids(forced) != ids:
+        raise ImportProblem(f"generation_config: forced_eos_token_id={forced!r} is not the end id {ids[0]}")
+    return ids[0]
+
+
+def _ids(value: object) -> list[int]:
+    if value is None:
+        return []
+    return sorted({int(i) for i in value}) if isinstance(value, list | tuple) else [int(value)]  # type: ignore[call-overload]
+
+
 def _suppressed(gen: dict[str, object]) -> tuple[int, ...]:
     ids = [w[0] for w in gen.get("bad_words_ids") or []]  # type: ignore[union-attr]
     ids += list(gen.get("suppress_tokens") or [])  # type: ignore[arg-type]
     return tuple(sorted(set(ids)))
 
 
-def _probe_sources(vocab: int, skip: set[int], count: int, seed: int = 0) -> list[list[int]]:
-    """Synthetic sources of mixed lengths from the vocabulary's ordinary ids (no data is needed)."""
+def _length_limit(gen: dict[str, object]) -> int:
+    """generation_config's limit on new tokens, as `generate` reads it: max_new_tokens, else
+    max_length less the decoder start. Without either, none: transformers' model-agnostic default
+    of 20 (which it warns about) would cut translations short, so the model's positions bound it."""
+    if gen.get("max_new_tokens") is not None:
+        return int(gen["max_new_tokens"])  # type: ignore[call-overload]
+    if gen.get("max_length") is not None:
+        return int(gen["max_length"]) - 1  # type: ignore[call-overload]
+    return 10**6
+
+
+def _probe_sources(vocab: int, skip: set[int], count: int, room: int, seed: int = 0) -> list[list[int]]:
+    """Synthetic sources of mixed lengths (3 to 23 ids, at most `room`) from the vocabulary's
+    ordinary ids (no data is needed)."""
     rng = np.random.default_rng(seed)
     pool = np.array([i for i in range(vocab) if i not in skip])
-    return [rng.choice(pool, size=int(n)).tolist() for n in rng.integers(3, 24, size=count)]
+    return [rng.choice(pool, size=min(int(n), room)).tolist() for n in rng.integers(3, 24, size=count)]
 
 
 def _named_pair(languages: tuple[str, str] | None, sources: dict[str, object]) -> dict[str, str]:
