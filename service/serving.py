@@ -406,7 +406,7 @@ class ModelSet:
             loop = asyncio.get_running_loop()
             found = await loop.run_in_executor(self.executor, self._scan)
             if only is not None and only not in found:
-                raise ModelNotFound(f"no model named {only!r} in the store")
+                raise ModelNotFound("no model of that name in the store")
             for name, entries in sorted(found.items()):
                 if only is not None and name != only:
                     continue
@@ -587,7 +587,7 @@ class ModelSet:
         found = self.models.get(name)
         if found is None:
             known = ", ".join(sorted(self.models)) or "none"
-            raise ModelNotFound(f"no model named {name!r} (served: {known})")
+            raise ModelNotFound(f"no model of that name (served: {known})")
         return found
 
     def resolve(self, name: str | None, task_name: str, version: int | None = None) -> Task:

@@ -152,7 +152,7 @@ async def test_snapshot_of_a_started_store(models: ModelSet) -> None:
     ]
     assert snap.serving() == snap.versions and all(v.task is not None for v in snap.versions)
     assert [v.name for v in snap.model("tiny-mt")] == ["tiny-mt"] and snap.model("nope") == ()
-    with pytest.raises(ModelNotFound, match="no model named 'nope'"):
+    with pytest.raises(ModelNotFound, match=r"no model of that name \(served: tiny-clf, tiny-mt\)"):
         models.get("nope")
 
 

@@ -613,15 +613,15 @@ _NUMBERS = (int, float)
 
 def _check_int(name: str, value: object, lo: int, hi: int | None) -> None:
     if isinstance(value, bool) or not isinstance(value, _INTEGERS):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise ValueError(f"{name} must be an integer")
     if value < lo or (hi is not None and value > hi):
         bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name} must be {bound}, got {value}")
+        raise ValueError(f"{name} must be {bound}")
 
 
 def _check_float(name: str, value: object, lo: float, hi: float | None, *, low_open: bool = False) -> None:
     if isinstance(value, bool) or not isinstance(value, _NUMBERS) or value != value:
-        raise ValueError(f"{name} must be a number, got {value!r}")
+        raise ValueError(f"{name} must be a number")
     if value < lo or (low_open and value == lo) or (hi is not None and value > hi):
         bound = ("(" if low_open else "[") + f"{lo}, " + (f"{hi}]" if hi is not None else "inf)")
-        raise ValueError(f"{name} must be in {bound}, got {value}")
+        raise ValueError(f"{name} must be in {bound}")

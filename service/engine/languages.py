@@ -43,10 +43,10 @@ def resolve(kind: str, asked: str | None, known: list[str]) -> str:
         if len(matches) == 1:
             return matches[0]
     shown = ", ".join(sorted(codes)[:12]) + (", …" if len(codes) > 12 else "")
-    raise InvalidInput(f"unknown {kind} language {asked!r} for this model (it has {shown})")
+    raise InvalidInput(f"unknown {kind} language for this model (it has {shown})")
 
 
 def check(kind: str, asked: str | None, known: list[str]) -> None:
     """A model of one language pair takes its own code or none."""
     if asked is not None and known and resolve(kind, asked, known) not in known:
-        raise InvalidInput(f"this model translates {kind} language {known[0]!r} only, got {asked!r}")
+        raise InvalidInput(f"this model translates {kind} language {known[0]!r} only")

@@ -21,11 +21,16 @@ HEADER_LENGTH = b"inference-header-content-length"  # as ASGI scopes name it: lo
 _CODES = {"FP32": "f", "FP64": "d", "INT64": "q", "INT32": "i", "INT16": "h", "INT8": "b", "UINT8": "B", "BOOL": "B"}
 
 
+def _is_count(text: str) -> bool:
+    """ASCII digits only: `str.isdigit` takes "²", which `int` refuses."""
+    return text.strip().isascii() and text.strip().isdigit()
+
+
 def split(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     """The JSON header and the binary tail of a request body."""
     if header_length is None:
         return body, b""
-    if not header_length.strip().isdigit() or int(header_length) > len(body):
+    if not _is_count(header_length) or int(header_length) > len(body):
         raise InvalidInput(f"Inference-Header-Content-Length must be a byte count within the body ({len(body)} bytes)")
     n = int(header_length)
     return body[:n], body[n:]
@@ -34,7 +39,7 @@ def split(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
 def take(blob: bytes, offset: int, size: object) -> tuple[bytes, int]:
     """`size` bytes of the binary tail from `offset`; the new offset."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 0 or offset + size > len(blob):
-        raise InvalidInput(f"binary_data_size {size!r} does not fit the {len(blob) - offset} bytes left in the body")
+        raise InvalidInput(f"binary_data_size must be a byte count within the {len(blob) - offset} bytes left")
     return blob[offset : offset + size], offset + size
 
 

@@ -227,7 +227,7 @@ async def translate(call: Call) -> ASGIApp:
         raise InvalidInput("Invalid request: api_key must be a string")
     fmt = params.get("format", "text")
     if fmt not in ("text", "html"):
-        raise InvalidInput(f"Invalid request: format must be text or html, got {fmt!r}")
+        raise InvalidInput("Invalid request: format must be text or html")
     alternatives = _alternatives(params.get("alternatives", 0))
     task, source = translator(call, source, target)
     call.info.model = task.entry.name

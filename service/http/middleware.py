@@ -217,7 +217,7 @@ class BodyLimit:
         too_large = f"the request body exceeds {limit} bytes"
         declared = header(scope, b"content-length")
         if declared is not None:
-            if not declared.strip().isdigit():
+            if not (declared.strip().isascii() and declared.strip().isdigit()):
                 await error_response(protocol, "invalid Content-Length header", "bad_request")(scope, receive, send)
                 return
             if int(declared) > limit:

@@ -186,12 +186,12 @@ def _flag(value: object) -> bool:
 
 def _texts(tensor: schemas.OipTensor, blob: bytes) -> list[str]:
     if tensor.name != "text":
-        raise InvalidInput(f"inputs[0].name must be 'text', got {tensor.name!r}")
+        raise InvalidInput("inputs[0].name must be 'text'")
     if tensor.datatype != "BYTES":
-        raise InvalidInput(f"inputs[0].datatype must be BYTES, got {tensor.datatype!r}")
+        raise InvalidInput("inputs[0].datatype must be BYTES")
     shape = tensor.shape
     if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
-        raise InvalidInput(f"inputs[0].shape must be [N] or [N, 1], got {shape}")
+        raise InvalidInput("inputs[0].shape must be [N] or [N, 1]")
     size = (tensor.parameters or {}).get("binary_data_size")
     if size is not None:
         if tensor.data is not None:

@@ -127,7 +127,7 @@ class DecodeOptions(StrictModel):
         `model_limit` tokens; what the request leaves out comes from the model's `defaults`."""
         wanted = self.max_new_tokens if self.max_new_tokens is not None else model_limit
         if wanted > model_limit:
-            raise InvalidInput(f"max_new_tokens must be between 1 and {model_limit} for this model, got {wanted}")
+            raise InvalidInput(f"max_new_tokens must be between 1 and {model_limit} for this model")
         given, d = self.model_fields_set, defaults or Generation()
         beam = self.beam_size
         if "beam_size" not in given and self.decode == "beam":  # the model's, widened to the hypotheses asked
