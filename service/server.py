@@ -53,20 +53,29 @@ class HeaderDeadline:
     loop: asyncio.AbstractEventLoop
     transport: asyncio.Transport
     cycle: Any
+    flow: Any
 
     def connection_made(self, transport: asyncio.Transport) -> None:
         super().connection_made(transport)  # type: ignore[misc]
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        cycle = self.cycle
         # the rest of a body the app answered early (413, 408) is the parser's to skip, not headers
-        if self._awaiting_headers and not (self.cycle is not None and self.cycle.more_body):
+        if self._awaiting_headers and not (cycle is not None and cycle.more_body):
             end = data.find(b"\r\n\r\n")
             seen = self._header_bytes + (end if end >= 0 else len(data))
             if seen > self.max_header_bytes:
                 self._refuse_headers()
                 return
             self._header_bytes = 0 if end >= 0 else seen
+        elif cycle is not None and not cycle.more_body and not cycle.response_complete:
+            # the next request, pipelined while this one is answered: read no further than one
+            # header limit ahead (the rest waits in the socket; reading resumes after the answer,
+            # where the limit applies to it), so headers that never end cannot fill the memory
+            self._header_bytes += len(data)
+            if self._header_bytes > self.max_header_bytes:
+                self.flow.pause_reading()
         super().data_received(data)  # type: ignore[misc]
         if self.cycle is not None and not self.cycle.response_complete:
             self._disarm()  # the headers are in: the request is the app's now
@@ -76,6 +85,13 @@ class HeaderDeadline:
         super().on_response_complete()  # type: ignore[misc]
         self._awaiting_headers, self._header_bytes = True, 0
         self._arm()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to bytes its parser refuses, as JSON like every other error."""
+        body = b'{"error":"invalid HTTP request","type":"bad_request"}'
+        head = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        self.transport.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
+        self.transport.close()
 
     def _refuse_headers(self) -> None:
         """431 and close, before the parser spends time on headers no request needs."""
@@ -251,6 +267,7 @@ def serve(settings: Settings) -> int:
         # uvicorn would trust X-Forwarded-For from loopback; SERVE_TRUSTED_PROXY_HEADER decides instead
         proxy_headers=False,
         http=guarded_protocol(settings.header_timeout_s, settings.max_header_bytes),
+        ws="none",  # no WebSocket routes: an upgrade request is an HTTP request (404/405 as JSON)
         loop=event_loop(),
         timeout_keep_alive=max(1, int(settings.keepalive_timeout_s)),
     )

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from service.errors import DeadlineExceeded, QueueFull, ShuttingDown
+from service.errors import DeadlineExceeded, PayloadTooLarge, QueueFull, ShuttingDown
 from service.scheduling.admission import Admission, LoadedSpan
 from service.scheduling.batcher import BatchLimits, DynamicBatcher
 
@@ -306,6 +306,8 @@ def test_admission_refuses_what_would_not_finish_in_its_share_of_the_deadline() 
     a.check_room(queued=3, more=1)
     with pytest.raises(QueueFull, match="3 of 4 items"):
         a.check_room(queued=3, more=2)
+    with pytest.raises(PayloadTooLarge, match="5 items; model m queues at most 4"):  # never fits: no retry
+        a.check_room(queued=0, more=5)
 
 
 def test_the_loaded_throughput_counts_every_step_since_the_last_full_one() -> None:

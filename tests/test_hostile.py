@@ -18,7 +18,8 @@ from tests.test_service_e2e import Server, run_server
 @pytest.fixture(scope="module")
 def server(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     log = tmp_path_factory.mktemp("hostile") / "server.log"
-    with run_server(tiny_store, log, header_timeout_s="0.5", body_timeout_s="0.5", keepalive_timeout_s="1") as s:
+    settings = {"header_timeout_s": "0.5", "body_timeout_s": "0.5", "keepalive_timeout_s": "1"}
+    with run_server(tiny_store, log, max_in_flight="8", max_queue="64", **settings) as s:
         yield s
 
 
@@ -66,8 +67,71 @@ def test_a_body_that_stalls_gets_408(server: Server) -> None:
         head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
         sock.sendall(head + b'{"texts": ["a')
         answer = read_response(sock)
+        assert closed_within(sock, 2)  # what comes next on it could be the rest of that body
     assert answer.startswith("HTTP/1.1 408")
     assert json.loads(answer.split("\r\n\r\n", 1)[1])["type"] == "request_timeout"
+
+
+def test_stalled_bodies_keep_no_one_else_out(server: Server) -> None:
+    """More stalled uploads than requests may be in flight (8 here): others are still served."""
+    head = b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    stalled = [connect(server) for _ in range(12)]
+    try:
+        for sock in stalled:
+            sock.sendall(head)
+        time.sleep(0.1)
+        r = httpx.post(server.url + "/predict", json={"texts": ["fine"]}, timeout=5)
+        assert r.status_code == 200, r.text
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_an_answer_before_a_body_the_client_holds_back_closes_the_connection(server: Server) -> None:
+    """Expect: 100-continue and a body over the limit: the 413 comes at once, and the connection
+    closes (the client never sends that body; a next request would be read as it)."""
+    with connect(server) as sock:
+        sock.sendall(
+            b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Expect: 100-continue\r\nContent-Length: 500000000\r\n\r\n"
+        )
+        answer = read_response(sock)
+        assert answer.startswith("HTTP/1.1 413") and "connection: close" in answer.lower()
+        assert closed_within(sock, 2)
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n",
+        b"FOO /predict HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"POST /predict HTTP/1.1\r\nHost: x\r\nContent-Length: \xc2\xb2\r\n\r\n",
+    ],
+    ids=["negative-length", "unknown-method", "non-ascii-digit"],
+)
+def test_what_the_parser_refuses_is_a_json_error(server: Server, request_bytes: bytes) -> None:
+    with connect(server) as sock:
+        sock.sendall(request_bytes)
+        answer = read_response(sock)
+    assert answer.startswith("HTTP/1.1 4") and "application/json" in answer
+    assert json.loads(answer.split("\r\n\r\n", 1)[1])["error"]
+
+
+def test_a_websocket_upgrade_is_an_http_request(server: Server) -> None:
+    with connect(server) as sock:
+        sock.sendall(
+            b"GET /ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        answer = read_response(sock)
+    assert answer.startswith("HTTP/1.1 404") and json.loads(answer.split("\r\n\r\n", 1)[1])["type"] == "not_found"
+
+
+def test_more_sentences_than_the_queue_holds_is_413_not_a_retry(server: Server) -> None:
+    text = " ".join(["A dog runs."] * 70)  # 70 sentences; the queue holds 64
+    r = httpx.post(server.url + "/translate", json={"texts": [text]}, timeout=10)
+    assert r.status_code == 413 and r.json()["type"] == "payload_too_large" and "retry-after" not in r.headers
+    assert "queues at most 64" in r.json()["error"]
 
 
 def read_response(sock: socket.socket) -> str:
@@ -137,3 +201,9 @@ def test_after_a_body_answered_early_the_connection_serves_the_next_request(serv
             )
             statuses.append(c.post("/predict", json={"texts": ["still serving"]}).status_code)
     assert statuses == [413, 200] * 20
+
+
+def test_a_non_ascii_digit_as_the_binary_header_length_is_422(server: Server) -> None:
+    headers = {"content-type": "application/octet-stream", "inference-header-content-length": b"\xb2"}  # "²" in Latin-1
+    r = httpx.post(server.url + "/v2/models/tiny-clf/infer", content=b'{"inputs": []}', headers=headers, timeout=5)
+    assert r.status_code == 422 and "Inference-Header-Content-Length" in r.json()["error"]

@@ -5,6 +5,7 @@ client that leaves before its answer starts cancels the route, and a late body g
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -145,7 +146,9 @@ def echo_server() -> Iterator[tuple[int, list[tuple[bool, bool]], threading.Even
             return
         link = scope.get(LINK_KEY)
         seen.append((isinstance(link, RequestLink), bool(link and link.body_arrived())))
-        if scope["path"] == "/wait" and isinstance(link, RequestLink):
+        if scope["path"] == "/slow":  # answered a second later, whatever the client does
+            await asyncio.sleep(1.0)
+        elif scope["path"] == "/wait" and isinstance(link, RequestLink):
             gone = asyncio.Event()
             link.on_lost = gone.set
             await gone.wait()
@@ -189,3 +192,30 @@ def test_the_protocol_links_each_request_and_reports_a_client_that_left(
         s.sendall(head.replace(b"/x", b"/wait") + body)
         time.sleep(0.2)
     assert lost.wait(5), "the app was not told that the client left"
+
+
+def test_a_pipelined_request_is_read_no_further_than_the_header_limit_ahead(
+    echo_server: tuple[int, list[tuple[bool, bool]], threading.Event],
+) -> None:
+    """Headers that never end, pipelined behind a request being answered, stay in the socket (the
+    sender blocks once the kernel's buffers are full) instead of filling the server's memory; once
+    the answer is out, they are read under the limit: 431."""
+    port = echo_server[0]
+    body = b'{"texts": ["x"]}'
+    head = b"POST /slow HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+    filler = (b"x-pad: " + b"a" * 8000 + b"\r\n") * 16
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(head + body + b"GET /x HTTP/1.1\r\nhost: t\r\n")
+        s.settimeout(0.3)
+        with contextlib.suppress(OSError):  # a timeout: the server stopped reading
+            while sent < 64 << 20:
+                s.sendall(filler)
+                sent += len(filler)
+        assert sent < 24 << 20, f"the server read {sent >> 20} MB of headers ahead"
+        s.settimeout(5)
+        answers = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(65536):
+                answers += chunk
+    assert answers.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 431" in answers

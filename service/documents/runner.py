@@ -56,12 +56,12 @@ async def translate_segments(
         async with gate:
             try:
                 out = await patiently(texts)
-            except InputTooLong:  # one text over the model's limit fails its own unit, not the file
+            except (InputTooLong, PayloadTooLarge):  # texts that may fit one at a time
                 out = []
                 for text in texts:
                     try:
                         out += await patiently([text])
-                    except InputTooLong:
+                    except InputTooLong:  # one text over the model's limit fails its own unit, not the file
                         out.append("")
             done.update(zip(texts, out, strict=True))
 

@@ -106,6 +106,7 @@ class RequestContext:
     def __init__(self, app: ASGIApp, metrics: Metrics, max_in_flight: int) -> None:
         self.app, self.metrics = app, metrics
         self.max_in_flight, self.in_flight = max_in_flight, 0
+        self.arriving = 0  # of those in flight, the ones still waiting for their body
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -123,12 +124,31 @@ class RequestContext:
                 message["headers"] = [*message.get("headers", []), (REQUEST_ID_HEADER, info.request_id.encode())]
             await send(message)
 
+        # A request whose body is still on its way takes no place among those in flight until it
+        # has come: clients that send headers and stall (BodyLimit's 408 ends them) never keep
+        # everyone else out.
+        link = scope.get(LINK_KEY)
+        arriving = isinstance(link, RequestLink) and not link.body_arrived() and reads_body(scope["method"])
+        if arriving:
+            self.arriving += 1
+            outer = receive
+
+            async def receive() -> Message:
+                nonlocal arriving
+                message = await outer()
+                if arriving and not message.get("more_body", False):
+                    arriving = False
+                    self.arriving -= 1
+                return message
+
         self.in_flight += 1
         try:
             route = route_of(scope)
-            if self.in_flight > self.max_in_flight and not (route is not None and route.probe):
+            busy_now = self.in_flight - self.arriving > self.max_in_flight
+            if busy_now and not arriving and not (route is not None and route.probe):
                 busy = f"server busy: {self.in_flight - 1} requests in flight; retry later"
-                await error_response(protocol_of(scope), busy, "overloaded")(scope, receive, send_with_id)
+                refuse = error_response(protocol_of(scope), busy, "overloaded")
+                await refuse(scope, receive, closing_if_unread(scope, send_with_id))
                 return
             await self.app(scope, receive, send_with_id)
             if scope.get(DISCONNECTED) and status == 0:
@@ -146,6 +166,8 @@ class RequestContext:
             status = status or 500
         finally:
             self.in_flight -= 1
+            if arriving:
+                self.arriving -= 1
             self._record(scope, info, status)
 
     def _record(self, scope: Scope, info: RequestInfo, status: int) -> None:
@@ -215,13 +237,14 @@ class BodyLimit:
         protocol = route.protocol
         limit = self.max_file_bytes if route.upload else self.max_bytes
         too_large = f"the request body exceeds {limit} bytes"
+        early = closing_if_unread(scope, send)  # for answers given before the body is read
         declared = header(scope, b"content-length")
         if declared is not None:
             if not (declared.strip().isascii() and declared.strip().isdigit()):
-                await error_response(protocol, "invalid Content-Length header", "bad_request")(scope, receive, send)
+                await error_response(protocol, "invalid Content-Length header", "bad_request")(scope, receive, early)
                 return
             if int(declared) > limit:
-                await error_response(protocol, too_large, "payload_too_large")(scope, receive, send)
+                await error_response(protocol, too_large, "payload_too_large")(scope, receive, early)
                 return
         content_type = (header(scope, b"content-type") or "").strip()
         kind = content_type.split(";")[0].strip().lower()
@@ -229,7 +252,7 @@ class BodyLimit:
         form = route.forms and kind == _FORM
         if route.upload and kind != _MULTIPART:
             wrong_type = "Content-Type must be multipart/form-data"
-            await error_response(protocol, wrong_type, "unsupported_media_type")(scope, receive, send)
+            await error_response(protocol, wrong_type, "unsupported_media_type")(scope, receive, early)
             return
         if (
             content_type
@@ -239,7 +262,7 @@ class BodyLimit:
             and not form
         ):
             wrong_type = "Content-Type must be application/json"
-            await error_response(protocol, wrong_type, "unsupported_media_type")(scope, receive, send)
+            await error_response(protocol, wrong_type, "unsupported_media_type")(scope, receive, early)
             return
         link = scope.get(LINK_KEY)
         try:
@@ -250,7 +273,7 @@ class BodyLimit:
                     chunks, size = await _read(receive, limit)
         except TimeoutError:
             late = f"the request body did not arrive within {self.body_timeout:g} s"
-            await error_response(protocol, late, "request_timeout")(scope, receive, send)
+            await error_response(protocol, late, "request_timeout")(scope, receive, _closing(send))
             return
         except _ClientLeft:
             return
@@ -258,6 +281,24 @@ class BodyLimit:
             await error_response(protocol, too_large, "payload_too_large")(scope, receive, send)
             return
         await _run_watched(self.app, scope, b"".join(chunks), receive, send)
+
+
+def closing_if_unread(scope: Scope, send: Send) -> Send:
+    """`send`, closing the connection after its answer when the client waits for a 100 Continue
+    before it sends its body: answered without it, the client never sends the body, and the
+    connection's next request would be read as that body."""
+    link = scope.get(LINK_KEY)
+    expects = (header(scope, b"expect") or "").strip().lower() == "100-continue"
+    return _closing(send) if expects and not (isinstance(link, RequestLink) and link.body_arrived()) else send
+
+
+def _closing(send: Send) -> Send:
+    async def closing(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            message["headers"] = [*message.get("headers", []), (b"connection", b"close")]
+        await send(message)
+
+    return closing
 
 
 class _ClientLeft(Exception):

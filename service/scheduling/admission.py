@@ -1,7 +1,8 @@
 """Cost-aware admission, one object per queue (the classifier's batcher, each translator's step
 scheduler): a request is refused at once (`QueueFull`, 429 with a Retry-After) when the queue
-cannot hold it, or when the work already admitted plus its own would not finish within
-`admit_share` of its deadline at the throughput the queue measured. Under overload a client
+cannot hold it now (`PayloadTooLarge`, 413, when it never could), or when the work already
+admitted plus its own would not finish within `admit_share` of its deadline at the throughput
+the queue measured. Under overload a client
 then gets a fast 429 instead of a 504 after waiting. Knows nothing about models or HTTP.
 
 Work is counted in the owner's units (the batcher's item sizes; the step scheduler's row-steps,
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import math
 
-from service.errors import QueueFull
+from service.errors import PayloadTooLarge, QueueFull
 
 
 def estimate_work(source_tokens: int, width: int, limit: int) -> int:
@@ -56,7 +57,12 @@ class Admission:
         self.rate: float | None = None  # work units per second, a moving average of measured runs
 
     def check_room(self, queued: int, more: int) -> None:
-        """QueueFull when `more` entries (items, sentences) would overflow the queue's `queued`."""
+        """QueueFull when `more` entries (items, sentences) would overflow the queue's `queued`;
+        PayloadTooLarge when they could never fit, however long the client waited."""
+        if more > self.max_queue:
+            raise PayloadTooLarge(
+                f"the request has {more} {self.unit}; model {self.name} queues at most {self.max_queue}: split it"
+            )
         if queued + more > self.max_queue:
             raise QueueFull(f"model {self.name} has {queued} of {self.max_queue} {self.unit} queued; retry later")
 
