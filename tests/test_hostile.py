@@ -3,9 +3,11 @@ are settings, oversized headers are refused, pipelined requests are answered in 
 
 from __future__ import annotations
 
+import gzip
 import json
 import socket
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -207,3 +209,21 @@ def test_a_non_ascii_digit_as_the_binary_header_length_is_422(server: Server) ->
     headers = {"content-type": "application/octet-stream", "inference-header-content-length": b"\xb2"}  # "²" in Latin-1
     r = httpx.post(server.url + "/v2/models/tiny-clf/infer", content=b'{"inputs": []}', headers=headers, timeout=5)
     assert r.status_code == 422 and "Inference-Header-Content-Length" in r.json()["error"]
+
+
+@pytest.mark.parametrize(
+    ("encoding", "body", "status"),
+    [
+        ("gzip", gzip.compress(b'{"texts": ["fine"]}'), 200),
+        ("deflate", zlib.compress(b'{"texts": ["fine"]}'), 200),
+        ("gzip", gzip.compress(b'{"texts": ["' + b"a" * 50_000_000 + b'"]}'), 413),  # 50 kB unpacking to 50 MB
+        ("gzip", b"not gzip at all", 400),
+        ("br", b'{"texts": ["fine"]}', 415),
+    ],
+    ids=["gzip", "deflate", "bomb", "not-gzip", "brotli"],
+)
+def test_a_compressed_body_is_undone_within_the_limit(server: Server, encoding: str, body: bytes, status: int) -> None:
+    headers = {"content-type": "application/json", "content-encoding": encoding}
+    r = httpx.post(server.url + "/predict", content=body, headers=headers, timeout=10)
+    assert r.status_code == status, r.text
+    assert r.json().get("predictions") if status == 200 else r.json()["error"]

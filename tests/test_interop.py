@@ -91,6 +91,13 @@ def test_tritonclient_infers_on_both_models(
     assert strings(result.as_numpy("translation")) == expected["translations"]
 
 
+@pytest.mark.parametrize("algorithm", ["gzip", "deflate"])
+def test_tritonclient_compresses_its_requests(open_server: Server, expected: dict[str, object], algorithm: str) -> None:
+    client = triton_client(open_server)
+    result = client.infer("tiny-clf", [text_input(True)], request_compression_algorithm=algorithm)
+    assert strings(result.as_numpy("label")) == expected["labels"]
+
+
 def test_tritonclient_errors(open_server: Server) -> None:
     client = triton_client(open_server)
     with pytest.raises(InferenceServerException, match="no loaded version 7"):

@@ -17,6 +17,7 @@ import logging
 import re
 import secrets
 import time
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -219,7 +220,8 @@ class ClientRate:
 class BodyLimit:
     """POST bodies: JSON (a missing Content-Type is read as JSON, a wrong
     one is a 415; form-encoded or binary tensors where the route declares them), at most
-    `max_bytes` (counted on the stream), read here and replayed to the route. While the route
+    `max_bytes` (counted on the stream, and again once a gzip or deflate Content-Encoding is
+    undone), read here and replayed to the route. While the route
     works, the connection is watched: a client that disconnects before its answer has started
     cancels the route (its sentences leave the running batch); the request is logged with status
     499. Requests to no route, or with a method their path does not take, go on (404/405).
@@ -264,6 +266,11 @@ class BodyLimit:
             wrong_type = "Content-Type must be application/json"
             await error_response(protocol, wrong_type, "unsupported_media_type")(scope, receive, early)
             return
+        encoding = (header(scope, b"content-encoding") or "identity").strip().lower()
+        if encoding not in _WBITS:
+            wrong_coding = "Content-Encoding must be gzip, deflate or identity"
+            await error_response(protocol, wrong_coding, "unsupported_media_type")(scope, receive, early)
+            return
         link = scope.get(LINK_KEY)
         try:
             if isinstance(link, RequestLink) and link.body_arrived():  # no timer: nothing to wait for
@@ -280,7 +287,45 @@ class BodyLimit:
         if size > limit:
             await error_response(protocol, too_large, "payload_too_large")(scope, receive, send)
             return
-        await _run_watched(self.app, scope, b"".join(chunks), receive, send)
+        body = b"".join(chunks)
+        if _WBITS[encoding]:
+            try:
+                body = inflate(body, _WBITS[encoding], limit)
+            except zlib.error:
+                bad = f"the body is not {encoding} data"
+                await error_response(protocol, bad, "bad_request")(scope, receive, send)
+                return
+            except OverflowError:
+                await error_response(protocol, too_large, "payload_too_large")(scope, receive, send)
+                return
+        await _run_watched(self.app, scope, body, receive, send)
+
+
+# Content-Encoding -> zlib's wbits (0: nothing to undo). HTTP's "deflate" is the zlib format;
+# raw deflate, which some clients send under that name, is taken too.
+_WBITS = {"identity": 0, "gzip": 31, "x-gzip": 31, "deflate": 15}
+
+
+def inflate(data: bytes, wbits: int, limit: int) -> bytes:
+    """A compressed body (tritonclient's request compression, a gzipped JSON) undone, at most
+    `limit` bytes of it: OverflowError beyond, however small the compressed body (a bomb is cut
+    at the limit, never expanded whole); zlib.error for data that is not of that format."""
+    try:
+        return _inflate(data, wbits, limit)
+    except zlib.error:
+        if wbits != 15:
+            raise
+        return _inflate(data, -15, limit)
+
+
+def _inflate(data: bytes, wbits: int, limit: int) -> bytes:
+    d = zlib.decompressobj(wbits)
+    out = d.decompress(data, limit + 1)
+    if len(out) > limit:
+        raise OverflowError(limit)
+    if not d.eof:
+        raise zlib.error("incomplete data")
+    return out
 
 
 def closing_if_unread(scope: Scope, send: Send) -> Send:
