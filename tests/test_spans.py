@@ -36,6 +36,7 @@ CASES = {
     "Click <a href='x'>here</a> &amp; <br/>": ["<a href='x'>", "</a>", "&amp;", "<br/>"],
     "Open example.com or README.md": ["example.com", "README.md"],
     "A literal ⟨2⟩ stays": ["⟨2⟩"],
+    "\x1b[31mOpen the file.\x1b[0m and \x1b[1;32mgo\x1b[m": ["\x1b[31m", "\x1b[0m", "\x1b[1;32m", "\x1b[m"],
 }
 
 
@@ -98,6 +99,8 @@ SYMBOL_CASES = {
     "Open \u200ethe file\u200f, zero\u200bwidth": ["\u200e", "\u200f", "\u200b"],
     "See https://x.org/😀 now": ["https://x.org/😀"],  # inside a URL it stays the URL's
     "naïve café Ørsted": [],
+    "Ring\x07 the bell\x08, \x01\x02\x03 and \x7f\x9b: controls": ["\x07", "\x08", "\x01\x02\x03", "\x7f\x9b"],
+    "Tabs\tstay text": [],
 }
 
 

@@ -13,6 +13,7 @@ one module, so training and serving agree by construction.
 
 Rules, in the order they are tried at each position (the first that matches wins):
   own       a literal placeholder ``⟨7⟩`` in the input (so it passes through too)
+  ansi      a terminal's escape sequence, ``\x1b[31m`` (colour, cursor)
   markup    ``<b>``, ``</a>``, ``<br/>``, ``<a href="x">``; entities ``&amp;`` ``&#39;``
   quoted    GCC's ``%<...%>`` code quotes
   url       ``scheme://...``, ``www....``, ``mailto:...`` (trailing punctuation excluded)
@@ -31,9 +32,10 @@ and, for served texts only (``symbols=True``: `mask` and the service; not the tr
   symbol    a run of symbols (Unicode category So: emoji, pictographs, ``™`` ``©`` ``°C`` ``▸``)
             with the characters that join or modify them (zero-width joiner, variation
             selectors, keycap, skin tones, tag characters), and invisible format characters
-            (bidi marks, zero-width spaces, word joiner, BOM). The model would drop or garble
-            them (their tokens are byte fallbacks it rarely saw); as placeholders it copies them
-            like any other.
+            (bidi marks, zero-width spaces, word joiner, BOM), and control characters (C0 but
+            tab and line breaks, DEL, C1). The model would drop or garble them (their tokens are byte
+            fallbacks it rarely saw: a lone ``\x01`` came back as a German word); as
+            placeholders it copies them like any other.
   foreign   (given the tokenizer's `alphabet`) a word holding a character the vocabulary lacks,
             or such a character alone outside words: ``Ørsted``, ``brûlée``, ``日本語``. The
             tokenizer spells it in byte tokens the model can neither translate nor copy; as a
@@ -77,8 +79,10 @@ _EXT = (
 )
 _TRAIL = r"""[.,;:!?'"»«)\]]*(?:\s|$)"""  # punctuation that ends a sentence, not a path
 
+_ANSI = r"\x1b\[[0-?]*[ -/]*[@-~]"  # a terminal's escape sequence (colour, cursor), whole
 _RULES: tuple[tuple[str, str], ...] = (
     ("own", r"⟨\d+⟩"),
+    ("ansi", _ANSI),
     ("markup", r"</?[A-Za-z][A-Za-z0-9:-]*(?:\s[^<>]*)?/?>|&(?:[A-Za-z][A-Za-z0-9]*|#\d+|#[xX][0-9A-Fa-f]+);"),
     ("quoted", r"%<.*?%>"),
     ("url", r"""(?<![\w@])(?:[A-Za-z][A-Za-z0-9+.-]*://|www\.|mailto:)[^\s<>"]+"""),
@@ -116,6 +120,7 @@ def _symbol_class() -> str:
     chars += [chr(cp) for cp in (*range(0xFE00, 0xFE10), *range(0x1F3FB, 0x1F400), *range(0xE0020, 0xE0080))]
     chars += list("\u200b\u200c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2060\u2061\u2062\u2063\u2064")
     chars += list("\u2066\u2067\u2068\u2069\ufeff")  # bidi isolates, byte order mark
+    chars += [chr(cp) for cp in (*range(0x20), *range(0x7F, 0xA0)) if chr(cp) not in "\t\n\r"]  # controls
     return "[" + "".join(re.escape(c) for c in sorted(set(chars))) + "]"
 
 
@@ -162,7 +167,7 @@ def _strict(text: str, symbols: bool, alphabet: frozenset[str] | None) -> list[S
         end = _url_end(text, m.start(), m.end()) if kind == "url" else m.end()
         if end > m.start():
             found.append(Span(m.start(), end, kind))
-    if symbols and not text.isascii():
+    if symbols and not (text.isascii() and text.isprintable()):
         found = _add(found, _symbol_runs(text))
     if alphabet is not None and not text.isascii():
         found = _add(found, _foreign_words(text, alphabet))
