@@ -22,6 +22,7 @@ import pytest
 import torch
 import transformers
 
+from export.hf import ImportProblem, seq2seq
 from export.import_hf import ImportOptions, import_checkpoint, main
 from service.contract import graphs
 from service.engine.decoding import DecodeParams
@@ -441,3 +442,11 @@ def test_language_codes_as_the_checkpoint_names_them_or_as_clients_send_them(
     for bad in ("zh", "xx", "fra_Cyrl"):  # two Chinese scripts; no such language; no such script
         with pytest.raises(InvalidInput, match="unknown target language"):
             engine.forced_prefix(bad)
+
+
+def test_an_m2m100_whose_decoder_starts_with_its_pad_id_is_refused(imported: dict[str, tuple[Path, Path]]) -> None:
+    """transformers gives a pad token no position of its own (M2M100 and NLLB): a decoder that
+    starts with the pad id would be one position off from the first step."""
+    hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(imported["nllb"][0], local_files_only=True)
+    with pytest.raises(ImportProblem, match="decoder_start_token_id is the pad id"):
+        seq2seq.Seq2Seq(hf, decoder_start_id=hf.config.pad_token_id)

@@ -158,6 +158,11 @@ class Seq2Seq(nn.Module):
         # A bias or a mask of zeros leaves the graph: each would be a pass over every row's vocabulary
         # per step (without both, 16 int8 sentences of beam 4 translated 1.06x as fast; measured).
         self.biased, self.suppressing = bool(self.logits_bias.any()), bool(suppressed)
+        if self.family.position_offset == "pad" and decoder_start_id == c.pad_token_id:
+            raise ImportProblem(
+                f"{c.model_type}: decoder_start_token_id is the pad id {c.pad_token_id}, to which transformers gives "
+                "no position of its own: the engine's positions would differ from the first step on"
+            )
         limit = min(self.enc.positions.shape[0] - self.enc.offset, self.dec.positions.shape[0] - self.dec.offset)
         self.config = StepConfig(
             n_heads=self.heads,
@@ -366,5 +371,11 @@ def check_against_transformers(
         for j, new in enumerate(io.new_kv_from_present(res[1 : 1 + 2 * n], pos)):
             cache[j][active, :, pos] = new[:, :, 0]
     if worst > tol:
-        raise ExportError(f"decoder log-probabilities differ from transformers by {worst:.2e} > {tol:.0e}")
+        why = ""
+        if model.family.position_offset == "pad" and bool((tgt[:, 1:] == c.pad_id).any()):
+            why = (
+                f" (transformers' greedy decoding produced the pad id {c.pad_id}, to which it gives no position of "
+                "its own, unlike the engine: the checkpoint's pad token is likely mistrained)"
+            )
+        raise ExportError(f"decoder log-probabilities differ from transformers by {worst:.2e} > {tol:.0e}{why}")
     return {"transformers_max_abs_diff": worst, "parity_sentences": rows, "parity_steps": steps}
