@@ -28,5 +28,7 @@ def test_names_are_random_and_expire(tmp_path: Path) -> None:
 def test_file_names() -> None:
     assert safe_filename('C:\\Users\\me\\"evil"\r\n.po') == "evil.po"
     assert safe_filename("../..") == "file" and safe_filename("") == "file"
+    long = safe_filename("日" * 90 + ".po")  # cut in UTF-8 bytes (a file system's limit), its extension kept
+    assert long.endswith("日.po") and len(long.encode()) <= 200 and safe_filename("x" * 300 + ".po").endswith("x.po")
     assert output_name("messages.po", "de") == "messages_de.po"
     assert output_name("de.POT", "de") == "de_de.POT" and output_name("README", "de") == "README_de"

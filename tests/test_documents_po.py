@@ -229,3 +229,40 @@ def test_unknown_extensions_are_refused() -> None:
 def test_placeholders_per_format(text: str, kind: str, found: list[str]) -> None:
     assert sorted(placeholders(text, [kind]).elements()) == sorted(found)
     assert formats(["fuzzy", kind, "no-c-format"]) == [kind]
+
+
+def test_lines_end_at_newlines_only() -> None:
+    """Read as Latin-1 for its header, "х" (D1 85) holds U+0085, which `str.splitlines` breaks at."""
+    data = (
+        'msgid ""\nmsgstr "Content-Type: text/plain; charset=UTF-8\\n"\n\nmsgid "Bye"\nmsgstr "Пока, хорошо ą\u2028"\n'
+    )
+    out = translate(data.encode())
+    assert out.data.decode().endswith('msgid "Bye"\nmsgstr "Пока, хорошо ą\u2028"\n')  # translated already: kept
+
+
+@pytest.mark.parametrize(
+    ("header", "message"),
+    [
+        ("Plural-Forms: nplurals=1000000; plural=0;", "more than 100 plural forms"),
+        ("Plural-Forms: nplurals=" + "9" * 5000 + "; plural=0;", "more than 100 plural forms"),
+        ("Content-Type: text/plain; charset=rot13", "not ASCII-compatible"),
+        ("Content-Type: text/plain; charset=UTF-16", "not ASCII-compatible"),
+        ("Content-Type: text/plain; charset=utf\\0", "not ASCII-compatible"),
+    ],
+)
+def test_a_header_that_cannot_be_honoured_is_refused_before_translating(header: str, message: str) -> None:
+    data = f'msgid ""\nmsgstr "{header}\\n"\n\nmsgid "a"\nmsgid_plural "b"\nmsgstr[0] ""\nmsgstr[1] ""\n'.encode()
+    with pytest.raises(DocumentError, match=f"line 1: .*{message}"):
+        PoFormat().parse(data)
+
+
+def test_a_huge_plural_index_is_a_syntax_error() -> None:
+    with pytest.raises(DocumentError, match="line 3: not a PO keyword"):
+        PoFormat().parse(b'msgid "a"\nmsgid_plural "b"\nmsgstr[' + b"9" * 5000 + b'] ""\n')
+
+
+def test_long_inner_whitespace_is_read_in_linear_time() -> None:
+    """A lazy regex for a message's edges backtracked quadratically (40,000 spaces took 26 s)."""
+    spaces = " " * 400_000
+    out = translate(f'msgid "a{spaces}a"\nmsgstr ""\n'.encode(), lambda s: s.upper())
+    assert out.data.decode().count(f"A{spaces}A") == 1

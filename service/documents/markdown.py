@@ -90,12 +90,17 @@ def _cell(src: str, line_start: int, cursor: int, first: bool) -> tuple[int, int
     if first:
         start = line_start + len(src[line_start:]) - len(src[line_start:].lstrip(" \t"))
         start += src.startswith("|", start)
-    else:
-        pipe = _PIPE.search(src, cursor)
+    else:  # pipes are looked for on the row's line only: linear in the table, however many rows lack them
+        pipe = _PIPE.search(src, cursor, _line_end(src, cursor))
         start = pipe.end() if pipe else cursor
-    end = _PIPE.search(src, start)
-    line_end = src.find("\n", start) % (len(src) + 1)  # -1 (the last line) is the end of src
-    return start, min(end.start() if end else line_end, line_end)
+    line_end = _line_end(src, start)
+    end = _PIPE.search(src, start, line_end)
+    return start, end.start() if end else line_end
+
+
+def _line_end(src: str, at: int) -> int:
+    end = src.find("\n", at)
+    return len(src) if end < 0 else end  # the last line ends with src
 
 
 def _runs(src: str, children: Sequence[Token], cursor: int, limit: int, spans: list[Span]) -> int:

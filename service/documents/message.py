@@ -9,13 +9,10 @@ shape is rebuilt exactly whatever the model does.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from service.contract import accelerators
-
-_EDGES = re.compile(r"^(\s*)(.*?)(\s*)$", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -47,15 +44,21 @@ def _translatable(core: str) -> bool:
 
 def split(text: str, mark: str | None) -> Message:
     """`text` taken apart: edges, lines, the accelerator of the catalog's `mark` (None: none)."""
-    m = _EDGES.match(text)
-    assert m is not None
-    lead, body, trail = m.groups()
+    lead, body, trail = _edges(text)
     letter = None
     if mark is not None:
         body, letter = accelerators.strip(body, mark)
     lines = []
     for line in body.split("\n"):
-        e = _EDGES.match(line)
-        assert e is not None
-        lines.append((e[1], e[2], e[3]))
+        lines.append(_edges(line))
     return Message(lead, tuple(lines), trail, letter, mark)
+
+
+def _edges(text: str) -> tuple[str, str, str]:
+    """(leading whitespace, core, trailing whitespace): with `str.strip`, linear in the text (a
+    lazy regex for the core backtracked quadratically on long inner runs of spaces)."""
+    core = text.strip()
+    if not core:
+        return text, "", ""
+    start = len(text) - len(text.lstrip())
+    return text[:start], core, text[start + len(core) :]

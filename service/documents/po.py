@@ -28,14 +28,23 @@ PLURAL_FORMS = {"de": "nplurals=2; plural=(n != 1);"}  # what a template's Plura
 TEMPLATE = re.compile(r"^(?:|CHARSET|.*\b(?:INTEGER|EXPRESSION|YEAR-MO-DA)\b.*)$")
 
 
+_PROBE = 'msgid "a\\b" # x\n'  # PO syntax: what an ASCII-compatible charset must write as ASCII does
+
+
 def _codec(name: str, line: int | None) -> str:
-    """Python's codec for a declared charset (`CHARSET`, a template's, is UTF-8)."""
+    """Python's codec for a declared charset (`CHARSET`, a template's, is UTF-8). Only an
+    ASCII-compatible text encoding reads PO syntax (as gettext requires): not UTF-16 or UTF-7,
+    nor Python's other codecs (rot13, zlib, idna, ...)."""
     if name.upper() == "CHARSET":
         return "utf-8"
     try:
-        return codecs.lookup(name).name
-    except LookupError:
-        raise DocumentError(f"unknown charset {name!r} in the header", line) from None
+        codec = codecs.lookup(name).name
+        ascii_like = _PROBE.encode(codec) == _PROBE.encode("ascii") and _PROBE.encode("ascii").decode(codec) == _PROBE
+        if not ascii_like or codec == "idna":  # idna writes host names, one label at a time
+            raise ValueError(codec)
+    except (LookupError, UnicodeError, ValueError):  # ValueError: also a NUL in the name
+        raise DocumentError("the header's charset is unknown or not ASCII-compatible", line) from None
+    return codec
 
 
 def _decode(data: bytes) -> tuple[str, str, bool]:
@@ -44,7 +53,7 @@ def _decode(data: bytes) -> tuple[str, str, bool]:
     bom = data.startswith(BOM)
     body = data[len(BOM) :] if bom else data
     codec = "utf-8"
-    header = next((e for e in po_syntax.read(body.decode("latin-1").splitlines(True)) if e.is_header), None)
+    header = next((e for e in po_syntax.read(po_syntax.split_lines(body.decode("latin-1"))) if e.is_header), None)
     if header is not None:
         found = _CHARSET.search(header.msgstr.get(0, ""))
         if found:
@@ -56,6 +65,8 @@ def _decode(data: bytes) -> tuple[str, str, bool]:
     except UnicodeDecodeError as exc:
         line = body[: exc.start].count(b"\n") + 1
         raise DocumentError(f"bytes that are not {codec}, as the header declares", line) from None
+    except UnicodeError:  # a codec that fails without saying where
+        raise DocumentError(f"bytes that are not {codec}, as the header declares") from None
 
 
 @dataclass
@@ -156,13 +167,29 @@ class ParsedPo:
         ]
 
 
+MAX_PLURALS = 100  # plural forms a header may declare (languages have at most 6)
+
+
 def _nplurals(header: Entry | None, language: str) -> int:
-    found = re.search(r"^Plural-Forms:.*?nplurals\s*=\s*(\d+)", header.msgstr[0] if header else "", re.M)
-    if found and int(found[1]) > 0:
-        return int(found[1])
+    declared = _declared_plurals(header)
+    if declared:
+        return declared
     fallback = re.search(r"nplurals=(\d+)", PLURAL_FORMS.get(language, "nplurals=2"))
     assert fallback is not None
     return int(fallback[1])
+
+
+def _declared_plurals(header: Entry | None) -> int | None:
+    """The header's nplurals; a DocumentError above MAX_PLURALS, which would make every plural
+    entry's answer that many strings long."""
+    found = re.search(r"^Plural-Forms:.*?nplurals\s*=\s*(\d+)", header.msgstr[0] if header else "", re.M)
+    if found is None:
+        return None
+    digits = found[1].lstrip("0") or "0"
+    if len(digits) > 3 or int(digits) > MAX_PLURALS:
+        line = header.start + 1 if header is not None else None
+        raise DocumentError(f"Plural-Forms declares more than {MAX_PLURALS} plural forms", line)
+    return int(digits)
 
 
 def _header(text: str, info: RenderInfo, translated: bool) -> str:
@@ -205,8 +232,9 @@ class PoFormat:
 
     def parse(self, data: bytes) -> ParsedPo:
         text, codec, bom = _decode(data)
-        lines = text.splitlines(keepends=True)
+        lines = po_syntax.split_lines(text)
         entries = po_syntax.read(lines)
+        _declared_plurals(next((e for e in entries if e.is_header), None))  # refused now, not after translating
         active = [e for e in entries if not e.obsolete and not e.is_header]
         ids = [x for e in active for x in (e.msgid, e.msgid_plural) if x]
         mark = accelerators.convention(ids)

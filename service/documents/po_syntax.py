@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from service.documents.base import DocumentError
 
-_KEYWORD = re.compile(r'(msgctxt|msgid_plural|msgid|msgstr(?:\[(\d+)\])?)\s*("(?:[^"\\]|\\.)*")\s*$')
+_KEYWORD = re.compile(r'(msgctxt|msgid_plural|msgid|msgstr(?:\[(\d{1,3})\])?)\s*("(?:[^"\\]|\\.)*")\s*$')
 _STRING = re.compile(r'("(?:[^"\\]|\\.)*")\s*$')
 _UNESCAPE = {"n": "\n", "t": "\t", "r": "\r", '"': '"', "\\": "\\", "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
 _ESCAPE = {v: "\\" + k for k, v in _UNESCAPE.items()}
@@ -64,12 +64,20 @@ def escape(text: str) -> str:
     return '"' + "".join(_ESCAPE.get(c, c) for c in text) + '"'
 
 
+def split_lines(text: str) -> list[str]:
+    """Lines with their endings, as gettext reads them: only "\n" ends one ("\r\n" too, its "\r"
+    kept), unlike `str.splitlines`, which also breaks at U+0085 (a byte of "х" and "ą" read as
+    Latin-1), form feeds and U+2028."""
+    parts = text.split("\n")
+    return [p + "\n" for p in parts[:-1]] + ([parts[-1]] if parts[-1] else [])
+
+
 def string_lines(keyword: str, text: str, newline: str, prefix: str = "") -> list[str]:
     """`keyword "text"`, or as gettext writes a message with inner newlines: `keyword ""` and one
     line per newline-ended piece."""
     if "\n" not in text[:-1]:
         return [f"{prefix}{keyword} {escape(text)}{newline}"]
-    pieces = text.splitlines(keepends=True)
+    pieces = split_lines(text)
     return [f'{prefix}{keyword} ""{newline}', *(f"{prefix}{escape(p)}{newline}" for p in pieces)]
 
 

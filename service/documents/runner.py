@@ -61,7 +61,7 @@ async def translate_segments(
                 for text in texts:
                     try:
                         out += await patiently([text])
-                    except InputTooLong:  # one text over the model's limit fails its own unit, not the file
+                    except (InputTooLong, PayloadTooLarge):  # one text over a limit fails its own unit, not the file
                         out.append("")
             done.update(zip(texts, out, strict=True))
 

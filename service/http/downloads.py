@@ -13,11 +13,20 @@ from pathlib import Path
 _NAME = re.compile(r"^[A-Za-z0-9_-]{32}\.[^/\\\x00-\x1f]{1,200}$")
 
 
+MAX_NAME_BYTES = 200  # of a kept file's own name, in UTF-8: with its random prefix, within a file system's 255
+
+
 def safe_filename(name: str) -> str:
-    """The last part of a client's file name, without what a path or a header could misread."""
+    """The last part of a client's file name, without what a path or a header could misread, cut
+    to MAX_NAME_BYTES of UTF-8 before its extension (which says the file's format)."""
     base = name.replace("\\", "/").rsplit("/", 1)[-1]
     base = re.sub(r'[\x00-\x1f\x7f"]', "", base).strip().lstrip(".")
-    return base[:200] or "file"
+    stem, dot, ext = base.rpartition(".")
+    if not dot or len(ext.encode()) > 16:
+        stem, dot, ext = base, "", ""
+    room = MAX_NAME_BYTES - len((dot + ext).encode())
+    stem = stem.encode()[:room].decode(errors="ignore")
+    return (stem or "file") + dot + ext
 
 
 class Downloads:

@@ -9,6 +9,7 @@ download URL. docs/documents.md has the rules and limits.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -76,8 +77,8 @@ async def translate_file(
     """The upload translated by `task`: parsed (400 naming the line), within the file limits (413),
     its distinct segments charged to the client and translated before `deadline` (504)."""
     s = call.state.settings
-    try:
-        parsed = fmt.parse(upload.data)
+    try:  # on a worker thread, as the rendering: a large file never stalls the event loop
+        parsed = await asyncio.to_thread(fmt.parse, upload.data)
     except DocumentError as exc:
         raise InvalidDocument(f"{upload.filename}: {exc}") from None
     unique = runner.check_limits(parsed.segments, s.max_file_segments, s.max_file_chars)
@@ -102,7 +103,7 @@ async def translate_file(
         generator=f"transformer-serve ({task.entry.name} {task.entry.version})",
         now=datetime.now(UTC).strftime("%Y-%m-%d %H:%M+0000"),
     )
-    return parsed.render(translations, info)
+    return await asyncio.to_thread(parsed.render, translations, info)
 
 
 def output_name(filename: str, target: str) -> str:
@@ -178,7 +179,8 @@ async def lt_translate_file(call: Call) -> ASGIApp:
     options = task.Options.model_validate({"source_language": source, "target_language": target})
     done = await translate_file(call, task, fmt, upload, options, deadline)
     name = state.downloads.put(output_name(upload.filename, target), done.data)
-    return json_answer({"translatedFileUrl": f"{base_url(call)}/libretranslate/download_file/{name}"})
+    url = f"{base_url(call)}/libretranslate/download_file/{quote(name, safe='')}"  # "#", "?", "%" escaped
+    return json_answer({"translatedFileUrl": url})
 
 
 async def lt_download_file(call: Call) -> ASGIApp:

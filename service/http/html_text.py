@@ -9,6 +9,7 @@ translations)` puts the translated texts back, escaped, with the whitespace arou
 from __future__ import annotations
 
 import html
+import itertools
 import re
 from html.parser import HTMLParser
 
@@ -59,24 +60,26 @@ _END_TAG = re.compile(r"</\s*([A-Za-z][\w:-]*)\s*>")
 
 def split(source: str) -> list[str]:
     parser = _Pieces()
-    parser.feed(source)
+    last = source.rfind(">") + 1
+    parser.feed(source[:last])
+    # After the last ">" nothing can close (a tag, comment or declaration needs one): it is data,
+    # as HTMLParser's close() would read it, but without its scan to the end from every "<"
+    # (quadratic: 20,000 unclosed "<a " took 38 s).
+    rest, parser.rawdata = parser.rawdata + source[last:], ""
+    if rest:
+        parser.handle_data(rest)
     parser.close()
-    merged: list[tuple[bool, str]] = []
-    for is_text, raw in parser.pieces:  # adjacent text and entity pieces are one text node
-        if merged and merged[-1][0] == is_text:
-            merged[-1] = (is_text, merged[-1][1] + raw)
-        else:
-            merged.append((is_text, raw))
-    out = [""]
-    for is_text, raw in merged:
+    out: list[list[str]] = [[]]  # lists joined once: a string grown piece by piece is quadratic
+    for is_text, group in itertools.groupby(parser.pieces, key=lambda p: p[0]):
+        raw = "".join(r for _, r in group)  # adjacent text and entity pieces are one text node
         if is_text and raw.strip():
             text = html.unescape(raw)
             lead, trail = raw[: len(raw) - len(raw.lstrip())], raw[len(raw.rstrip()) :]
-            out[-1] += lead
-            out += [text.strip(), trail]
+            out[-1].append(lead)
+            out += [[text.strip()], [trail]]
         else:
-            out[-1] += raw
-    return out
+            out[-1].append(raw)
+    return ["".join(parts) for parts in out]
 
 
 def join(pieces: list[str], translations: list[str]) -> str:
