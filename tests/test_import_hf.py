@@ -24,6 +24,7 @@ import transformers
 
 from export.hf import ImportProblem, seq2seq
 from export.import_hf import ImportOptions, import_checkpoint, main
+from export.specs.imported import default_target
 from service.contract import graphs
 from service.engine.decoding import DecodeParams
 from service.engine.translator import TranslatorEngine, load_translator
@@ -450,3 +451,12 @@ def test_an_m2m100_whose_decoder_starts_with_its_pad_id_is_refused(imported: dic
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(imported["nllb"][0], local_files_only=True)
     with pytest.raises(ImportProblem, match="decoder_start_token_id is the pad id"):
         seq2seq.Seq2Seq(hf, decoder_start_id=hf.config.pad_token_id)
+
+
+def test_the_default_target_is_the_forced_language_else_the_only_one() -> None:
+    """mBART-cc25 fine-tuned into Romanian names one target (its decoder starts with ro_RO): a
+    request may leave it out, as one to a model that forces its language token."""
+    assert default_target({}, {"ro_RO": ()}) == "ro_RO"
+    many = {"de_DE": (5,), "fr_XX": (6,)}
+    assert default_target({"forced_bos_token_id": 6}, many) == "fr_XX" and default_target({}, many) is None
+    assert default_target({}, {"": ()}) is None  # a model of one pair names no language

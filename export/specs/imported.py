@@ -155,7 +155,7 @@ class ImportedTranslator(ImportedSpec):
         self.probe_steps = min(PROBE_STEPS, self.model.config.max_len - 1)
         self.languages = {
             "source_language": _default_language(folder, "src_lang", tok.sources),
-            "target_language": _default_target(self.raw_generation, tok.targets),
+            "target_language": default_target(self.raw_generation, tok.targets),
         } | _named_pair(options.languages, tok.sources)
 
     def write_graphs(self, folder: Path) -> dict[str, str]:
@@ -352,10 +352,13 @@ def _targets(raw: dict[str, object], targets: dict[str, tuple[int, ...]]) -> dic
     return {"": (int(forced),) if forced is not None else ()}  # type: ignore[call-overload]
 
 
-def _default_target(raw: dict[str, object], targets: dict[str, tuple[int, ...]]) -> str | None:
-    """The language whose token the generation config forces, if any: a request may leave it out."""
+def default_target(raw: dict[str, object], targets: dict[str, tuple[int, ...]]) -> str | None:
+    """The language whose token the generation config forces, else the only one the model names
+    (mBART-cc25 fine-tuned to one pair starts its decoder with it): a request may leave it out."""
     forced = raw.get("forced_bos_token_id")
-    return next((k for k, ids in targets.items() if k and ids and ids[0] == forced), None)
+    named = [k for k in targets if k]
+    found = next((k for k in named if targets[k] and targets[k][0] == forced), None)
+    return found if found is not None or len(named) != 1 else named[0]
 
 
 def _default_language(folder: Path, attribute: str, sources: dict[str, object]) -> str | None:
