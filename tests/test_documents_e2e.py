@@ -115,12 +115,14 @@ def test_libretranslate_file_flow_behind_a_proxy(server: Server) -> None:
         assert settings["filesTranslation"] is True and ".po" in settings["supportedFilesFormat"]
         fields = {"source": "en", "target": "de"}
         direct = c.post("/libretranslate/translate_file", files={"file": (CATALOGS[0].name, source)}, data=fields)
-        behind = c.post("/libretranslate/translate_file", files={"file": ("a.po", source)}, data=fields, headers=proxy)
+        odd = "a#b? 100%.po"  # its download URL percent-encoded
+        behind = c.post("/libretranslate/translate_file", files={"file": (odd, source)}, data=fields, headers=proxy)
         native = upload(c, CATALOGS[0].name, source)
         url = direct.json()["translatedFileUrl"]
         assert url.startswith(f"{server.url}/libretranslate/download_file/") and url.endswith("_de.po")
         proxied = behind.json()["translatedFileUrl"]
         assert proxied.startswith("https://mt.example.org/api/libretranslate/download_file/")
+        assert proxied.endswith(".a%23b%3F%20100%25_de.po")
         downloaded = c.get(url.removeprefix(server.url))
         via_proxy = c.get(proxied.removeprefix("https://mt.example.org/api"))
         unknown = c.get("/libretranslate/download_file/" + "A" * 32 + ".x.po")

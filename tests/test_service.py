@@ -389,7 +389,7 @@ async def test_bad_requests_are_4xx_and_the_service_keeps_serving(client: httpx.
         "invalid_input",
         "texts[1]",
     )
-    error_of(await post("/predict", json={"texts": ["a"], "model": "nope"}), 404, "model_not_found", "nope")
+    error_of(await post("/predict", json={"texts": ["a"], "model": "nope"}), 404, "model_not_found", "no model of")
     error_of(await client.get("/no/such/path"), 404, "not_found")
     error_of(await client.get("/predict"), 405, "method_not_allowed")
     assert (await post("/predict", json={"texts": ["still fine"]})).status_code == 200
@@ -448,8 +448,8 @@ async def test_oip_errors_are_protocol_shaped(client: httpx.AsyncClient) -> None
         ("/v2/models/tiny-clf/infer", tensor(data=[1]), 422, "strings"),
         ("/v2/models/tiny-clf/infer", {"inputs": []}, 422, "inputs"),
         ("/v2/models/tiny-mt/infer", tensor() | {"parameters": {"beam_size": 99}}, 422, "parameters.beam_size"),
-        ("/v2/models/tiny-clf/infer", tensor() | {"outputs": [{"name": "nope"}]}, 422, "nope"),
-        ("/v2/models/nope/infer", tensor(), 404, "nope"),
+        ("/v2/models/tiny-clf/infer", tensor() | {"outputs": [{"name": "nope"}]}, 422, "outputs: this model has only"),
+        ("/v2/models/nope/infer", tensor(), 404, "no model of that name"),
     ]
     for path, body, status, fragment in cases:
         r = await client.post(path, json=body)

@@ -126,8 +126,8 @@ class RequestContext:
             await send(message)
 
         # A request whose body is still on its way takes no place among those in flight until it
-        # has come: clients that send headers and stall (BodyLimit's 408 ends them) never keep
-        # everyone else out.
+        # has come, and is checked then: clients that send headers and stall (BodyLimit's 408
+        # ends them) never keep everyone else out.
         link = scope.get(LINK_KEY)
         arriving = isinstance(link, RequestLink) and not link.body_arrived() and reads_body(scope["method"])
         if arriving:
@@ -140,20 +140,23 @@ class RequestContext:
                 if arriving and not message.get("more_body", False):
                     arriving = False
                     self.arriving -= 1
+                    if self._busy():
+                        raise _Busy
                 return message
 
         self.in_flight += 1
         try:
             route = route_of(scope)
-            busy_now = self.in_flight - self.arriving > self.max_in_flight
-            if busy_now and not arriving and not (route is not None and route.probe):
-                busy = f"server busy: {self.in_flight - 1} requests in flight; retry later"
-                refuse = error_response(protocol_of(scope), busy, "overloaded")
-                await refuse(scope, receive, closing_if_unread(scope, send_with_id))
-                return
+            if not arriving and self._busy() and not (route is not None and route.probe):
+                raise _Busy
             await self.app(scope, receive, send_with_id)
             if scope.get(DISCONNECTED) and status == 0:
                 status = CLIENT_CLOSED
+        except _Busy:
+            if status == 0:
+                busy = f"server busy: {self.in_flight - 1} requests in flight; retry later"
+                refuse = error_response(protocol_of(scope), busy, "overloaded")
+                await refuse(scope, receive, closing_if_unread(scope, send_with_id))
         except Exception:
             log.exception(
                 "unhandled error in %s %s",
@@ -170,6 +173,9 @@ class RequestContext:
             if arriving:
                 self.arriving -= 1
             self._record(scope, info, status)
+
+    def _busy(self) -> bool:
+        return self.in_flight - self.arriving > self.max_in_flight
 
     def _record(self, scope: Scope, info: RequestInfo, status: int) -> None:
         duration = time.monotonic() - info.start
@@ -344,6 +350,10 @@ def _closing(send: Send) -> Send:
         await send(message)
 
     return closing
+
+
+class _Busy(Exception):
+    """More requests in flight than `RequestContext` admits: answered 503 there."""
 
 
 class _ClientLeft(Exception):

@@ -135,7 +135,7 @@ async def infer(call: Call) -> ASGIApp:
     wanted = {o.name: o.parameters or {} for o in body.outputs} if body.outputs else dict.fromkeys(available, {})
     unknown = set(wanted) - set(available)
     if unknown:
-        raise InvalidInput(f"unknown output(s) {sorted(unknown)}; this model has {available}")
+        raise InvalidInput(f"outputs: this model has only {available}")
     parameters = body.parameters or {}
     work = decode_work(task, texts, parameters, deadline)  # the parameters are checked even for no texts
     tensors = task.tensors(await task.run(work)) if texts else empty_tensors(task)
