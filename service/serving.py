@@ -215,7 +215,11 @@ class ServedModel:
         if self.unloaded:
             return VersionState.UNLOADED
         v = self.serving or self._held().get(self.version)
-        return v.state if v else VersionState.LOADING
+        if v is not None:
+            return v.state
+        # nothing held: refused versions alone (a broken folder dropped in) serve nothing, and wait
+        refused = any(r.state is VersionState.REFUSED for r in self.versions.values())
+        return VersionState.REFUSED if refused else VersionState.LOADING
 
     @property
     def error(self) -> str | None:
@@ -239,6 +243,8 @@ class ServedModel:
             v = self._held().get(version)
             if v is None:
                 raise ModelNotFound(f"model {self.name} has no loaded version {version}")
+        if v is None and self.state is VersionState.LOADING:
+            raise NotReady(f"model {self.name} is loading")
         if v is None or v.state is VersionState.FAILED:
             raise NotReady(f"model {self.name} is not available: it failed to load")
         if v.state is not VersionState.READY or v.task is None:
@@ -402,11 +408,23 @@ class ModelSet:
         with `only`, a version that cannot be loaded is a LoadRefused."""
         if not self.loaded:
             raise NotReady("models are still loading")
+        if only is None:
+            await self._refresh(None)
+            return
+        # a load asked for runs to its end if its caller is cancelled (a client that left): cut off
+        # half-way, the model would stay "loading"
+        work = asyncio.ensure_future(self._refresh(only))
+        work.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved, whoever waits
+        await asyncio.shield(work)
+
+    async def _refresh(self, only: str | None) -> None:
         async with self._lock:
             loop = asyncio.get_running_loop()
             found = await loop.run_in_executor(self.executor, self._scan)
             if only is not None and only not in found:
                 raise ModelNotFound("no model of that name in the store")
+            if only is None:
+                self._forget_gone(found)
             for name, entries in sorted(found.items()):
                 if only is not None and name != only:
                     continue
@@ -429,6 +447,17 @@ class ModelSet:
                 if reason is not None and only is not None:
                     serving = "; it keeps serving the files it loaded" if model.current is not None else ""
                     raise LoadRefused(f"model {name} version {wanted.version}: {reason}{serving}")
+
+    def _forget_gone(self, found: dict[str, list[store.StoreEntry]]) -> None:
+        """Refused versions whose folders are gone are no longer listed, nor a model left with
+        nothing (what serves, drains or was unloaded stays)."""
+        for name, model in list(self.models.items()):
+            present = {e.version for e in found.get(name, [])}
+            for n, v in list(model.versions.items()):
+                if n not in present and v.state is VersionState.REFUSED:
+                    del model.versions[n]
+            if not model.versions and model.current is None and not model.unloaded and not model.replaced:
+                del self.models[name]
 
     def _scan(self) -> dict[str, list[store.StoreEntry]]:
         entries = store.scan(self.settings.model_store, self.checked)
@@ -558,11 +587,13 @@ class ModelSet:
     def snapshot(self) -> Snapshot:
         """Every version of every model as it is now, and whether the service is ready (and why not)."""
         rows = sorted((row for m in self.models.values() for row in m.views()), key=lambda r: (r.name, r.version))
-        states = [m.state for m in self.models.values()]
+        # a model with refused versions only (a broken folder dropped in later) serves nothing and
+        # holds no one back: its rows say why
+        states = [m.state for m in self.models.values() if m.state is not VersionState.REFUSED]
         ready = (
             self.loaded
             and not self.problems
-            and bool(self.models)
+            and bool(states)
             and all(s in (VersionState.READY, VersionState.UNLOADED) for s in states)
         )
         return Snapshot(tuple(rows), ready, () if ready else tuple(self._reasons()))

@@ -27,10 +27,14 @@ class Fingerprint:
 def fingerprint(folder: Path) -> Fingerprint:
     """Taken before the folder is verified, so a change during the check shows at the next scan."""
     stats = []
-    for path in sorted(folder.iterdir()) if folder.is_dir() else ():
+    try:
+        paths = sorted(folder.iterdir()) if folder.is_dir() else []
+    except OSError:  # unreadable: checking it says why
+        paths = []
+    for path in paths:
         try:
             st = path.stat()
-        except FileNotFoundError:  # removed while listed: the next scan sees the folder settled
+        except OSError:  # removed while listed (the next scan sees the folder settled), a link loop
             continue
         if path.is_file():
             stats.append((path.name, st.st_size, st.st_mtime_ns, st.st_ino))
@@ -66,14 +70,21 @@ class StoreEntry:
 
 def listing(store: Path) -> list[tuple[str, int, Path]]:
     """(model, version, folder) of every integer version folder, unchecked: cheap enough for every
-    call of the repository index."""
-    return [
-        (model_dir.name, int(folder.name), folder)
-        for model_dir in sorted(p for p in store.iterdir() if p.is_dir() and not p.name.startswith("."))
-        for folder in sorted(
-            (p for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name)
-        )
-    ]
+    call of the repository index. A model folder that cannot be listed has none."""
+    out = []
+    for model_dir in sorted(p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        try:
+            folders = [p for p in model_dir.iterdir() if p.is_dir() and _is_version(p.name)]
+        except OSError:
+            log.error("model folder %s cannot be listed: no version of it is served", model_dir)
+            continue
+        out += [(model_dir.name, int(f.name), f) for f in sorted(folders, key=lambda p: int(p.name))]
+    return out
+
+
+def _is_version(name: str) -> bool:
+    """ASCII digits only (`str.isdigit` takes "²", which `int` refuses)."""
+    return name.isascii() and name.isdigit()
 
 
 def scan(store: Path, checked: Mapping[Path, StoreEntry] | None = None) -> list[StoreEntry]:
@@ -101,6 +112,10 @@ def _check(name: str, folder: Path, seen: Fingerprint) -> StoreEntry:
     except ManifestError as exc:
         log.error("model version not served: %s", exc)
         return StoreEntry(name, int(folder.name), folder, None, str(exc), seen)
+    except (OSError, RecursionError) as exc:  # unreadable files, a link loop, a manifest nested too deep
+        problem = f"{folder}: cannot be read: {type(exc).__name__}"
+        log.error("model version not served: %s", problem)
+        return StoreEntry(name, int(folder.name), folder, None, problem, seen)
 
 
 def read_pinned(entry: StoreEntry, file_name: str) -> bytes:

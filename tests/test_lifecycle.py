@@ -4,6 +4,7 @@ on a `ModelSet` over the tiny store: no server."""
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -12,7 +13,10 @@ from pathlib import Path
 from typing import Any, cast
 
 import pytest
+import tokenizers
 
+from service.contract.manifest import read_manifest
+from service.engine.tokenizer import TextCodec
 from service.errors import ModelNotFound, NotReady
 from service.metrics import Metrics
 from service.serving import IllegalTransition, ModelSet, ModelVersion, ServedModel, VersionState, VersionView
@@ -227,3 +231,73 @@ async def test_a_broken_only_version_fails_and_says_why(tiny_store: Path, tmp_pa
     finally:
         await models.close(5)
         executor.shutdown()
+
+
+async def test_a_broken_model_dropped_in_later_holds_no_one_back_and_goes_with_its_folder(models: ModelSet) -> None:
+    """A model folder that holds nothing it can serve (here a copy whose manifest names another
+    model) is listed as refused, the service stays ready, and once the folder is removed nothing of
+    it stays listed; so for a refused version of a serving model."""
+    store = models.settings.model_store
+    shutil.copytree(store / "tiny-clf" / "1", store / "stray" / "1")
+    add_version(store / "tiny-clf", 1, 2, corrupt="model.onnx")
+    await models.refresh()
+    assert rows(models, "stray") == [(1, S.REFUSED, False)] and models.get("stray").state is S.REFUSED
+    assert models.snapshot().ready and models.snapshot().reasons == ()
+    with pytest.raises(NotReady, match="not available"):
+        models.resolve("stray", "classification")
+    shutil.rmtree(store / "stray")
+    shutil.rmtree(store / "tiny-clf" / "2")
+    await models.refresh()
+    assert "stray" not in models.models and rows(models, "tiny-clf") == [(1, S.READY, True)]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda v: (v / "loop").symlink_to(v / "loop"),  # a link to itself: ELOOP when looked at
+        lambda v: (v / "manifest.json").write_text("[" * 200_000 + "]" * 200_000),  # nested too deep for json
+        lambda v: v.rename(v.parent / "²"),  # digits to str.isdigit, not to int
+    ],
+    ids=["link-loop", "deep-manifest", "superscript-folder"],
+)
+async def test_one_odd_entry_in_the_store_never_stops_a_scan(models: ModelSet, damage) -> None:
+    store = models.settings.model_store
+    add_version(store / "tiny-clf", 1, 2)
+    damage(store / "tiny-clf" / "2")
+    add_version(store / "tiny-mt", 1, 2)  # beside it, a good new version is still picked up
+    await models.refresh()
+    assert rows(models, "tiny-mt")[-1] == (2, S.READY, True)
+    assert models.snapshot().ready
+    await drained(models)
+
+
+async def test_absurd_manifest_limits_are_refused_at_load(models: ModelSet) -> None:
+    store = models.settings.model_store
+    add_version(store / "tiny-mt", 1, 2)
+    path = store / "tiny-mt" / "2" / "manifest.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"max_new_tokens": 10**12}))
+    await models.refresh()
+    assert rows(models, "tiny-mt") == [(1, S.READY, True), (2, S.REFUSED, False)]
+    assert "max_new_tokens" in (models.snapshot().model("tiny-mt")[1].error or "")
+
+
+async def test_a_load_asked_for_finishes_when_its_caller_is_cancelled(models: ModelSet) -> None:
+    """A client that leaves cancels its route; the load it asked for goes on to serving."""
+    await models.unload("tiny-clf")
+    await drained(models)
+    asked = asyncio.ensure_future(models.refresh("tiny-clf"))
+    while models.get("tiny-clf").state is not S.LOADING:
+        await asyncio.sleep(0.001)
+    asked.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await asked
+    while models.get("tiny-clf").state is S.LOADING:
+        await asyncio.sleep(0.01)
+    assert rows(models, "tiny-clf") == [(1, S.READY, True)] and models.snapshot().ready
+
+
+async def test_a_tokenizer_that_does_not_go_with_the_model_is_refused(tiny_store: Path) -> None:
+    manifest = read_manifest(tiny_store / "tiny-clf" / "1")
+    empty = tokenizers.Tokenizer(tokenizers.models.BPE()).to_str().encode()
+    with pytest.raises(ValueError, match="tokenizer.json holds 0 tokens"):
+        TextCodec.of(manifest, empty)

@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
+# Bounds no model of this service comes near: a manifest beyond them is refused, not served until
+# a request asks for terabytes (a version's own limits are checked by running them at load).
+MAX_SOURCE_TOKENS = 16384
+MAX_NEW_TOKENS = 4096
 
 FIGURE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")  # a figure's name: a URL path segment as it is
 FigureName = Annotated[str, Field(pattern=FIGURE_NAME.pattern)]
@@ -85,8 +89,8 @@ class Manifest(BaseModel):
     tokenizer: str
     special_tokens: dict[str, int]
     labels: list[str] = Field(default_factory=list)
-    max_source_tokens: int = Field(ge=1)
-    max_new_tokens: int = Field(ge=0)
+    max_source_tokens: int = Field(ge=1, le=MAX_SOURCE_TOKENS)
+    max_new_tokens: int = Field(ge=0, le=MAX_NEW_TOKENS)
     source_language: str | None = None  # BCP 47 ("en"); translators only; a multilingual model's default
     target_language: str | None = None
     # IO contract 4. Source language ("": any) -> framing; none: a translator source ends with EOS.
@@ -132,6 +136,8 @@ def read_manifest(folder: Path) -> Manifest:
         return Manifest.model_validate(json.loads(path.read_text()))
     except (ValueError, json.JSONDecodeError) as exc:
         raise ManifestError(f"{path}: invalid manifest: {exc}") from exc
+    except (OSError, RecursionError) as exc:  # unreadable; nested deeper than the JSON reader goes
+        raise ManifestError(f"{path}: cannot be read: {type(exc).__name__}") from exc
 
 
 def verify_folder(folder: Path) -> Manifest:

@@ -45,7 +45,15 @@ class TextCodec:
         framing = m.sources.get("") or fallback
         skip = m.skip_ids or [*st.values()]
         unk = st.get("unk_id", SPECIAL_IDS["unk_id"])
-        return cls(tokenizer_json, m.max_source_tokens, framing, unk, skip, common_words.decode("utf-8").split())
+        codec = cls(tokenizer_json, m.max_source_tokens, framing, unk, skip, common_words.decode("utf-8").split())
+        # A tokenizer that does not go with the model would answer every text alike, 200 each time.
+        size, vocab = codec.tok.get_vocab_size(with_added_tokens=True), m.architecture.get("vocab_size")
+        if size <= max(st.values(), default=0) or (isinstance(vocab, int) and size > vocab):
+            raise ValueError(
+                f"tokenizer.json holds {size} tokens: it does not go with a model of vocabulary {vocab} "
+                f"and special token ids up to {max(st.values(), default=0)}"
+            )
+        return codec
 
     def encode(
         self, texts: Sequence[str], names: Sequence[str] | None = None, framing: Framing | None = None

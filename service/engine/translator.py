@@ -250,6 +250,15 @@ class TranslatorEngine:
         for n, length, beam in ((1, 8, 1), (4, 16, 4), (16, 24, 4), (32, 24, 1)):
             seqs = [[5] * min(length, top) + [self.eos_id]] * n
             self.translate_ids(seqs, DecodeParams(beam_size=beam, max_new_tokens=min(4, self.max_new_tokens)))
+        # The limits the manifest promises, run once: a source as long as it allows, and a step at
+        # the last position a translation reaches. Graphs that cannot (a position table shorter than
+        # the manifest says) fail here, at load, not in a request.
+        rt, f = self.rt, self.codec.framing
+        ids, mask = pad([[*f.prefix, *[5] * top, *f.suffix]], self.pad_id)
+        cross = rt.encode(ids, mask)
+        last = max(0, self.max_new_tokens - 1)
+        cache = [np.zeros((1, rt.heads, last + 1, rt.d_k), np.float32) for _ in range(2 * rt.n_layers)]
+        rt.decode(np.array([self.bos_id], np.int64), np.array([last], np.int64), mask, cache, cross)
 
 
 def load_translator(entry: StoreEntry, options: runtime.LoadOptions | None = None) -> TranslatorEngine:

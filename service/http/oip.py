@@ -285,7 +285,7 @@ async def repository_load(call: Call) -> ASGIApp:
     name = call.params["name"]
     models = call.state.models
     with _audited(call, "load", name):
-        await models.refresh(only=name)
+        await models.refresh(only=name)  # runs to its end if the client leaves
         models.get(name)
         views = models.snapshot().model(name)
         if not any(v.current for v in views):
@@ -309,6 +309,11 @@ def _audited(call: Call, action: str, model: str) -> Iterator[None]:
         yield
     except ServiceError as exc:
         audit(call.scope, f"model control: {action} {model}: {exc.kind}", action=action, model=model, outcome=exc.kind)
+        raise
+    except asyncio.CancelledError:
+        audit(
+            call.scope, f"model control: {action} {model}: the client left", action=action, model=model, outcome="left"
+        )
         raise
     audit(call.scope, f"model control: {action} {model}", action=action, model=model, outcome="done")
 
