@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from export.cli import HelpFormatter
-from export.publish import staged_version
+from export.publish import check_target, staged_version
 from export.validate import ExportError
 from service.contract.manifest import MANIFEST, ManifestError, file_entry, verify_folder
 
@@ -26,6 +26,7 @@ def promote(source: Path, store: Path, version: int, name: str | None = None, fo
     """Copies the verified version at `source` to `store/name/version`; returns the new folder."""
     manifest = verify_folder(source)
     name = name or manifest.name
+    check_target(store, name, version, manifest.task)
     if (store / name / str(version)).resolve() == source.resolve():
         raise ExportError(f"{source} is the version itself: promote it to another number")
     with staged_version(store, name, version, force) as tmp:
@@ -33,7 +34,8 @@ def promote(source: Path, store: Path, version: int, name: str | None = None, fo
             shutil.copy2(source / file, tmp / file)
         metrics = {**manifest.metrics, "promoted_from": f"{manifest.name}/{manifest.version}"}
         files = {f: file_entry(tmp / f) for f in manifest.files}
-        copy = manifest.model_copy(update={"name": name, "version": version, "metrics": metrics, "files": files})
+        update = {"name": name, "version": version, "metrics": metrics, "files": files}
+        copy = type(manifest).model_validate(manifest.model_dump() | update)  # checked as any manifest
         (tmp / MANIFEST).write_text(copy.model_dump_json(indent=2) + "\n")
     return store / name / str(version)
 

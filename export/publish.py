@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -81,10 +85,35 @@ class ExportOptions(PublishOptions):
     common_words: frozenset[str] = frozenset()  # translators: never masked as names (verbatim.common_words)
 
 
+NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")  # a model name, as the manifest and a URL path take it
+MAX_VERSION = 2**31 - 1  # a version every client reads exactly (JSON numbers past 2^53 are not)
+
+
 def next_version(store: Path, name: str) -> int:
     folder = store / name
     versions = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
     return max(versions, default=0) + 1
+
+
+def check_target(store: Path, name: str, version: int | None, task: str) -> None:
+    """Refuses, before any work, a name or version the store could not take, and a name whose
+    versions are of another task (publishing there would change what the name serves)."""
+    if not NAME.match(name) or name in (".", ".."):
+        raise ExportError("--name must be 1 to 64 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit")
+    if version is not None and not 1 <= version <= MAX_VERSION:
+        raise ExportError(f"--version must be between 1 and {MAX_VERSION}")
+    if store.exists() and not store.is_dir():
+        raise ExportError(f"the store {store} is not a folder")
+    folder = store / name
+    if folder.exists() and not folder.is_dir():
+        raise ExportError(f"{folder} is not a folder")
+    for path in sorted(folder.glob("[0-9]*/manifest.json")) if folder.is_dir() else []:
+        try:
+            held = json.loads(path.read_text()).get("task")
+        except (OSError, ValueError):
+            continue
+        if held is not None and held != task:
+            raise ExportError(f"{name} holds {held} models; this one is {task}: publish it under another --name")
 
 
 @contextmanager
@@ -95,6 +124,8 @@ def staged_version(store: Path, name: str, version: int, force: bool) -> Iterato
     final = store / name / str(version)
     if final.exists() and not force:
         raise ExportError(f"{final} exists; pass --force to overwrite it")
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal) if main else None  # unwinds: the staging goes
     store.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=store))
     old: Path | None = None
@@ -104,6 +135,8 @@ def staged_version(store: Path, name: str, version: int, force: bool) -> Iterato
         tmp.chmod(0o755)
         # the old folder is renamed aside, not removed in place: a watching server never scans a
         # half-deleted version, only the old folder or the new one (or, between two renames, none)
+        if final.exists() and not force:  # another export published it meanwhile: never replaced unasked
+            raise ExportError(f"{final} was published by another export meanwhile; run again for the next version")
         old = Path(tempfile.mkdtemp(prefix=f".{name}-old-", dir=store)) if final.exists() else None
         if old is not None:
             final.rename(old / "version")
@@ -117,6 +150,12 @@ def staged_version(store: Path, name: str, version: int, force: bool) -> Iterato
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def publish(
@@ -129,7 +168,8 @@ def publish(
     """Export, validate, measure and publish one model version; returns its folder. `started`: when
     the work began, if before this call (an import counts loading the checkpoint)."""
     ship = options.shipped()
-    version = options.version or next_version(store, options.name)
+    check_target(store, options.name, options.version, spec.task)
+    version = options.version if options.version is not None else next_version(store, options.name)
     report = spec.first_metrics()
     t0 = time.perf_counter() if started is None else started
     with staged_version(store, options.name, version, options.force) as tmp:
@@ -249,6 +289,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from export.train import load_checkpoint
 
     args = build_parser().parse_args(argv)
+    if args.threads < 1:
+        print("export failed: --threads must be at least 1", file=sys.stderr)
+        return 1
     torch.set_num_threads(args.threads)
     try:
         model, tok = load_checkpoint(args.checkpoint)
@@ -289,14 +332,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         log = print if args.verbose else _silent
         with quiet(args.verbose):
             folder = export_model(model, tok, args.store, options, texts[:200], test_rows, log)
-    except (ExportError, FileNotFoundError, ValueError) as exc:
+    except (ExportError, OSError, ValueError) as exc:
         print(f"export failed: {exc}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, SystemExit):
+        print("export interrupted: nothing was published", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a checkpoint the loaders cannot read (truncated weights, a broken config)
+        print(f"export failed: {type(exc).__name__}: {exc} (--verbose shows where)", file=sys.stderr)
+        if args.verbose:
+            raise
+        return 1
     manifest = json.loads((folder / MANIFEST).read_text())
-    if args.verbose:  # the whole report, as scripts have read it
-        print(json.dumps({"folder": str(folder), "files": manifest["files"], "metrics": manifest["metrics"]}, indent=2))
-    else:
-        print("\n".join(summary(folder, manifest)))
+    try:
+        if args.verbose:  # the whole report, as scripts have read it
+            report = {"folder": str(folder), "files": manifest["files"], "metrics": manifest["metrics"]}
+            print(json.dumps(report, indent=2))
+        else:
+            print("\n".join(summary(folder, manifest)))
+        sys.stdout.flush()
+    except BrokenPipeError:  # `| head`: published all the same
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
 
 

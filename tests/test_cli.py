@@ -128,3 +128,47 @@ def test_bf16_autocast_is_chosen_only_where_it_is_native(monkeypatch: pytest.Mon
     for argv in (["classifier", "--device", "fast"], ["classifier"], ["classifier", "--device", "fast", "--no-amp"]):
         train.main(argv)
     assert seen == [True, False, False]
+
+
+@pytest.mark.parametrize(
+    ("name", "version", "message"),
+    [
+        ("my model", None, "--name must be"),
+        ("..", None, "--name must be"),
+        ("x" * 65, None, "--name must be"),
+        ("ok", 0, "--version must be between 1"),
+        ("ok", 2**53, "--version must be between 1"),
+        ("en-de", None, "en-de holds translation models; this one is classification"),
+    ],
+)
+def test_a_target_the_store_cannot_take_is_refused_before_any_work(
+    tmp_path: Path, name: str, version: int | None, message: str
+) -> None:
+    (tmp_path / "en-de" / "1").mkdir(parents=True)
+    (tmp_path / "en-de" / "1" / "manifest.json").write_text('{"task": "translation"}')
+    with pytest.raises(publish.ExportError, match=message):
+        publish.check_target(tmp_path, name, version, "classification")
+    publish.check_target(tmp_path, "en-de", None, "translation")  # the same task: fine
+
+
+def test_a_version_published_meanwhile_is_never_replaced_unasked(tmp_path: Path) -> None:
+    """Two exports that picked the same next version: the later one fails, the first one's stays."""
+    meanwhile = pytest.raises(publish.ExportError, match="published by another export meanwhile")
+    with meanwhile, publish.staged_version(tmp_path, "x", 1, force=False) as staged:
+        (staged / "a").write_text("second")
+        (tmp_path / "x" / "1").mkdir(parents=True)  # the first export lands while this one works
+        (tmp_path / "x" / "1" / "a").write_text("first")
+    assert (tmp_path / "x" / "1" / "a").read_text() == "first"
+    assert [p.name for p in tmp_path.iterdir()] == ["x"]  # no staging folder left
+
+
+def test_an_unreadable_checkpoint_is_one_line_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], tiny_tokenizer: Tokenizer
+) -> None:
+    cfg = ClassifierConfig(vocab_size=tiny_tokenizer.get_vocab_size(), d_model=16, n_heads=2, d_ff=32, n_layers=1)
+    train.save_checkpoint(Classifier(cfg), cfg, tiny_tokenizer, tmp_path / "ckpt")
+    weights = tmp_path / "ckpt" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])  # truncated
+    assert publish.main([str(tmp_path / "ckpt"), "--name", "x", "--store", str(tmp_path / "store")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("export failed:"), err

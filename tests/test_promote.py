@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from export import promote
 from export.promote import main
+from export.validate import ExportError
 from service.contract.manifest import read_manifest, verify_folder
 from service.engine.translator import load_translator
 from service.store import scan
@@ -40,3 +42,12 @@ def test_promote_refuses_an_altered_source_and_an_existing_version(
     assert "exists" in capsys.readouterr().err
     assert main([str(store / "tiny-clf" / "1"), "--to", "2", "--force"]) == 0
     assert sorted(p.name for p in (store / "tiny-clf").iterdir() if not p.name.startswith(".")) == ["1", "2"]
+
+
+def test_promote_refuses_a_number_or_name_no_manifest_may_hold(tiny_store: Path, tmp_path: Path) -> None:
+    store = shutil.copytree(tiny_store, tmp_path / "store")
+    with pytest.raises(ExportError, match="--version must be between 1"):
+        promote.promote(store / "tiny-clf" / "1", store, 0)
+    with pytest.raises(ExportError, match="--name must be"):
+        promote.promote(store / "tiny-clf" / "1", store, 2, name="Bad Name")
+    assert sorted(p.name for p in (store / "tiny-clf").iterdir()) == ["1"]
