@@ -85,6 +85,7 @@ class ExportOptions(PublishOptions):
     common_words: frozenset[str] = frozenset()  # translators: never masked as names (verbatim.common_words)
 
 
+LANGUAGE = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})*$")  # BCP 47 or a checkpoint's (eng_Latn)
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")  # a model name, as the manifest and a URL path take it
 MAX_VERSION = 2**31 - 1  # a version every client reads exactly (JSON numbers past 2^53 are not)
 
@@ -303,6 +304,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # parity, batch invariance and int8 calibration on the validation split; the figures of
         # every variant on the test split, which nothing else has seen
         texts = [r[kind.text_field] for r in load_jsonl(valid_file)]
+        for split, rows in (("test", test_rows), ("valid", texts)):
+            if not rows:
+                raise ExportError(f"{sub}/{split}.jsonl has no rows: the checks and figures need real sentences")
+        if args.test_rows < 0:
+            raise ExportError("--test-rows must be 0 (the whole split) or more")
+        languages = _list(args.languages)
+        if kind.dataset == "translation" and (len(languages) != 2 or not all(map(LANGUAGE.match, languages))):
+            raise ExportError("--languages must be two language codes, source,target (e.g. en,de)")
         report_file = args.checkpoint / "report.json"
         train_report = json.loads(report_file.read_text()) if report_file.is_file() else {}
         curves = args.checkpoint / "curves.png"  # written by export.train

@@ -30,6 +30,7 @@ import torch
 from onnx import numpy_helper
 from safetensors.torch import save_file
 
+from export.cli import HelpFormatter
 from export.model import Classifier, ClassifierConfig, Translator, TranslatorConfig, save_config
 
 _ENCODER_PROJ = re.compile(r"^/encoder/layers\.(\d+)/(?:attn/)?(q_proj|k_proj|v_proj|out_proj)/MatMul$")
@@ -228,12 +229,18 @@ def write_run(model: Classifier | Translator, version_dir: Path, out: Path) -> N
         shutil.copyfile(version_dir / "curves.png", out / "curves.png")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m export.recover", description=__doc__.split("\n")[0])
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m export.recover", description=(__doc__ or "").split("\n")[0], formatter_class=HelpFormatter
+    )
     p.add_argument("version_dir", type=Path, help="a store version folder, e.g. model_store/en-de/1")
-    p.add_argument("--out", type=Path, required=True, help="the run folder to write")
-    p.add_argument("--variant", default="fp16", choices=("fp32", "fp16"))
-    args = p.parse_args(argv)
+    p.add_argument("--out", type=Path, required=True, help="the run folder to write (required)")
+    p.add_argument("--variant", default="fp16", choices=("fp32", "fp16"), help="the graph the weights are read from")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
         model = recover(args.version_dir, args.variant)
     except (RecoverError, FileNotFoundError, KeyError) as exc:

@@ -567,7 +567,13 @@ def load_checkpoint(out: Path) -> tuple[Classifier | Translator, Tokenizer]:
         raise ValueError(f"{out}: checkpoint lacks weights {sorted(missing)[:5]}")
     model.load_state_dict(weights, strict=False)
     model.eval()
-    return model, tokenizer_lib.load(out / "tokenizer.json")
+    tok = tokenizer_lib.load(out / "tokenizer.json")
+    if tok.get_vocab_size() != config.vocab_size:  # written by one run together: another run's tokenizer
+        raise ValueError(
+            f"{out}: tokenizer.json holds {tok.get_vocab_size()} tokens, the model's vocabulary {config.vocab_size}: "
+            "the tokenizer of another run"
+        )
+    return model, tok
 
 
 def plot_history(histories: dict[str, History], path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from export import cli, import_hf, promote, publish, train
+from export import cli, import_hf, promote, publish, recover, train
 from export.model import Classifier, ClassifierConfig
 
 
@@ -16,14 +16,22 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
     """Every parser a user meets: publish, import_hf, promote, and each train subcommand."""
     found = {"export.publish": publish.build_parser(), "export.import_hf": import_hf.build_parser()}
     found["export.promote"] = promote.build_parser()
+    found["export.recover"] = recover.build_parser()
     for action in train.build_parser()._actions:
         if isinstance(action, argparse._SubParsersAction):
             found |= {f"export.train {name}": sub for name, sub in action.choices.items()}
-    assert len(found) == 5
+    assert len(found) == 6
     return found
 
 
-PROGS = ["export.publish", "export.import_hf", "export.promote", "export.train classifier", "export.train translator"]
+PROGS = [
+    "export.publish",
+    "export.import_hf",
+    "export.promote",
+    "export.recover",
+    "export.train classifier",
+    "export.train translator",
+]
 
 
 @pytest.mark.parametrize("prog", PROGS)
