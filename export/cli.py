@@ -43,8 +43,8 @@ def data_file(data_dir: Path, *parts: str, why: str = "run `make data` first") -
 @contextmanager
 def quiet(verbose: bool) -> Iterator[None]:
     """Without --verbose, third-party warnings (torch.onnx's TracerWarning and DeprecationWarning,
-    ONNX Runtime's and transformers' log lines and progress bars) are not printed: a check that fails raises, so
-    what they say is noise once the export has passed."""
+    ONNX Runtime's and transformers' log lines and progress bars) are not printed: a check that
+    fails raises, so what they say is noise once the export has passed."""
     if verbose:
         yield
         return

@@ -37,7 +37,15 @@ from export.specs.bundled import spec_for
 from export.validate import ExportError
 from service.contract import verbatim
 from service.contract.graphs import IO_CONTRACT_VERSION
-from service.contract.manifest import MANIFEST, Manifest, file_entry
+from service.contract.manifest import (
+    LANGUAGE_CODE_PATTERN,
+    MANIFEST,
+    MAX_MODEL_NAME,
+    MODEL_NAME_PATTERN,
+    Manifest,
+    file_entry,
+    is_version_folder,
+)
 
 VARIANTS = ("fp32", *MAKERS)
 
@@ -85,22 +93,22 @@ class ExportOptions(PublishOptions):
     common_words: frozenset[str] = frozenset()  # translators: never masked as names (verbatim.common_words)
 
 
-LANGUAGE = re.compile(r"^[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{2,8})*$")  # BCP 47 or a checkpoint's (eng_Latn)
-NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")  # a model name, as the manifest and a URL path take it
 MAX_VERSION = 2**31 - 1  # a version every client reads exactly (JSON numbers past 2^53 are not)
 
 
 def next_version(store: Path, name: str) -> int:
     folder = store / name
-    versions = [int(p.name) for p in folder.iterdir() if p.name.isdigit()] if folder.is_dir() else []
+    versions = [int(p.name) for p in folder.iterdir() if is_version_folder(p.name)] if folder.is_dir() else []
     return max(versions, default=0) + 1
 
 
 def check_target(store: Path, name: str, version: int | None, task: str) -> None:
     """Refuses, before any work, a name or version the store could not take, and a name whose
     versions are of another task (publishing there would change what the name serves)."""
-    if not NAME.match(name) or name in (".", ".."):
-        raise ExportError("--name must be 1 to 64 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit")
+    if len(name) > MAX_MODEL_NAME or not re.match(MODEL_NAME_PATTERN, name):
+        raise ExportError(
+            f"--name must be 1 to {MAX_MODEL_NAME} of a-z, 0-9, '.', '_' and '-', starting with a letter or digit"
+        )
     if version is not None and not 1 <= version <= MAX_VERSION:
         raise ExportError(f"--version must be between 1 and {MAX_VERSION}")
     if store.exists() and not store.is_dir():
@@ -310,7 +318,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.test_rows < 0:
             raise ExportError("--test-rows must be 0 (the whole split) or more")
         languages = _list(args.languages)
-        if kind.dataset == "translation" and (len(languages) != 2 or not all(map(LANGUAGE.match, languages))):
+        codes = all(re.match(LANGUAGE_CODE_PATTERN, code) for code in languages)
+        if kind.dataset == "translation" and (len(languages) != 2 or not codes):
             raise ExportError("--languages must be two language codes, source,target (e.g. en,de)")
         report_file = args.checkpoint / "report.json"
         train_report = json.loads(report_file.read_text()) if report_file.is_file() else {}
@@ -344,9 +353,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ExportError, OSError, ValueError) as exc:
         print(f"export failed: {exc}", file=sys.stderr)
         return 1
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C, SIGTERM (staged_version's handler)
         print("export interrupted: nothing was published", file=sys.stderr)
-        return 130
+        return 130 if isinstance(exc, KeyboardInterrupt) else int(exc.code or 1)
     except Exception as exc:  # a checkpoint the loaders cannot read (truncated weights, a broken config)
         print(f"export failed: {type(exc).__name__}: {exc} (--verbose shows where)", file=sys.stderr)
         if args.verbose:

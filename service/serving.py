@@ -589,7 +589,7 @@ class ModelSet:
         rows = sorted((row for m in self.models.values() for row in m.views()), key=lambda r: (r.name, r.version))
         # a model with refused versions only (a broken folder dropped in later) serves nothing and
         # holds no one back: its rows say why
-        states = [m.state for m in self.models.values() if m.state is not VersionState.REFUSED]
+        states = [s for s in (m.state for m in self.models.values()) if s is not VersionState.REFUSED]
         ready = (
             self.loaded
             and not self.problems

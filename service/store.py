@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.contract.manifest import MANIFEST, Manifest, ManifestError, verify_folder
+from service.contract.manifest import MANIFEST, Manifest, ManifestError, is_version_folder, verify_folder
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +74,12 @@ def listing(store: Path) -> list[tuple[str, int, Path]]:
     out = []
     for model_dir in sorted(p for p in store.iterdir() if p.is_dir() and not p.name.startswith(".")):
         try:
-            folders = [p for p in model_dir.iterdir() if p.is_dir() and _is_version(p.name)]
+            folders = [p for p in model_dir.iterdir() if p.is_dir() and is_version_folder(p.name)]
         except OSError:
             log.error("model folder %s cannot be listed: no version of it is served", model_dir)
             continue
         out += [(model_dir.name, int(f.name), f) for f in sorted(folders, key=lambda p: int(p.name))]
     return out
-
-
-def _is_version(name: str) -> bool:
-    """ASCII digits only (`str.isdigit` takes "²", which `int` refuses)."""
-    return name.isascii() and name.isdigit()
 
 
 def scan(store: Path, checked: Mapping[Path, StoreEntry] | None = None) -> list[StoreEntry]:
@@ -109,13 +104,9 @@ def _check(name: str, folder: Path, seen: Fingerprint) -> StoreEntry:
         if manifest.name != name:
             raise ManifestError(f"{folder}: manifest names the model {manifest.name!r}")
         return StoreEntry(name, int(folder.name), folder, manifest, fingerprint=seen)
-    except ManifestError as exc:
+    except (ManifestError, OSError) as exc:  # OSError: a file it cannot read (permissions)
         log.error("model version not served: %s", exc)
         return StoreEntry(name, int(folder.name), folder, None, str(exc), seen)
-    except (OSError, RecursionError) as exc:  # unreadable files, a link loop, a manifest nested too deep
-        problem = f"{folder}: cannot be read: {type(exc).__name__}"
-        log.error("model version not served: %s", problem)
-        return StoreEntry(name, int(folder.name), folder, None, problem, seen)
 
 
 def read_pinned(entry: StoreEntry, file_name: str) -> bytes:

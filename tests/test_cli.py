@@ -143,7 +143,7 @@ def test_bf16_autocast_is_chosen_only_where_it_is_native(monkeypatch: pytest.Mon
     [
         ("my model", None, "--name must be"),
         ("..", None, "--name must be"),
-        ("x" * 65, None, "--name must be"),
+        ("x" * 129, None, "--name must be"),
         ("ok", 0, "--version must be between 1"),
         ("ok", 2**53, "--version must be between 1"),
         ("en-de", None, "en-de holds translation models; this one is classification"),

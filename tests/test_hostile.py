@@ -70,7 +70,7 @@ def test_a_body_that_stalls_gets_408(server: Server) -> None:
         sock.sendall(head + b'{"texts": ["a')
         answer = read_response(sock)
         assert closed_within(sock, 2)  # what comes next on it could be the rest of that body
-    assert answer.startswith("HTTP/1.1 408")
+    assert answer.startswith("HTTP/1.1 408") and "connection: close" in answer.lower()
     assert json.loads(answer.split("\r\n\r\n", 1)[1])["type"] == "request_timeout"
 
 

@@ -15,13 +15,14 @@ from typing import Any, cast
 import pytest
 import tokenizers
 
+from service.contract import manifest as manifest_module
 from service.contract.manifest import read_manifest
 from service.engine.tokenizer import TextCodec
 from service.errors import ModelNotFound, NotReady
 from service.metrics import Metrics
 from service.serving import IllegalTransition, ModelSet, ModelVersion, ServedModel, VersionState, VersionView
 from service.settings import Settings
-from service.store import StoreEntry
+from service.store import StoreEntry, scan
 from service.tasks.base import Task
 from tests.conftest import corrupt_copy
 from tests.test_reload import add_version
@@ -286,13 +287,16 @@ async def test_a_load_asked_for_finishes_when_its_caller_is_cancelled(models: Mo
     await models.unload("tiny-clf")
     await drained(models)
     asked = asyncio.ensure_future(models.refresh("tiny-clf"))
-    while models.get("tiny-clf").state is not S.LOADING:
-        await asyncio.sleep(0.001)
+
+    async def until(loading: bool) -> None:
+        while (models.get("tiny-clf").state is S.LOADING) != loading:
+            await asyncio.sleep(0.001)
+
+    await asyncio.wait_for(until(loading=True), 60)
     asked.cancel()
     with pytest.raises(asyncio.CancelledError):
         await asked
-    while models.get("tiny-clf").state is S.LOADING:
-        await asyncio.sleep(0.01)
+    await asyncio.wait_for(until(loading=False), 20)  # a load cut off half-way would stay "loading"
     assert rows(models, "tiny-clf") == [(1, S.READY, True)] and models.snapshot().ready
 
 
@@ -301,3 +305,14 @@ async def test_a_tokenizer_that_does_not_go_with_the_model_is_refused(tiny_store
     empty = tokenizers.Tokenizer(tokenizers.models.BPE()).to_str().encode()
     with pytest.raises(ValueError, match="tokenizer.json holds 0 tokens"):
         TextCodec.of(manifest, empty)
+
+
+def test_a_file_the_scan_cannot_read_refuses_its_version(tiny_store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A permission the server lacks (root, as in CI, ignores chmod: the read is made to fail)."""
+
+    def denied(path: Path) -> str:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(manifest_module, "sha256_file", denied)
+    entries = scan(tiny_store)
+    assert entries and all(e.manifest is None and "Permission denied" in (e.error or "") for e in entries)

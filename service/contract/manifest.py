@@ -16,6 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
+MODEL_NAME_PATTERN = r"^[a-z0-9][a-z0-9._-]*$"  # a store folder and a URL path segment as it is
+MAX_MODEL_NAME = 128
+# BCP 47 ("de", "zh-Hans") or as a checkpoint names it ("fr_XX", "fra_Latn"; "__fr__" is not one)
+LANGUAGE_CODE_PATTERN = r"^[A-Za-z]{2,3}([_-][A-Za-z0-9]{2,8})*$"
 # Bounds no model of this service comes near: a manifest beyond them is refused, not served until
 # a request asks for terabytes (a version's own limits are checked by running them at load).
 MAX_SOURCE_TOKENS = 16384
@@ -73,7 +77,7 @@ class Generation(BaseModel):
 class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     schema_version: int = SCHEMA_VERSION
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    name: str = Field(pattern=MODEL_NAME_PATTERN)
     version: int = Field(ge=1)
     task: str = Field(pattern=r"^[a-z][a-z0-9_]*$")  # the service's task registry knows which it serves
     io_contract: int = Field(default=1, ge=1)  # graphs.IO_CONTRACT_VERSION at export; absent: 1
@@ -178,6 +182,11 @@ def _file_problem(folder: Path, name: str, entry: FileEntry) -> str | None:
     if digest != entry.sha256:
         return f"{name} sha256 {digest[:12]}… does not match the manifest ({entry.sha256[:12]}…)"
     return None
+
+
+def is_version_folder(name: str) -> bool:
+    """A version folder's name: ASCII digits only (`str.isdigit` takes "²", which `int` refuses)."""
+    return name.isascii() and name.isdigit()
 
 
 def _folder_version(folder: Path) -> int:

@@ -33,8 +33,8 @@ and, for served texts only (``symbols=True``: `mask` and the service; not the tr
             with the characters that join or modify them (zero-width joiner, variation
             selectors, keycap, skin tones, tag characters), and invisible format characters
             (bidi marks, zero-width spaces, word joiner, BOM), and control characters (C0 but
-            tab and line breaks, DEL, C1). The model would drop or garble them (their tokens are byte
-            fallbacks it rarely saw: a lone ``\x01`` came back as a German word); as
+            tab and line breaks, DEL, C1). The model would drop or garble them (their tokens are
+            byte fallbacks it rarely saw: a lone ``\x01`` came back as a German word); as
             placeholders it copies them like any other.
   foreign   (given the tokenizer's `alphabet`) a word holding a character the vocabulary lacks,
             or such a character alone outside words: ``Ørsted``, ``brûlée``, ``日本語``. The

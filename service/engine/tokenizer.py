@@ -48,10 +48,11 @@ class TextCodec:
         codec = cls(tokenizer_json, m.max_source_tokens, framing, unk, skip, common_words.decode("utf-8").split())
         # A tokenizer that does not go with the model would answer every text alike, 200 each time.
         size, vocab = codec.tok.get_vocab_size(with_added_tokens=True), m.architecture.get("vocab_size")
-        if size <= max(st.values(), default=0) or (isinstance(vocab, int) and size > vocab):
+        top = max(st.values(), default=0)
+        if size <= top or (isinstance(vocab, int) and size > vocab):
             raise ValueError(
                 f"tokenizer.json holds {size} tokens: it does not go with a model of vocabulary {vocab} "
-                f"and special token ids up to {max(st.values(), default=0)}"
+                f"and special token ids up to {top}"
             )
         return codec
 

@@ -21,7 +21,7 @@ HEADER_LENGTH = b"inference-header-content-length"  # as ASGI scopes name it: lo
 _CODES = {"FP32": "f", "FP64": "d", "INT64": "q", "INT32": "i", "INT16": "h", "INT8": "b", "UINT8": "B", "BOOL": "B"}
 
 
-def _is_count(text: str) -> bool:
+def is_count(text: str) -> bool:
     """ASCII digits only: `str.isdigit` takes "²", which `int` refuses."""
     return text.strip().isascii() and text.strip().isdigit()
 
@@ -30,7 +30,7 @@ def split(body: bytes, header_length: str | None) -> tuple[bytes, bytes]:
     """The JSON header and the binary tail of a request body."""
     if header_length is None:
         return body, b""
-    if not _is_count(header_length) or int(header_length) > len(body):
+    if not is_count(header_length) or int(header_length) > len(body):
         raise InvalidInput(f"Inference-Header-Content-Length must be a byte count within the body ({len(body)} bytes)")
     n = int(header_length)
     return body[:n], body[n:]

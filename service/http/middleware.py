@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ServiceError
-from service.http.binary import HEADER_LENGTH
+from service.http.binary import HEADER_LENGTH, is_count
 from service.http.errors import answer_error, error_response
 from service.http.limits import ClientLimits, hold
 from service.http.table import Auth, protocol_of, reads_body, route_of
@@ -248,7 +248,7 @@ class BodyLimit:
         early = closing_if_unread(scope, send)  # for answers given before the body is read
         declared = header(scope, b"content-length")
         if declared is not None:
-            if not (declared.strip().isascii() and declared.strip().isdigit()):
+            if not is_count(declared):
                 await error_response(protocol, "invalid Content-Length header", "bad_request")(scope, receive, early)
                 return
             if int(declared) > limit:

@@ -2,8 +2,8 @@
 scheduler): a request is refused at once (`QueueFull`, 429 with a Retry-After) when the queue
 cannot hold it now (`PayloadTooLarge`, 413, when it never could), or when the work already
 admitted plus its own would not finish within `admit_share` of its deadline at the throughput
-the queue measured. Under overload a client
-then gets a fast 429 instead of a 504 after waiting. Knows nothing about models or HTTP.
+the queue measured. Under overload a client then gets a fast 429 instead of a 504 after
+waiting. Knows nothing about models or HTTP.
 
 Work is counted in the owner's units (the batcher's item sizes; the step scheduler's row-steps,
 `estimate_work`); the owner keeps the count of work admitted and not yet done.

@@ -20,14 +20,14 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from service.contract.manifest import LANGUAGE_CODE_PATTERN, MAX_MODEL_NAME, MODEL_NAME_PATTERN
 from service.engine.runtime import LoadOptions
 from service.metrics import BatchMetrics
 from service.settings import Settings
 from service.store import StoreEntry
 
-ModelName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[a-z0-9][a-z0-9._-]*$")]
-# BCP 47 ("de", "zh-Hans") or as a checkpoint names it ("fr_XX", "fra_Latn", "__fr__" is not one)
-LanguageCode = Annotated[str, Field(min_length=2, max_length=32, pattern=r"^[A-Za-z]{2,3}([_-][A-Za-z0-9]{2,8})*$")]
+ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME, pattern=MODEL_NAME_PATTERN)]
+LanguageCode = Annotated[str, Field(min_length=2, max_length=32, pattern=LANGUAGE_CODE_PATTERN)]
 
 
 def _integral(value: object) -> object:
