@@ -118,6 +118,7 @@ FAMILY_CASES = {
     "marian": ("marian", {"num_beams": 4, "max_length": 20, "bad_words_ids": [[None]], "forced_eos_token_id": 0}, None),
     "bart": ("bart", {"num_beams": 4, "max_length": 20, "early_stopping": True, "length_penalty": 2.0}, None),
     "nllb": ("nllb", {"num_beams": 4, "max_length": 20, "length_penalty": 2.0}, "fra_Latn"),
+    "m2m": ("m2m", {"num_beams": 4, "max_length": 20, "early_stopping": True}, "fr"),  # fairseq's tokenizer, converted
     "mbart50": ("mbart50", {"num_beams": 4, "max_length": 20, "early_stopping": "never"}, "de_DE"),
 }
 
@@ -160,7 +161,7 @@ def test_greedy_and_beam_match_generate(imported: dict[str, tuple[Path, Path]], 
     engine = engine_of(store, name)
     target = FAMILY_CASES[name][2]
     forced = engine.forced_prefix(target)
-    source = "eng_Latn" if name == "nllb" else "en_XX" if name == "mbart50" else None
+    source = {"nllb": "eng_Latn", "mbart50": "en_XX", "m2m": "en"}.get(name)
     prepared = engine.prepare(SENTENCES, source)
     frame = engine.source_framing(source)[1] or engine.codec.framing
     pool = [i for i in range(4, 90) if i not in set(engine.manifest.skip_ids)]
@@ -175,10 +176,12 @@ def test_greedy_and_beam_match_generate(imported: dict[str, tuple[Path, Path]], 
         sources, [engine.search(DecodeParams(beam_size=1, max_new_tokens=limit), forced=forced) for _ in sources]
     )
     ref = generate(folder, sources, num_beams=1, do_sample=False, max_new_tokens=limit, **extra)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
     for hyps, r in zip(greedy, ref, strict=True):
         want = r.sequences[0, 1:].tolist()
         got = [*hyps[0].tokens, *([engine.eos_id] if hyps[0].finished else [])]
         assert got == _strip(want, engine)
+        assert engine.codec.decode(hyps[0].tokens) == tokenizer.decode(want, skip_special_tokens=True)  # the text too
     params = DecodeParams(
         beam_size=4, max_new_tokens=limit, length_penalty=gen.length_penalty, early_stopping=gen.early_stopping
     )

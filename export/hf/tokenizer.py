@@ -89,6 +89,7 @@ _FRAMING_PROBE = "Hello world."
 # Prefix of vocabulary entries the segmenter must never produce: vocab.json tokens that are no piece
 # of the source SentencePiece model (Marian's target-side pieces). The decoder removes it again.
 _HIDDEN = "\U0010ffff"
+_UNKNOWN = "\ufdd0"  # where an id no token stands for was, while decoding (a noncharacter: in no text)
 _STRIP = Regex(r"\A[\s\x1c-\x1f]+|[\s\x1c-\x1f]+\z")  # Python's str.strip(): \s and \x1c-\x1f
 # transformers' clean_up_tokenization, in its order
 _CLEANUP: tuple[tuple[str, str], ...] = (
@@ -110,7 +111,7 @@ def import_tokenizer(folder: Path, config: transformers.PretrainedConfig) -> Imp
     family = _family(folder, config)
     _check_files(folder, family)
     hf = _load(folder, config)
-    serving = _serving_tokenizer(folder, hf)
+    serving = _serving_tokenizer(folder, hf, getattr(config, "vocab_size", 0))
     special = set(hf.all_special_ids) | {i for i, t in hf.added_tokens_decoder.items() if t.special}
     _check_probes(hf, serving, special, [*PROBES, *_special_probes(hf)])
 
@@ -168,8 +169,10 @@ def _load(folder: Path, config: transformers.PretrainedConfig) -> transformers.P
         raise ImportProblem(f"transformers cannot load the tokenizer in {folder}: {type(e).__name__}: {e}") from e
 
 
-def _serving_tokenizer(folder: Path, hf: transformers.PreTrainedTokenizerBase) -> Tokenizer:
-    """A copy of the backend transformers runs, or a conversion of a SentencePiece-backed tokenizer."""
+def _serving_tokenizer(folder: Path, hf: transformers.PreTrainedTokenizerBase, model_size: object) -> Tokenizer:
+    """A copy of the backend transformers runs, or a conversion of a SentencePiece-backed tokenizer.
+    `model_size`, config.vocab_size: M2M100's model has ids no token stands for (its "made-up words"
+    after the languages), which transformers decodes as <unk>; the converted table reaches them too."""
     if isinstance(hf, transformers.TokenizersBackend):
         tok = Tokenizer.from_str(hf.backend_tokenizer.to_str())
         tok.post_processor = None
@@ -192,19 +195,27 @@ def _serving_tokenizer(folder: Path, hf: transformers.PreTrainedTokenizerBase) -
                 f"multilingual Marian checkpoints are not supported: vocab.json has target language tokens "
                 f"({', '.join(codes[:3])}...) that belong at the start of the encoder input"
             )
-        spm_file = "source.spm"
+        spm_file, size, unknown = "source.spm", 0, None
     elif name == "M2M100Tokenizer":
-        spm_file = "sentencepiece.bpe.model"
+        spm_file, size, unknown = "sentencepiece.bpe.model", model_size, str(hf.unk_token)
     else:
         raise ImportProblem(f"{name} is neither backed by tokenizers nor a SentencePiece tokenizer known here")
     vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-    return _from_sentencepiece((folder / spm_file).read_bytes(), vocab, hf.added_tokens_decoder, hf)
+    size = size if isinstance(size, int) else 0
+    return _from_sentencepiece((folder / spm_file).read_bytes(), vocab, hf.added_tokens_decoder, hf, size, unknown)
 
 
 def _from_sentencepiece(
-    spm: bytes, vocab: dict[str, int], added: dict[int, AddedToken], hf: transformers.PreTrainedTokenizerBase
+    spm: bytes,
+    vocab: dict[str, int],
+    added: dict[int, AddedToken],
+    hf: transformers.PreTrainedTokenizerBase,
+    size: int = 0,
+    unknown: str | None = None,
 ) -> Tokenizer:
-    """SentencePiece's segmentation of `spm` with the ids of `vocab` (plus transformers' added tokens)."""
+    """SentencePiece's segmentation of `spm` with the ids of `vocab` (plus transformers' added tokens).
+    With `unknown` (M2M100), every id below `size` that no token stands for decodes as that text, glued
+    to the next piece, as M2M100Tokenizer decodes it (SentencePiece decodes the pieces after it anew)."""
     proto = sentencepiece_model_pb2.ModelProto()  # type: ignore[attr-defined]  # generated protobuf code
     proto.ParseFromString(spm)
     pieces = {p.piece: p.score for p in proto.pieces if p.type in (1, 4)}  # NORMAL, USER_DEFINED: the segmenter's
@@ -227,8 +238,8 @@ def _from_sentencepiece(
         seen |= {p.piece for p in proto.pieces if p.type == 6}  # BYTE pieces, looked up by name
 
     entries: dict[int, str] = {}  # id -> the string the model knows it by
-    for i in range(max(by_id) + 1):
-        token = by_id.get(i, f"<unused {i}>")
+    for i in range(max(max(by_id) + 1, size if unknown is not None else 0)):
+        token = by_id.get(i, f"<unknown {i}>" if unknown is not None else f"<unused {i}>")
         entries[i] = token if token in pieces or token in seen else _HIDDEN + token
 
     # SentencePiece's normalizer and pre-tokenizer, as transformers builds them for this model
@@ -261,9 +272,12 @@ def _from_sentencepiece(
         if tok.token_to_id(t.content) != i:
             raise ImportProblem(f"added token {t.content!r} gets id {tok.token_to_id(t.content)}, not {i}")
     # transformers decodes with SentencePiece's decode, then str.strip() (and its clean-up if configured)
-    steps: list[decoders.Decoder] = [decoders.Replace(_HIDDEN, ""), decoders.Replace("▁", " ")]
+    steps: list[decoders.Decoder] = [decoders.Replace(Regex(_HIDDEN + r"<unknown \d+>"), _UNKNOWN)] if unknown else []
+    steps += [decoders.Replace(_HIDDEN, ""), decoders.Replace("▁", " ")]
     steps += [decoders.ByteFallback()] if byte_fallback else []
-    steps += [decoders.Fuse(), decoders.Replace(_STRIP, "")]
+    steps += [decoders.Fuse()]
+    steps += [decoders.Replace(Regex(_UNKNOWN + " ?"), unknown)] if unknown else []
+    steps += [decoders.Replace(_STRIP, "")]
     tok.decoder = decoders.Sequence(steps + (_cleanup() if hf.clean_up_tokenization_spaces else []))
     return tok
 
