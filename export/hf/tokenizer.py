@@ -111,7 +111,8 @@ def import_tokenizer(folder: Path, config: transformers.PretrainedConfig) -> Imp
     family = _family(folder, config)
     _check_files(folder, family)
     hf = _load(folder, config)
-    serving = _serving_tokenizer(folder, hf, getattr(config, "vocab_size", 0))
+    model_size = getattr(config, "vocab_size", None)
+    serving = _serving_tokenizer(folder, hf, model_size if isinstance(model_size, int) else 0)
     special = set(hf.all_special_ids) | {i for i, t in hf.added_tokens_decoder.items() if t.special}
     _check_probes(hf, serving, special, [*PROBES, *_special_probes(hf)])
 
@@ -169,7 +170,7 @@ def _load(folder: Path, config: transformers.PretrainedConfig) -> transformers.P
         raise ImportProblem(f"transformers cannot load the tokenizer in {folder}: {type(e).__name__}: {e}") from e
 
 
-def _serving_tokenizer(folder: Path, hf: transformers.PreTrainedTokenizerBase, model_size: object) -> Tokenizer:
+def _serving_tokenizer(folder: Path, hf: transformers.PreTrainedTokenizerBase, model_size: int) -> Tokenizer:
     """A copy of the backend transformers runs, or a conversion of a SentencePiece-backed tokenizer.
     `model_size`, config.vocab_size: M2M100's model has ids no token stands for (its "made-up words"
     after the languages), which transformers decodes as <unk>; the converted table reaches them too."""
@@ -201,7 +202,6 @@ def _serving_tokenizer(folder: Path, hf: transformers.PreTrainedTokenizerBase, m
     else:
         raise ImportProblem(f"{name} is neither backed by tokenizers nor a SentencePiece tokenizer known here")
     vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-    size = size if isinstance(size, int) else 0
     return _from_sentencepiece((folder / spm_file).read_bytes(), vocab, hf.added_tokens_decoder, hf, size, unknown)
 
 
@@ -238,7 +238,7 @@ def _from_sentencepiece(
         seen |= {p.piece for p in proto.pieces if p.type == 6}  # BYTE pieces, looked up by name
 
     entries: dict[int, str] = {}  # id -> the string the model knows it by
-    for i in range(max(max(by_id) + 1, size if unknown is not None else 0)):
+    for i in range(max(max(by_id) + 1, size)):
         token = by_id.get(i, f"<unknown {i}>" if unknown is not None else f"<unused {i}>")
         entries[i] = token if token in pieces or token in seen else _HIDDEN + token
 
