@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,10 @@ HOST = "127.0.0.1"
 FAULTS = ROOT / "bench" / "faults"
 RESULTS = ROOT / "docs" / "results.md"
 BEGIN, END = "<!-- reliability:begin -->", "<!-- reliability:end -->"
+# docs/results.md keeps lines within 200 characters (tests/test_docs.py): a scenario's figures are a list item,
+# wrapped; its continuation lines are indented past the item's text by 4, so none reads as a heading's underline
+FIGURES_WIDTH = 190
+WRAP = {"subsequent_indent": " " * 6, "break_long_words": False, "break_on_hyphens": False}
 
 
 @dataclass
@@ -796,9 +801,22 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
+def git_commit() -> str | None:
+    """The checkout's short commit, for the report's header; None outside a git checkout."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
 def markdown(report: dict[str, Any]) -> str:
+    at_commit = f" at `{report['commit']}`" if report.get("commit") else ""
     lines = [
-        f"Reliability campaign, {report['date'][:10]} (`{report['command']}`), {report['machine']['cores']} cores "
+        f"Reliability campaign, {report['date'][:10]}{at_commit} (`{report['command']}`), "
+        f"{report['machine']['cores']} cores "
         f"({report['machine']['cpu']}): server on CPU {report['cpus']['server']}, load generator on CPU "
         f"{report['cpus']['client']}, store {report['store']}.",
         "",
@@ -808,10 +826,11 @@ def markdown(report: dict[str, Any]) -> str:
     for name, sc in report["scenarios"].items():
         for check, ok in sc["checks"].items():
             lines.append(f"| {name} | {check} | {'yes' if ok else '**no**'} |")
-    lines += ["", "| scenario | figures measured |", "|---|---|"]  # a row a scenario: the page stays short
+    lines += ["", "Figures measured:", ""]
     for name, sc in report["scenarios"].items():
         figures = "; ".join(f"{key} {fmt(value)}" for key, value in sc["figures"].items())
-        lines.append(f"| {name} | {figures} |")
+        item = f"- {name}: {figures}"
+        lines += textwrap.wrap(item, FIGURES_WIDTH, **WRAP)
     return "\n".join(lines)
 
 
@@ -866,6 +885,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "command": "python -m bench.reliability" + (" --quick" if args.quick else ""),
+        "commit": git_commit(),
         "machine": {"cores": os.cpu_count(), "cpu": cpu_name(), "python": platform.python_version()},
         "cpus": {"server": args.server_cpus, "client": args.client_cpus, "threads": args.threads},
         "store": args.store.name,
