@@ -188,3 +188,45 @@ def test_no_import_cycles(folders: list[str]) -> None:
     """No module of these folders imports itself through others: the layers hold for every import,
     those a function makes and those only the type checker sees included."""
     assert cycles(import_graph(folders)) == []
+
+
+@pytest.mark.parametrize("path", modules("service/documents"), ids=rel)
+def test_documents_never_import_http(path: Path) -> None:
+    """File formats know nothing of the protocols that carry them (TYPE_CHECKING imports included)."""
+    name = _module_name(path)
+    assert [i for i in module_imports(path, name) if i == "service.http" or i.startswith("service.http.")] == []
+
+
+def test_every_route_that_runs_a_model_goes_through_the_one_pipeline(tiny_store: Path) -> None:
+    """A route with a request metric runs a model: its handler is a codec, whose call is the
+    pipeline itself (no codec overrides it), so admission, the deadline, limits and charging,
+    model resolution and the run happen in one place for every protocol."""
+    from service.app import create_app
+    from service.http.pipeline import Codec, serve
+    from service.settings import Settings
+
+    routes = create_app(Settings(model_store=tiny_store)).table.routes
+    inference = [r for r in routes if r.metric is not None]
+    assert len(inference) >= 6  # REST per task, OIP infer (two paths), LibreTranslate's, both file routes
+    for route in inference:
+        assert isinstance(route.handler, Codec), route.name
+        assert type(route.handler).__call__ is serve, route.name
+    assert not [r.name for r in routes if isinstance(r.handler, Codec) and r.metric is None]
+
+
+@pytest.mark.parametrize("path", [p for p in modules("service/http") if p.name != "pipeline.py"], ids=rel)
+def test_no_handler_module_runs_a_task_or_charges_a_client_itself(path: Path) -> None:
+    """Only the pipeline calls a task's `run`, admits a request or charges a client: a codec gets
+    the run handed to it (`execute(request, run, work)`)."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = ast.unparse(node.func.value)
+            if node.func.attr == "run" and "task" in owner.lower():
+                found.append(ast.unparse(node))
+            if node.func.attr in ("admit", "charge"):
+                found.append(ast.unparse(node))
+            if node.func.attr == "texts" and owner.endswith("limits"):  # the request count is middleware's too
+                found.append(ast.unparse(node))
+    assert found == []
