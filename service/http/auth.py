@@ -82,6 +82,10 @@ class Verdict:
     message: str
     reason: str
 
+    @property
+    def kind(self) -> str:
+        return self.error.kind
+
 
 @dataclass(frozen=True)
 class KeyRing:

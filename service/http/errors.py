@@ -53,6 +53,13 @@ class RequestTimeout(ServiceError):
     status = 408
 
 
+class HeadersTooLarge(ServiceError):
+    """Request headers above the server's limit: refused by the server's protocol, before any app."""
+
+    kind = "headers_too_large"
+    status = 431
+
+
 class UnsupportedMediaType(ServiceError):
     kind = "unsupported_media_type"
     status = 415
