@@ -331,7 +331,7 @@ def source_of(task: Task, source: str, target: str) -> str:
     chose `task` as the only model with one)."""
     if source != AUTO:
         return source
-    return next(s for s, t in _offered_by(task) if t == target)
+    return next((s for s, t in _offered_by(task) if t == target), source)
 
 
 def routes() -> list[Route]:

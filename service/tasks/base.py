@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Generic, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -183,9 +183,10 @@ class Task(ABC, Generic[Q, R]):
         """A result as every output of `outputs()`, in order."""
 
     @classmethod
-    @abstractmethod
     def rest_request(cls, data: object) -> Q:
-        """The REST body, validated as `Request` (pydantic's ValidationError for a bad one)."""
+        """The REST body, validated as `Request` (pydantic's ValidationError for a bad one): the
+        `Q` of `Task[Q, R]`, which a ClassVar cannot be typed as."""
+        return cast(Q, cls.Request.model_validate(data))
 
     @classmethod
     def rest_work(cls, body: Q, deadline: float) -> Work:

@@ -135,10 +135,6 @@ class ClassificationTask(Task[PredictRequest, Classified]):
             OutputTensor("probabilities", "FP32", [n, c], probs.astype(np.float32).reshape(-1).tolist()),
         ]
 
-    @classmethod
-    def rest_request(cls, data: object) -> PredictRequest:
-        return PredictRequest.model_validate(data)
-
     def rest_answer(self, body: PredictRequest, result: Classified) -> PredictResponse:
         # built from the engine's own values, so not validated again (a few microseconds a text)
         return PredictResponse.model_construct(

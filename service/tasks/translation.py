@@ -317,10 +317,6 @@ class TranslationTask(Task[TranslateRequest, Translated]):
     def tensors(self, result: Translated) -> list[OutputTensor]:
         return [OutputTensor("translation", "BYTES", [len(result.rows)], [row[0].text for row in result.rows])]
 
-    @classmethod
-    def rest_request(cls, data: object) -> TranslateRequest:
-        return TranslateRequest.model_validate(data)
-
     def rest_answer(self, body: TranslateRequest, result: Translated) -> TranslateResponse:
         out = []
         for row in result.rows:
