@@ -230,3 +230,15 @@ def test_no_handler_module_runs_a_task_or_charges_a_client_itself(path: Path) ->
             if node.func.attr == "texts" and owner.endswith("limits"):  # the request count is middleware's too
                 found.append(ast.unparse(node))
     assert found == []
+
+
+def test_the_http_layer_has_a_bottom_and_the_table_is_data() -> None:
+    """`service/http/scope.py` (request info, headers, scope keys, `Call`, `Handler`) imports no
+    other HTTP module; the route table imports only it, so a declaration never depends on the
+    dispatcher that reads it."""
+    graph = import_graph(["service"])
+    assert {m for m in graph["service.http.scope"] if m.startswith("service.http")} == set()
+    assert {m for m in graph["service.http.table"] if m.startswith("service.http")} == {
+        "service.http",
+        "service.http.scope",
+    }
