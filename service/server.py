@@ -25,6 +25,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from service import logs
 from service.app import create_app
+from service.errors import BadRequest
+from service.http.errors import HeadersTooLarge
 from service.http.middleware import LINK_KEY, RequestLink
 from service.http.state import AppState
 from service.settings import Settings, unknown_variables
@@ -88,15 +90,16 @@ class HeaderDeadline:
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to bytes its parser refuses, as JSON like every other error."""
-        body = b'{"error":"invalid HTTP request","type":"bad_request"}'
+        body = b'{"error":"invalid HTTP request","type":"%s"}' % BadRequest.kind.encode()
         head = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
         self.transport.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
         self.transport.close()
 
     def _refuse_headers(self) -> None:
         """431 and close, before the parser spends time on headers no request needs."""
-        body = b'{"error":"request headers above %d bytes","type":"headers_too_large"}' % self.max_header_bytes
-        head = b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+        kind, status = HeadersTooLarge.kind.encode(), HeadersTooLarge.status
+        body = b'{"error":"request headers above %d bytes","type":"%s"}' % (self.max_header_bytes, kind)
+        head = b"HTTP/1.1 %d Request Header Fields Too Large\r\ncontent-type: application/json\r\n" % status
         self.transport.write(head + b"connection: close\r\ncontent-length: %d\r\n\r\n" % len(body) + body)
         self.transport.close()
 

@@ -106,3 +106,139 @@ def test_every_service_module_serves() -> None:
             todo += [m for m in (imported, imported.rsplit(".", 1)[0]) if m in known]
     packages = {n for n, p in known.items() if p.name == "__init__.py"}
     assert sorted(set(known) - seen - packages) == []
+
+
+def module_imports(path: Path, name: str) -> set[str]:
+    """Every module `path` (module `name`) imports, wherever the import stands: at the top, in a
+    function, under `if TYPE_CHECKING:`; relative imports resolved. `from a import b` names `a.b`
+    too (b may be a module); `cycles` keeps the names that are modules."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            out.add(module)
+            out |= {f"{module}.{a.name}" for a in node.names}
+    return out
+
+
+def import_graph(folders: list[str]) -> dict[str, set[str]]:
+    """Module -> the modules of `folders` it imports (importing `a.b.c` also runs `a` and `a.b`)."""
+    known = {_module_name(p): p for folder in folders for p in modules(folder)}
+    graph: dict[str, set[str]] = {}
+    for name, path in known.items():
+        edges: set[str] = set()
+        for imported in module_imports(path, name):
+            parts = imported.split(".")
+            edges |= {m for i in range(1, len(parts) + 1) if (m := ".".join(parts[:i])) in known}
+        graph[name] = edges - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def test_the_cycle_finder_sees_type_checking_and_relative_imports(tmp_path: Path) -> None:
+    """The finder itself: a cycle closed only under TYPE_CHECKING, or by a relative import inside a
+    function, is a cycle."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from service.x import Y\n"
+    path = tmp_path / "m.py"
+    path.write_text(source + "def f():\n    from . import z\n    from ..other import w\n")
+    assert module_imports(path, "service.pkg.m") >= {"service.x.Y", "service.pkg.z", "service.other.w"}
+
+
+@pytest.mark.parametrize("folders", [["service"]], ids=lambda f: "+".join(f))
+def test_no_import_cycles(folders: list[str]) -> None:
+    """No module of these folders imports itself through others: the layers hold for every import,
+    those a function makes and those only the type checker sees included."""
+    assert cycles(import_graph(folders)) == []
+
+
+@pytest.mark.parametrize("path", modules("service/documents"), ids=rel)
+def test_documents_never_import_http(path: Path) -> None:
+    """File formats know nothing of the protocols that carry them (TYPE_CHECKING imports included)."""
+    name = _module_name(path)
+    assert [i for i in module_imports(path, name) if i == "service.http" or i.startswith("service.http.")] == []
+
+
+def test_every_route_that_runs_a_model_goes_through_the_one_pipeline(tiny_store: Path) -> None:
+    """A route with a request metric runs a model: its handler is a codec, whose call is the
+    pipeline itself (no codec overrides it), so admission, the deadline, limits and charging,
+    model resolution and the run happen in one place for every protocol."""
+    from service.app import create_app
+    from service.http.pipeline import Codec, serve
+    from service.settings import Settings
+
+    routes = create_app(Settings(model_store=tiny_store)).table.routes
+    inference = [r for r in routes if r.metric is not None]
+    assert len(inference) >= 6  # REST per task, OIP infer (two paths), LibreTranslate's, both file routes
+    for route in inference:
+        assert isinstance(route.handler, Codec), route.name
+        assert type(route.handler).__call__ is serve, route.name
+    assert not [r.name for r in routes if isinstance(r.handler, Codec) and r.metric is None]
+
+
+@pytest.mark.parametrize("path", [p for p in modules("service/http") if p.name != "pipeline.py"], ids=rel)
+def test_no_handler_module_runs_a_task_or_charges_a_client_itself(path: Path) -> None:
+    """Only the pipeline calls a task's `run`, admits a request or charges a client: a codec gets
+    the run handed to it (`execute(request, run, work)`)."""
+    tree = ast.parse(path.read_text())
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = ast.unparse(node.func.value)
+            if node.func.attr == "run" and "task" in owner.lower():
+                found.append(ast.unparse(node))
+            if node.func.attr in ("admit", "charge"):
+                found.append(ast.unparse(node))
+            if node.func.attr == "texts" and owner.endswith("limits"):  # the request count is middleware's too
+                found.append(ast.unparse(node))
+    assert found == []
+
+
+def test_the_http_layer_has_a_bottom_and_the_table_is_data() -> None:
+    """`service/http/scope.py` (request info, headers, scope keys, `Call`, `Handler`) imports no
+    other HTTP module; the route table imports only it, so a declaration never depends on the
+    dispatcher that reads it."""
+    graph = import_graph(["service"])
+    assert {m for m in graph["service.http.scope"] if m.startswith("service.http")} == set()
+    assert {m for m in graph["service.http.table"] if m.startswith("service.http")} == {
+        "service.http",
+        "service.http.scope",
+    }

@@ -1,4 +1,4 @@
-"""HTML: the text nodes of `service.http.html_text` (the LibreTranslate codec's split) are the
+"""HTML: the text nodes of `service.documents.html_text` (the LibreTranslate codec's split) are the
 segments; tags, attributes and the contents of script, style, code, pre and textarea are kept.
 
 What `html_text` re-writes (so a file may not come back byte for byte): end tags as ``</tag>``
@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from service.documents import html_text
 from service.documents.base import Format, Rendered, RenderInfo
 from service.documents.template import choose, count
 from service.documents.textfile import decode, split_bom
-from service.http import html_text
 
 
 @dataclass(frozen=True)

@@ -25,9 +25,10 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.http.errors import error_response
-from service.http.middleware import client_address, header, request_info
-from service.http.table import KEY_ID, Access, Auth, route_of
+from service.errors import ServiceError
+from service.http.errors import Forbidden, Unauthorized, answer_error
+from service.http.scope import KEY_ID, client_address, header, request_info
+from service.http.table import Access, Auth, route_of
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -75,11 +76,15 @@ def bearer(authorization: str | None) -> str:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A refusal: the error kind (unauthorized: 401, forbidden: 403), the message, the metric's reason."""
+    """A refusal: the error (no valid key: 401, a key that may not: 403), the message, the metric's reason."""
 
-    kind: str
+    error: type[ServiceError]
     message: str
     reason: str
+
+    @property
+    def kind(self) -> str:
+        return self.error.kind
 
 
 @dataclass(frozen=True)
@@ -125,11 +130,11 @@ class KeyRing:
         if auth is Auth.ADMIN:
             if not self.model_control:
                 why = "model control is off: the operator turns it on with SERVE_MODEL_CONTROL=explicit"
-                return None, Verdict("forbidden", why, "model_control_off")
+                return None, Verdict(Forbidden, why, "model_control_off")
             if not self.has(Role.ADMIN):
                 if self.has(Role.INFERENCE):  # an inference key never opens model control
                     why = "model control needs an admin key, and the server has none (SERVE_ADMIN_KEYS)"
-                    return None, Verdict("forbidden", why, "no_admin_keys")
+                    return None, Verdict(Forbidden, why, "no_admin_keys")
                 return None, None
             wanted = {Role.ADMIN}
         elif auth is Auth.METRICS:
@@ -143,10 +148,10 @@ class KeyRing:
         key = self.find(given)
         if key is None:
             reason = "invalid_key" if given else "missing_key"
-            return None, Verdict("unauthorized", "a valid API key is required: Authorization: Bearer <key>", reason)
+            return None, Verdict(Unauthorized, "a valid API key is required: Authorization: Bearer <key>", reason)
         if key.role not in wanted:
             needed = " or ".join(sorted(r.value for r in wanted))
-            return key, Verdict("forbidden", f"this key's role ({key.role.value}) may not do this: {needed}", "role")
+            return key, Verdict(Forbidden, f"this key's role ({key.role.value}) may not do this: {needed}", "role")
         return key, None
 
 
@@ -185,8 +190,8 @@ class ApiKeys:
         key, verdict = self.ring.check(route.auth, bearer(header(scope, b"authorization")))
         if verdict is not None:
             refused(scope, self.metrics, verdict, key)
-            response = error_response(route.protocol, verdict.message, verdict.kind)
-            if verdict.kind == "unauthorized":
+            response = answer_error(route.protocol, verdict.error(verdict.message))
+            if verdict.error is Unauthorized:
                 response.headers["WWW-Authenticate"] = 'Bearer realm="transformer-serve"'
             await response(scope, receive, send)
             return

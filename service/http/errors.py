@@ -1,11 +1,12 @@
-"""Every error answer of the service: the one mapping of error kinds to statuses, and each
-protocol's error body.
+"""Every error answer of the service: each protocol's error body, and the kinds only HTTP has.
 
-REST routes answer ``{"error": "<message>", "type": "<kind>"}``; the Open Inference Protocol and
-the LibreTranslate API answer ``{"error": "<message>"}`` as they say, LibreTranslate with its own
-codes (every client error is a 400, a missing key a 403). Which applies is the route's declared
-protocol (`service.http.table.Route.protocol`). Messages never echo request values, and the JSON
-is ASCII-escaped, so odd input (lone surrogates) cannot break an error answer.
+An error kind is a `ServiceError` class, declared once with its status and Retry-After (the
+domain's in `service.errors`, the HTTP layer's below). REST routes answer
+``{"error": "<message>", "type": "<kind>"}``; the Open Inference Protocol and the LibreTranslate
+API answer ``{"error": "<message>"}`` as they say, LibreTranslate with its own codes
+(`Protocol.status`: every client error is a 400, a key problem a 403). Which applies is the
+route's declared protocol (`service.http.table.Route.protocol`). Messages never echo request
+values, and the JSON is ASCII-escaped, so odd input (lone surrogates) cannot break an error answer.
 """
 
 from __future__ import annotations
@@ -15,67 +16,68 @@ from typing import Any
 
 from starlette.responses import JSONResponse, Response
 
-from service.errors import (
-    DeadlineExceeded,
-    InputTooLong,
-    InvalidDocument,
-    InvalidInput,
-    InvalidJson,
-    LoadRefused,
-    ModelNotFound,
-    NotReady,
-    PayloadTooLarge,
-    QueueFull,
-    RateLimited,
-    ServiceError,
-    ShuttingDown,
-)
+from service.errors import ServiceError
 from service.http.table import Protocol
 
-HTTP_STATUS: dict[str, int] = {
-    InvalidJson.kind: 400,
-    InvalidDocument.kind: 400,
-    "bad_request": 400,
-    "unauthorized": 401,
-    "forbidden": 403,
-    "not_found": 404,
-    "method_not_allowed": 405,
-    "request_timeout": 408,
-    "unsupported_media_type": 415,
-    InvalidInput.kind: 422,
-    LoadRefused.kind: 409,
-    InputTooLong.kind: 413,
-    PayloadTooLarge.kind: 413,
-    ModelNotFound.kind: 404,
-    QueueFull.kind: 429,
-    RateLimited.kind: 429,
-    NotReady.kind: 503,
-    ShuttingDown.kind: 503,
-    DeadlineExceeded.kind: 504,
-    "internal_error": 500,
-    "overloaded": 503,
-}
 
-RETRY_AFTER_S: dict[str, int] = {QueueFull.kind: 1, NotReady.kind: 5, ShuttingDown.kind: 5, "overloaded": 1}
-"""`Retry-After` seconds sent with these kinds."""
+class Unauthorized(ServiceError):
+    """No valid key where one is needed (answered with `WWW-Authenticate`)."""
 
-LT_FOLDED = {401: 403, 404: 400, 413: 400, 415: 400, 422: 400}
-"""LibreTranslate's codes: a bad request of any sort is a 400, a key problem a 403."""
+    kind = "unauthorized"
+    status = 401
 
 
 class Forbidden(ServiceError):
+    """A key that may not do this, or something this server does not do."""
+
     kind = "forbidden"
+    status = 403
 
 
 class NotFound(ServiceError):
-    """No such thing at this path (a file, a figure); unknown models are `ModelNotFound`."""
+    """No such thing at this path (a route, a file, a figure); unknown models are `ModelNotFound`."""
 
     kind = "not_found"
+    status = 404
 
 
-def status_of(protocol: Protocol, kind: str) -> int:
-    status = HTTP_STATUS.get(kind, 500)
-    return LT_FOLDED.get(status, status) if protocol is Protocol.LIBRETRANSLATE else status
+class MethodNotAllowed(ServiceError):
+    kind = "method_not_allowed"
+    status = 405
+
+
+class RequestTimeout(ServiceError):
+    """The body did not arrive in time."""
+
+    kind = "request_timeout"
+    status = 408
+
+
+class HeadersTooLarge(ServiceError):
+    """Request headers above the server's limit: refused by the server's protocol, before any app."""
+
+    kind = "headers_too_large"
+    status = 431
+
+
+class UnsupportedMediaType(ServiceError):
+    kind = "unsupported_media_type"
+    status = 415
+
+
+class Overloaded(ServiceError):
+    """Too many requests in flight: refused before the body is read."""
+
+    kind = "overloaded"
+    status = 503
+    retry_after = 1
+
+
+class InternalError(ServiceError):
+    """A bug: logged, answered without its details."""
+
+    kind = "internal_error"
+    status = 500
 
 
 class AsciiJSONResponse(JSONResponse):
@@ -83,14 +85,10 @@ class AsciiJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
-def error_response(protocol: Protocol, message: str, kind: str, retry_after: int | None = None) -> Response:
-    body: dict[str, str] = {"error": message}
-    if protocol is Protocol.REST:
-        body["type"] = kind
-    retry_after = retry_after or RETRY_AFTER_S.get(kind)
-    headers = {"Retry-After": str(retry_after)} if retry_after else None
-    return AsciiJSONResponse(body, status_code=status_of(protocol, kind), headers=headers)
-
-
 def answer_error(protocol: Protocol, exc: ServiceError) -> Response:
-    return error_response(protocol, str(exc) or exc.kind, exc.kind, exc.retry_after)
+    """`exc` as `protocol` answers it: its body, its status, and Retry-After where the kind has one."""
+    body: dict[str, str] = {"error": str(exc) or exc.kind}
+    if protocol is Protocol.REST:
+        body["type"] = exc.kind
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
+    return AsciiJSONResponse(body, status_code=protocol.status(exc.status), headers=headers)

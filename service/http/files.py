@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
 from pydantic import ValidationError
@@ -23,13 +23,18 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from service.documents import registry, runner
-from service.documents.base import DocumentError, Format, Rendered, RenderInfo
+from service.documents.base import DocumentError, Format, Parsed, Rendered, RenderInfo
 from service.errors import InvalidDocument, InvalidInput
-from service.http.dispatch import Call, json_answer
-from service.http.downloads import safe_filename
+from service.http.dispatch import json_answer
+from service.http.downloads import Downloads, safe_filename
 from service.http.errors import NotFound
-from service.http.libretranslate import check_key, translator
+from service.http.libretranslate import check_key, source_of, translator
+from service.http.pipeline import Codec, Decoded, Run
+from service.http.scope import Call
+from service.http.state import scope_state
 from service.http.table import Auth, Protocol, Route
+from service.serving import ModelSet
+from service.settings import Settings
 from service.tasks.base import Task, Work
 from service.tasks.translation import Translated, TranslationTask
 from service.validation import describe_validation
@@ -71,73 +76,152 @@ def _format(upload: Upload, retranslate_fuzzy: bool = False) -> Format:
         raise InvalidDocument(str(exc)) from None
 
 
-async def translate_file(
-    call: Call, task: Task, fmt: Format, upload: Upload, options: Any, deadline: float
-) -> Rendered:
-    """The upload translated by `task`: parsed (400 naming the line), within the file limits (413),
-    its distinct segments charged to the client and translated before `deadline` (504)."""
-    s = call.state.settings
+@dataclass(frozen=True, slots=True)
+class FileRequest:
+    """An upload as decoded: the file, its format and segments, the model and languages it names."""
+
+    upload: Upload
+    fmt: Format
+    parsed: Parsed
+    unique: list[str]  # its distinct segments, in first-seen order: the work
+    parallel: int  # segments in flight at a time (the settings')
+    model: str | None  # a model's name: the native route's `model` field
+    source: str | None  # a language code: the native route's optional ones, LibreTranslate's
+    target: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class KeptFileRequest(FileRequest):
+    """LibreTranslate's: the translated file is kept (`downloads`) and its URL answered."""
+
+    downloads: Downloads
+    base_url: str  # where clients reach this server
+
+
+async def _parsed(upload: Upload, fmt: Format, settings: Settings) -> tuple[Parsed, list[str]]:
+    """The upload parsed (400 naming the line) and its distinct segments, within the file limits
+    (413): what the client is charged for."""
     try:  # on a worker thread, as the rendering: a large file never stalls the event loop
         parsed = await asyncio.to_thread(fmt.parse, upload.data)
     except DocumentError as exc:
         raise InvalidDocument(f"{upload.filename}: {exc}") from None
-    unique = runner.check_limits(parsed.segments, s.max_file_segments, s.max_file_chars)
-    call.charge(unique)
-    call.info.model = task.entry.name
+    return parsed, runner.check_limits(parsed.segments, settings.max_file_segments, settings.max_file_chars)
 
-    async def translate(texts: list[str]) -> list[str]:
-        result = await task.run(Work(texts, options, deadline))
-        assert isinstance(result, Translated)
-        return [row[0].text for row in result.rows]
 
-    translations = await runner.translate_segments(
-        parsed.segments, translate, deadline, parallel=s.file_segments_in_flight
-    )
-    d = task.describe()
-    source, target = getattr(options, "source_language", None), getattr(options, "target_language", None)
-    info = RenderInfo(
-        model=task.entry.name,
-        version=task.entry.version,
-        source_lang=str(source or d.get("source_language") or ""),
-        target_lang=str(target or d.get("target_language") or ""),
-        generator=f"transformer-serve ({task.entry.name} {task.entry.version})",
-        now=datetime.now(UTC).strftime("%Y-%m-%d %H:%M+0000"),
-    )
-    return await asyncio.to_thread(parsed.render, translations, info)
+F = TypeVar("F", bound=FileRequest)
+
+
+class FileCodec(Codec[F, Translated, list[str]], Generic[F]):
+    """A document's codec: its distinct segments are the work, translated a few at a time
+    (`service.documents.runner`) before the file's deadline (the settings' file timeout), and the
+    file rendered again with them; the two protocols differ in their fields and their answer."""
+
+    def budget_s(self, settings: Settings) -> float:
+        return settings.file_timeout_s
+
+    def work(self, request: F, task: Task[Any, Translated], deadline: float) -> Work:
+        source, target = self.languages(request, task)
+        languages = {k: v for k, v in (("source_language", source), ("target_language", target)) if v}
+        try:
+            options = task.Options.model_validate(languages)
+        except ValidationError as exc:
+            raise InvalidInput(describe_validation(exc.errors(), {})) from None
+        return Work(request.unique, options, deadline)
+
+    async def execute(self, request: F, run: Run[Translated], work: Work) -> list[str]:
+        """The translation of each segment, in the file's order."""
+
+        async def best(texts: list[str]) -> list[str]:
+            return [row[0].text for row in (await run(replace(work, texts=texts))).rows]
+
+        return await runner.translate_segments(request.parsed.segments, best, work.deadline, parallel=request.parallel)
+
+    def languages(self, request: F, task: Task[Any, Translated]) -> tuple[str | None, str | None]:
+        """The source and target languages the request names (None: the model's own)."""
+        return request.source, request.target
+
+    async def render(self, request: F, task: Task[Any, Translated], done: list[str]) -> Rendered:
+        d = task.describe()
+        source, target = self.languages(request, task)
+        info = RenderInfo(
+            model=task.entry.name,
+            version=task.entry.version,
+            source_lang=str(source or d.get("source_language") or ""),
+            target_lang=str(target or d.get("target_language") or ""),
+            generator=f"transformer-serve ({task.entry.name} {task.entry.version})",
+            now=datetime.now(UTC).strftime("%Y-%m-%d %H:%M+0000"),
+        )
+        return await asyncio.to_thread(request.parsed.render, done, info)
+
+
+class NativeFileCodec(FileCodec[FileRequest]):
+    """`POST /translate_file`: the file and `model`, `fuzzy`, `source_language`, `target_language`
+    fields in; the translated file out, with the counts in headers."""
+
+    async def decode(self, call: Call, settings: Settings) -> Decoded[FileRequest]:
+        upload = await read_upload(call)
+        fuzzy = upload.fields.get("fuzzy", "false").lower()
+        if fuzzy not in ("true", "false", "1", "0"):
+            raise InvalidInput("fuzzy must be true or false")
+        fmt = _format(upload, fuzzy in ("true", "1"))
+        parsed, unique = await _parsed(upload, fmt, settings)
+        fields = upload.fields
+        model, source, target = fields.get("model"), fields.get("source_language"), fields.get("target_language")
+        request = FileRequest(upload, fmt, parsed, unique, settings.file_segments_in_flight, model, source, target)
+        return Decoded(request, unique)
+
+    def resolve(self, request: FileRequest, models: ModelSet) -> Task[Any, Translated]:
+        return models.resolve(request.model or None, TranslationTask.name, None)
+
+    async def encode(self, request: FileRequest, task: Task[Any, Translated], done: list[str]) -> ASGIApp:
+        rendered = await self.render(request, task, done)
+        target = str(request.target or task.describe().get("target_language") or "translated")
+        headers = {
+            "content-type": request.fmt.media_type,
+            "content-disposition": _disposition(output_name(request.upload.filename, target)),
+            "x-translated-entries": str(rendered.translated),
+            "x-kept-entries": str(rendered.kept),
+            "x-failed-entries": str(rendered.failed),
+        }
+        return Response(rendered.data, headers=headers)
+
+
+class LtFileCodec(FileCodec[KeptFileRequest]):
+    """LibreTranslate's `translate_file`: the file with `source`, `target` (and `api_key`) in; the
+    translated file kept for a while and its URL out, as `translatedFileUrl`."""
+
+    async def decode(self, call: Call, settings: Settings) -> Decoded[KeptFileRequest]:
+        upload = await read_upload(call)
+        check_key(call, upload.fields)
+        source, target = upload.fields.get("source"), upload.fields.get("target")
+        if not source or not target:
+            raise InvalidInput("Invalid request: missing source or target parameter")
+        fmt = _format(upload)
+        parsed, unique = await _parsed(upload, fmt, settings)
+        downloads = scope_state(call.scope).downloads
+        parallel = settings.file_segments_in_flight
+        request = KeptFileRequest(
+            upload, fmt, parsed, unique, parallel, None, source, target, downloads, base_url(call)
+        )
+        return Decoded(request, unique)
+
+    def resolve(self, request: KeptFileRequest, models: ModelSet) -> Task[Any, Translated]:
+        return translator(models, request.source or "", request.target or "")[0]
+
+    def languages(self, request: KeptFileRequest, task: Task[Any, Translated]) -> tuple[str | None, str | None]:
+        return source_of(task, request.source or "", request.target or ""), request.target
+
+    async def encode(self, request: KeptFileRequest, task: Task[Any, Translated], done: list[str]) -> ASGIApp:
+        rendered = await self.render(request, task, done)
+        name = request.downloads.put(output_name(request.upload.filename, request.target or ""), rendered.data)
+        url = f"{request.base_url}/libretranslate/download_file/{quote(name, safe='')}"  # "#", "?", "%" escaped
+        return json_answer({"translatedFileUrl": url})
 
 
 def output_name(filename: str, target: str) -> str:
     """`<stem>_<target><ext>`: "messages.po" -> "messages_de.po"."""
     stem, dot, ext = filename.rpartition(".")
     return f"{stem}_{target}.{ext}" if dot and stem else f"{filename}_{target}"
-
-
-async def translate_file_native(call: Call) -> ASGIApp:
-    """The uploaded file translated, in the answer's body (`X-Translated-Entries`,
-    `X-Kept-Entries`, `X-Failed-Entries`: what became of its entries)."""
-    state, deadline = call.admit(call.state.settings.file_timeout_s)
-    upload = await read_upload(call)
-    fuzzy = upload.fields.get("fuzzy", "false").lower()
-    if fuzzy not in ("true", "false", "1", "0"):
-        raise InvalidInput("fuzzy must be true or false")
-    fmt = _format(upload, fuzzy in ("true", "1"))
-    task = state.models.resolve(upload.fields.get("model") or None, TranslationTask.name, None)
-    languages = {k: v for k in ("source_language", "target_language") if (v := upload.fields.get(k))}
-    try:
-        options = task.Options.model_validate(languages)
-    except ValidationError as exc:
-        raise InvalidInput(describe_validation(exc.errors(), {})) from None
-    done = await translate_file(call, task, fmt, upload, options, deadline)
-    target = str(languages.get("target_language") or task.describe().get("target_language") or "translated")
-    name = output_name(upload.filename, target)
-    headers = {
-        "content-type": fmt.media_type,
-        "content-disposition": _disposition(name),
-        "x-translated-entries": str(done.translated),
-        "x-kept-entries": str(done.kept),
-        "x-failed-entries": str(done.failed),
-    }
-    return Response(done.data, headers=headers)
 
 
 def _disposition(name: str) -> str:
@@ -148,7 +232,7 @@ def _disposition(name: str) -> str:
 def base_url(call: Call) -> str:
     """Where clients reach this server: the configured public URL, else the proxy's forwarded
     headers (each ignored when malformed), else the request's own scheme and Host."""
-    public = call.state.settings.public_url
+    public = scope_state(call.scope).settings.public_url
     if public:
         return public.rstrip("/")
 
@@ -165,27 +249,9 @@ def base_url(call: Call) -> str:
     return f"{scheme}://{host}{prefix}"
 
 
-async def lt_translate_file(call: Call) -> ASGIApp:
-    """LibreTranslate's file translation: the translated file is kept for a while and its URL
-    answered as `translatedFileUrl`."""
-    state, deadline = call.admit(call.state.settings.file_timeout_s)
-    upload = await read_upload(call)
-    check_key(call, upload.fields)
-    source, target = upload.fields.get("source"), upload.fields.get("target")
-    if not source or not target:
-        raise InvalidInput("Invalid request: missing source or target parameter")
-    fmt = _format(upload)
-    task, source = translator(call, source, target)
-    options = task.Options.model_validate({"source_language": source, "target_language": target})
-    done = await translate_file(call, task, fmt, upload, options, deadline)
-    name = state.downloads.put(output_name(upload.filename, target), done.data)
-    url = f"{base_url(call)}/libretranslate/download_file/{quote(name, safe='')}"  # "#", "?", "%" escaped
-    return json_answer({"translatedFileUrl": url})
-
-
 async def lt_download_file(call: Call) -> ASGIApp:
     """A translated file, until it expires (then 404, as for a name never given)."""
-    found = call.state.downloads.get(call.params["name"])
+    found = scope_state(call.scope).downloads.get(call.params["name"])
     if found is None:
         raise NotFound("no such file: it expired or never existed")
     filename, data = found
@@ -198,6 +264,10 @@ def _body(fields: dict[str, Any], required: list[str]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
 
 
+TRANSLATE_FILE_DOC = """The uploaded file translated, in the answer's body (`X-Translated-Entries`,
+    `X-Kept-Entries`, `X-Failed-Entries`: what became of its entries)."""
+LT_TRANSLATE_FILE_DOC = """LibreTranslate's file translation: the translated file is kept for a while and its URL
+    answered as `translatedFileUrl`."""
 FILE = {"type": "string", "format": "binary", "description": "the document; its extension names the format"}
 FILE_ERRORS = (400, 404, 413, 422, 429, 503, 504)
 
@@ -222,10 +292,10 @@ def routes() -> list[Route]:
         Route(
             "/translate_file",
             ("POST",),
-            translate_file_native,
+            NativeFileCodec(),
             "translate_file",
             summary="Translate a document",
-            description=translate_file_native.__doc__ or "",
+            description=TRANSLATE_FILE_DOC,
             media_type=types[0],
             media_types=types[1:],
             auth=Auth.BEARER,
@@ -237,11 +307,11 @@ def routes() -> list[Route]:
         Route(
             "/libretranslate/translate_file",
             ("POST",),
-            lt_translate_file,
+            LtFileCodec(),
             "libretranslate_translate_file",
             lt,
             summary="Translate file",
-            description=lt_translate_file.__doc__ or "",
+            description=LT_TRANSLATE_FILE_DOC,
             auth=Auth.PARAM,
             errors=(400, 429, 503, 504),
             metric="/libretranslate/translate_file",

@@ -14,18 +14,23 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp
 
-from service.documents import registry
+from service.documents import html_text, registry
 from service.errors import InvalidInput
-from service.http import html_text, schemas
+from service.http import schemas
 from service.http.auth import KEY_ID, bearer, refused
-from service.http.dispatch import Call, json_answer
-from service.http.errors import Forbidden
-from service.http.table import Auth, Protocol, Route, Served
+from service.http.dispatch import json_answer
+from service.http.errors import Forbidden, Unauthorized
+from service.http.pipeline import Codec, Decoded, Run
+from service.http.scope import Call
+from service.http.state import scope_state
+from service.http.table import Auth, Protocol, Route, Served, route_of
+from service.serving import ModelSet
 from service.settings import Settings
 from service.tasks.base import Task, Work
 from service.tasks.translation import Translated
@@ -132,28 +137,33 @@ def _params(call: Call) -> dict[str, Any]:
 
 def check_key(call: Call, params: Mapping[str, Any]) -> None:
     """LibreTranslate's key: its `api_key` parameter, else the bearer header; 403 for any refusal."""
-    if call.route.auth is not Auth.PARAM:
+    route = route_of(call.scope)
+    if route is None or route.auth is not Auth.PARAM:
         return
-    state = call.state
+    state = scope_state(call.scope)
     given = params.get("api_key")
     given = given if isinstance(given, str) and given else bearer(call.header(b"authorization"))
     key, verdict = state.keys.check(Auth.PARAM, given)
     if verdict is not None:
         refused(call.scope, state.metrics, verdict, key)
-        raise Forbidden("Invalid API key" if verdict.kind == "unauthorized" else verdict.message)
+        raise Forbidden("Invalid API key" if verdict.error is Unauthorized else verdict.message)
     if key is not None:
         call.scope[KEY_ID] = key.id
 
 
-def _translators(call: Call) -> list[tuple[Task, list[tuple[str, str]]]]:
-    """Every serving model that declares the languages it translates between, with its pairs (a
-    multilingual model: every source language into every other of its target languages)."""
+def _offered_by(task: Task) -> list[tuple[str, str]]:
+    """The pairs a model declares (a multilingual model: every source language into every other
+    of its target languages); none for a model that declares no languages."""
+    d = task.describe()
+    return _offered(d.get("source_languages") or [], d.get("target_languages") or [])  # type: ignore[arg-type]
+
+
+def _translators(models: ModelSet) -> list[tuple[Task, list[tuple[str, str]]]]:
+    """Every serving model that declares the languages it translates between, with its pairs."""
     out = []
-    for v in call.state.models.snapshot().serving():
+    for v in models.snapshot().serving():
         if v.task is not None:
-            d = v.task.describe()
-            sources, targets = d.get("source_languages") or [], d.get("target_languages") or []
-            pairs = _offered(sources, targets)  # type: ignore[arg-type]
+            pairs = _offered_by(v.task)
             if pairs:
                 out.append((v.task, pairs))
     return out
@@ -161,7 +171,7 @@ def _translators(call: Call) -> list[tuple[Task, list[tuple[str, str]]]]:
 
 def _pairs(call: Call) -> dict[str, set[str]]:
     pairs: dict[str, set[str]] = {}
-    for _, offered in _translators(call):
+    for _, offered in _translators(scope_state(call.scope).models):
         for source, target in offered:
             pairs.setdefault(source, set()).add(target)
             pairs.setdefault(target, set())
@@ -179,7 +189,8 @@ async def languages(call: Call) -> ASGIApp:
 
 
 async def frontend_settings(call: Call) -> ASGIApp:
-    settings = call.state.settings
+    state = scope_state(call.scope)
+    settings = state.settings
     pairs = _pairs(call)
     source = next((c for c, t in sorted(pairs.items()) if t), "en")
     target = sorted(pairs.get(source, {"de"}))[0] if pairs.get(source) else "de"
@@ -188,8 +199,8 @@ async def frontend_settings(call: Call) -> ASGIApp:
             # LibreTranslate's page refuses longer input before sending it
             "charLimit": min(settings.max_text_chars, settings.max_request_chars or settings.max_text_chars),
             "frontendTimeout": 500,
-            "apiKeys": call.state.keys.access.inference,
-            "keyRequired": call.state.keys.access.inference,
+            "apiKeys": state.keys.access.inference,
+            "keyRequired": state.keys.access.inference,
             "suggestions": False,
             "filesTranslation": True,
             "supportedFilesFormat": registry.extensions(),
@@ -206,60 +217,87 @@ async def detect(call: Call) -> ASGIApp:
     raise Forbidden("Language detection is disabled on this server: no language detector is installed")
 
 
-async def translate(call: Call) -> ASGIApp:
-    state, deadline = call.admit()
-    params = _params(call)
-    check_key(call, params)
-    q = params.get("q")
-    if q is None or q == "" or q == []:
-        raise InvalidInput("Invalid request: missing q parameter")
-    texts = [q] if isinstance(q, str) else q
-    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-        raise InvalidInput("Invalid request: q must be a string or a list of strings")
-    schemas.check_texts(texts, state.settings.max_texts, state.settings.max_text_chars, "q")
-    call.charge(texts)
-    source, target = params.get("source"), params.get("target")
-    if not isinstance(source, str) or not source:
-        raise InvalidInput("Invalid request: missing source parameter")
-    if not isinstance(target, str) or not target:
-        raise InvalidInput("Invalid request: missing target parameter")
-    if not isinstance(params.get("api_key", ""), str):  # ignored, when no key is needed, only if it is one
-        raise InvalidInput("Invalid request: api_key must be a string")
-    fmt = params.get("format", "text")
-    if fmt not in ("text", "html"):
-        raise InvalidInput("Invalid request: format must be text or html")
-    alternatives = _alternatives(params.get("alternatives", 0))
-    task, source = translator(call, source, target)
-    call.info.model = task.entry.name
-    units = [html_text.split(t) if fmt == "html" else [t] for t in texts]
-    pieces = [p for parts in units for p in (parts if fmt == "text" else parts[1::2])]
-    translated: list[list[str]] = []
-    if pieces:
-        wanted = {"decode": "beam", "beam_size": max(4, alternatives + 1), "num_hypotheses": alternatives + 1}
-        wanted |= {"source_language": source, "target_language": target}
-        result = await task.run(Work(pieces, task.Options.model_validate(wanted), deadline))
-        assert isinstance(result, Translated)
-        translated = [[h.text for h in row] for row in result.rows]
-    results, k = [], 0
-    for parts in units:
-        if fmt == "text":
-            options = translated[k][: alternatives + 1]
-            k += 1
+@dataclass(frozen=True, slots=True)
+class TranslateParams:
+    """A translate request as decoded: the texts (`q`), the languages and what to answer."""
+
+    one: bool  # `q` was one string: so is the answer
+    units: list[list[str]]  # per text: the text itself (format text) or its HTML pieces, markup first
+    html: bool
+    alternatives: int
+    source: str  # a language code, or `auto`
+    target: str
+
+    @property
+    def pieces(self) -> list[str]:
+        """What is translated: each text, or each text node of each HTML text."""
+        return [p for parts in self.units for p in (parts[1::2] if self.html else parts)]
+
+
+class TranslateCodec(Codec[TranslateParams, Translated, Translated | None]):
+    """LibreTranslate's `translate`: `q`, `source`, `target`, `format`, `alternatives` in (query,
+    JSON or form), `translatedText` (and `alternatives`) out."""
+
+    async def decode(self, call: Call, settings: Settings) -> Decoded[TranslateParams]:
+        params = _params(call)
+        check_key(call, params)
+        q = params.get("q")
+        if q is None or q == "" or q == []:
+            raise InvalidInput("Invalid request: missing q parameter")
+        texts = [q] if isinstance(q, str) else q
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise InvalidInput("Invalid request: q must be a string or a list of strings")
+        schemas.check_texts(texts, settings.max_texts, settings.max_text_chars, "q")
+        source, target = params.get("source"), params.get("target")
+        if not isinstance(source, str) or not source:
+            raise InvalidInput("Invalid request: missing source parameter")
+        if not isinstance(target, str) or not target:
+            raise InvalidInput("Invalid request: missing target parameter")
+        if not isinstance(params.get("api_key", ""), str):  # ignored, when no key is needed, only if it is one
+            raise InvalidInput("Invalid request: api_key must be a string")
+        fmt = params.get("format", "text")
+        if fmt not in ("text", "html"):
+            raise InvalidInput("Invalid request: format must be text or html")
+        alternatives = _alternatives(params.get("alternatives", 0))
+        units = [html_text.split(t) if fmt == "html" else [t] for t in texts]
+        return Decoded(TranslateParams(isinstance(q, str), units, fmt == "html", alternatives, source, target), texts)
+
+    def resolve(self, request: TranslateParams, models: ModelSet) -> Task[Any, Translated]:
+        return translator(models, request.source, request.target)[0]
+
+    def work(self, request: TranslateParams, task: Task[Any, Translated], deadline: float) -> Work:
+        n = request.alternatives + 1
+        wanted = {"decode": "beam", "beam_size": max(4, n), "num_hypotheses": n}
+        source = source_of(task, request.source, request.target)
+        wanted |= {"source_language": source, "target_language": request.target}
+        return Work(request.pieces, task.Options.model_validate(wanted), deadline)
+
+    async def execute(self, request: TranslateParams, run: Run[Translated], work: Work) -> Translated | None:
+        return await run(work) if work.texts else None  # only markup: nothing to translate
+
+    async def encode(self, request: TranslateParams, task: Task[Any, Translated], done: Translated | None) -> ASGIApp:
+        translated = [[h.text for h in row] for row in done.rows] if done is not None else []
+        n = request.alternatives + 1
+        results, k = [], 0
+        for parts in request.units:
+            if not request.html:
+                options = translated[k][:n]
+                k += 1
+            else:
+                texts_in = parts[1::2]
+                picked = [row[:n] for row in translated[k : k + len(texts_in)]]
+                k += len(texts_in)
+                options = [html_text.join(parts, [p[min(i, len(p) - 1)] for p in picked]) for i in range(n)]
+            results.append(options)
+        if request.one:
+            out: dict[str, Any] = {"translatedText": results[0][0]}
+            if request.alternatives:
+                out["alternatives"] = results[0][1:]
         else:
-            texts_in = parts[1::2]
-            picked = [row[: alternatives + 1] for row in translated[k : k + len(texts_in)]]
-            k += len(texts_in)
-            options = [html_text.join(parts, [p[min(i, len(p) - 1)] for p in picked]) for i in range(alternatives + 1)]
-        results.append(options)
-    if isinstance(q, str):
-        out: dict[str, Any] = {"translatedText": results[0][0]}
-        if alternatives:
-            out["alternatives"] = results[0][1:]
-    else:
-        out = {"translatedText": [r[0] for r in results]}
-        if alternatives:
-            out["alternatives"] = [r[1:] for r in results]
-    return json_answer(out)
+            out = {"translatedText": [r[0] for r in results]}
+            if request.alternatives:
+                out["alternatives"] = [r[1:] for r in results]
+        return json_answer(out)
 
 
 def _alternatives(value: object) -> int:
@@ -272,9 +310,9 @@ def _alternatives(value: object) -> int:
     return n
 
 
-def translator(call: Call, source: str, target: str) -> tuple[Task, str]:
+def translator(models: ModelSet, source: str, target: str) -> tuple[Task, str]:
     """The model translating `source` into `target`, and the source language (`auto` resolved)."""
-    offered = _translators(call)
+    offered = _translators(models)
     if source == AUTO:
         sources = {s for _, pairs in offered for s, t in pairs if t == target}
         if len(sources) != 1:
@@ -288,13 +326,21 @@ def translator(call: Call, source: str, target: str) -> tuple[Task, str]:
     raise InvalidInput(f"{target} is not supported")
 
 
+def source_of(task: Task, source: str, target: str) -> str:
+    """`source`, or for `auto` the language `task` translates into `target` from (`translator`
+    chose `task` as the only model with one)."""
+    if source != AUTO:
+        return source
+    return next((s for s, t in _offered_by(task) if t == target), source)
+
+
 def routes() -> list[Route]:
     lt, param = Protocol.LIBRETRANSLATE, Auth.PARAM
     return [
         Route(
             "/libretranslate/translate",
             ("POST",),
-            translate,
+            TranslateCodec(),
             "libretranslate_translate",
             lt,
             summary="Translate",

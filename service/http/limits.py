@@ -30,7 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.types import Scope
 
 from service.errors import InputTooLong, RateLimited, ServiceError
-from service.http.table import KEY_ID
+from service.http.scope import KEY_ID
 
 log = logging.getLogger(__name__)
 

@@ -12,30 +12,33 @@ that leaves is reported by the server, where otherwise a task per request watche
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import re
-import secrets
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import ServiceError
+from service.errors import BadRequest, PayloadTooLarge, ServiceError
 from service.http.binary import HEADER_LENGTH, is_count
-from service.http.errors import answer_error, error_response
+from service.http.errors import InternalError, Overloaded, RequestTimeout, UnsupportedMediaType, answer_error
 from service.http.limits import ClientLimits, hold
+from service.http.scope import (
+    DISCONNECTED,
+    LINK_KEY,
+    SCOPE_KEY,
+    RequestInfo,
+    client_address,
+    header,
+    new_request_id,
+)
 from service.http.table import Auth, protocol_of, reads_body, route_of
 from service.logs import ACCESS
 from service.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-SCOPE_KEY = "serve.request"
-DISCONNECTED = "serve.disconnected"  # set in the scope when the client left before its answer
-LINK_KEY = "serve.link"  # a RequestLink, from a server that offers one
 CLIENT_CLOSED = 499  # status logged for such a request (nginx's convention)
 REQUEST_ID_HEADER = b"x-request-id"
 _VALID_ID = re.compile(r"^[A-Za-z0-9._:/+=-]{1,128}$")
@@ -59,40 +62,6 @@ class RequestLink:
     def lost(self) -> None:
         if self.on_lost is not None:
             self.on_lost()
-
-
-@dataclass
-class RequestInfo:
-    request_id: str
-    start: float  # time.monotonic() when the request arrived
-    model: str = ""  # set by the route once the model is resolved
-
-
-_ID_PREFIX, _ID_COUNTER = secrets.token_hex(8), itertools.count()
-
-
-def new_request_id() -> str:
-    """32 hex digits: a random per-process prefix and a counter (unique like uuid4, without a
-    getrandom call per request)."""
-    return f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
-
-
-def request_info(scope: Scope) -> RequestInfo:
-    info = scope.get(SCOPE_KEY)
-    return info if isinstance(info, RequestInfo) else RequestInfo(new_request_id(), time.monotonic())
-
-
-def client_address(scope: Scope) -> str | None:
-    """The connection's peer, `host:port`, as the access and audit lines name it."""
-    client = scope.get("client")
-    return f"{client[0]}:{client[1]}" if client else None
-
-
-def header(scope: Scope, name: bytes) -> str | None:
-    for k, v in scope.get("headers", ()):
-        if k == name:
-            return str(v.decode("latin-1"))
-    return None
 
 
 class RequestContext:
@@ -155,7 +124,7 @@ class RequestContext:
         except _Busy:
             if status == 0:
                 busy = f"server busy: {self.in_flight - 1} requests in flight; retry later"
-                refuse = error_response(protocol_of(scope), busy, "overloaded")
+                refuse = answer_error(protocol_of(scope), Overloaded(busy))
                 await refuse(scope, receive, closing_if_unread(scope, send_with_id))
         except Exception:
             log.exception(
@@ -165,7 +134,7 @@ class RequestContext:
                 extra={"fields": {"request_id": info.request_id}},
             )
             if status == 0:
-                response = error_response(protocol_of(scope), "internal server error", "internal_error")
+                response = answer_error(protocol_of(scope), InternalError("internal server error"))
                 await response(scope, receive, send_with_id)
             status = status or 500
         finally:
@@ -205,7 +174,7 @@ class RequestContext:
 class ClientRate:
     """Requests per minute per client (`service.http.limits`) on the inference routes, before the
     body is read: the key, if any, was checked by now (`Auth.BEARER`). LibreTranslate's key may
-    travel in the body: its handler counts the request once the key is known (`Call.charge`).
+    travel in the body: the pipeline counts the request once the key is known (`service.http.pipeline`).
     A refusal is held before it is sent (`limits.hold`)."""
 
     def __init__(self, app: ASGIApp, limits: ClientLimits, hold_s: float = 0.0) -> None:
@@ -249,10 +218,10 @@ class BodyLimit:
         declared = header(scope, b"content-length")
         if declared is not None:
             if not is_count(declared):
-                await error_response(protocol, "invalid Content-Length header", "bad_request")(scope, receive, early)
+                await answer_error(protocol, BadRequest("invalid Content-Length header"))(scope, receive, early)
                 return
             if int(declared) > limit:
-                await error_response(protocol, too_large, "payload_too_large")(scope, receive, early)
+                await answer_error(protocol, PayloadTooLarge(too_large))(scope, receive, early)
                 return
         content_type = (header(scope, b"content-type") or "").strip()
         kind = content_type.split(";")[0].strip().lower()
@@ -260,7 +229,7 @@ class BodyLimit:
         form = route.forms and kind == _FORM
         if route.upload and kind != _MULTIPART:
             wrong_type = "Content-Type must be multipart/form-data"
-            await error_response(protocol, wrong_type, "unsupported_media_type")(scope, receive, early)
+            await answer_error(protocol, UnsupportedMediaType(wrong_type))(scope, receive, early)
             return
         if (
             content_type
@@ -270,12 +239,12 @@ class BodyLimit:
             and not form
         ):
             wrong_type = "Content-Type must be application/json"
-            await error_response(protocol, wrong_type, "unsupported_media_type")(scope, receive, early)
+            await answer_error(protocol, UnsupportedMediaType(wrong_type))(scope, receive, early)
             return
         encoding = (header(scope, b"content-encoding") or "identity").strip().lower()
         if encoding not in _WBITS:
             wrong_coding = "Content-Encoding must be gzip, deflate or identity"
-            await error_response(protocol, wrong_coding, "unsupported_media_type")(scope, receive, early)
+            await answer_error(protocol, UnsupportedMediaType(wrong_coding))(scope, receive, early)
             return
         link = scope.get(LINK_KEY)
         try:
@@ -286,12 +255,12 @@ class BodyLimit:
                     chunks, size = await _read(receive, limit)
         except TimeoutError:
             late = f"the request body did not arrive within {self.body_timeout:g} s"
-            await error_response(protocol, late, "request_timeout")(scope, receive, _closing(send))
+            await answer_error(protocol, RequestTimeout(late))(scope, receive, _closing(send))
             return
         except _ClientLeft:
             return
         if size > limit:
-            await error_response(protocol, too_large, "payload_too_large")(scope, receive, send)
+            await answer_error(protocol, PayloadTooLarge(too_large))(scope, receive, send)
             return
         body = b"".join(chunks)
         if _WBITS[encoding]:
@@ -299,10 +268,10 @@ class BodyLimit:
                 body = inflate(body, _WBITS[encoding], limit)
             except zlib.error:
                 bad = f"the body is not {encoding} data"
-                await error_response(protocol, bad, "bad_request")(scope, receive, send)
+                await answer_error(protocol, BadRequest(bad))(scope, receive, send)
                 return
             except OverflowError:
-                await error_response(protocol, too_large, "payload_too_large")(scope, receive, send)
+                await answer_error(protocol, PayloadTooLarge(too_large))(scope, receive, send)
                 return
         await _run_watched(self.app, scope, body, receive, send)
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
@@ -24,10 +24,14 @@ from starlette.types import ASGIApp
 from service.errors import InvalidInput, InvalidJson, LoadRefused, ModelNotFound, NotReady, ServiceError
 from service.http import binary, schemas
 from service.http.auth import audit
-from service.http.dispatch import Call, json_answer
+from service.http.dispatch import json_answer
 from service.http.errors import AsciiJSONResponse
+from service.http.pipeline import Codec, Decoded, Run
+from service.http.scope import Call
+from service.http.state import scope_state
 from service.http.table import Auth, Protocol, Route
-from service.serving import Snapshot, VersionState, VersionView
+from service.serving import ModelSet, Snapshot, VersionState, VersionView
+from service.settings import Settings
 from service.store import StoreEntry
 from service.tasks.base import OutputTensor, Task, Work
 from service.validation import describe_validation, field_rules
@@ -59,7 +63,7 @@ async def live(call: Call) -> ASGIApp:
 
 
 async def ready(call: Call) -> ASGIApp:
-    state = call.state
+    state = scope_state(call.scope)
     if not state.ready:
         raise NotReady(state.not_ready_reason())
     return json_answer({"ready": True})
@@ -71,8 +75,9 @@ async def ready(call: Call) -> ASGIApp:
 def _loaded(call: Call) -> list[VersionView]:
     """The model's versions that were loaded (or tried), oldest first; 404 for an unknown model."""
     name = call.params["name"]
-    call.state.models.get(name)  # ModelNotFound with the served names
-    return [v for v in call.state.models.snapshot().model(name) if v.held]
+    models = scope_state(call.scope).models
+    models.get(name)  # ModelNotFound with the served names
+    return [v for v in models.snapshot().model(name) if v.held]
 
 
 def _metadata(call: Call, version: int | None) -> ASGIApp:
@@ -101,8 +106,9 @@ async def version_metadata(call: Call) -> ASGIApp:
 
 async def _ready(call: Call, version: int | None) -> ASGIApp:
     name = call.params["name"]
-    model = call.state.models.get(name)
-    if call.state.draining:
+    state = scope_state(call.scope)
+    model = state.models.get(name)
+    if state.draining:
         raise NotReady(f"model {name} is shutting down")
     model.ready_task(version)
     return json_answer({"name": model.name, "ready": True})
@@ -119,29 +125,61 @@ async def version_ready(call: Call) -> ASGIApp:
 # -- inference: the codec around a task's `run` --------------------------------------------------
 
 
-async def infer(call: Call) -> ASGIApp:
-    """An inference request's answer (JSON or binary), from its body as received."""
-    version = call.version() if "version" in call.params else None
-    state, deadline = call.admit()
-    head, blob = binary.split(call.body, call.header(binary.HEADER_LENGTH))
-    body = _parse(head)
-    model = state.models.get(call.params["name"])
-    task = model.ready_task(version)
-    call.info.model = model.name
-    texts = _texts(body.inputs[0], blob)
-    schemas.check_texts(texts, state.settings.max_texts, state.settings.max_text_chars, "inputs[0].data")
-    call.charge(texts)
+@dataclass(frozen=True, slots=True)
+class InferRequest:
+    """An inference request as decoded: the model it names, and its texts and parameters."""
+
+    name: str
+    version: int | None
+    body: schemas.OipInferRequest
+    texts: list[str]
+
+    @property
+    def parameters(self) -> Mapping[str, Any]:
+        return self.body.parameters or {}
+
+
+class InferCodec(Codec[InferRequest, Any, Any]):
+    """`infer`: the input tensor's texts in, every output the task has (or those asked for) out, as
+    JSON or binary; `parameters` are the task's options and `timeout` (microseconds, as Triton)."""
+
+    async def decode(self, call: Call, settings: Settings) -> Decoded[InferRequest]:
+        version = call.version() if "version" in call.params else None
+        head, blob = binary.split(call.body, call.header(binary.HEADER_LENGTH))
+        body = _parse(head)
+        texts = _texts(body.inputs[0], blob)
+        schemas.check_texts(texts, settings.max_texts, settings.max_text_chars, "inputs[0].data")
+        request = InferRequest(call.params["name"], version, body, texts)
+        return Decoded(request, texts, _timeout_s(request.parameters))
+
+    def resolve(self, request: InferRequest, models: ModelSet) -> Task:
+        return models.get(request.name).ready_task(request.version)
+
+    def work(self, request: InferRequest, task: Task, deadline: float) -> Work:
+        _wanted(request, task)  # an output the model does not have: 422 before any work
+        return decode_work(task, request.texts, request.parameters, deadline)  # checked even for no texts
+
+    async def execute(self, request: InferRequest, run: Run[Any], work: Work) -> Any:
+        return await run(work) if work.texts else None  # no texts: a zero-size batch, nothing to run
+
+    async def encode(self, request: InferRequest, task: Task, done: Any) -> ASGIApp:
+        wanted = _wanted(request, task)
+        tensors = task.tensors(done) if done is not None else empty_tensors(task)
+        results = [t for t in tensors if t.name in wanted]
+        default = request.parameters.get("binary_data_output", False)
+        as_binary = [_flag(wanted[t.name].get("binary_data", default)) for t in results]
+        return _respond(task.entry.name, str(task.entry.version), request.body.id, results, as_binary)
+
+
+def _wanted(request: InferRequest, task: Task) -> Mapping[str, Mapping[str, Any]]:
+    """The outputs asked for, each with its parameters (none asked: all of the task's)."""
     available = [t.name for t in task.outputs()]
-    wanted = {o.name: o.parameters or {} for o in body.outputs} if body.outputs else dict.fromkeys(available, {})
-    unknown = set(wanted) - set(available)
-    if unknown:
+    outputs = request.body.outputs
+    wanted: Mapping[str, Mapping[str, Any]]
+    wanted = {o.name: o.parameters or {} for o in outputs} if outputs else dict.fromkeys(available, {})
+    if set(wanted) - set(available):
         raise InvalidInput(f"outputs: this model has only {available}")
-    parameters = body.parameters or {}
-    work = decode_work(task, texts, parameters, deadline)  # the parameters are checked even for no texts
-    tensors = task.tensors(await task.run(work)) if texts else empty_tensors(task)
-    results = [t for t in tensors if t.name in wanted]
-    as_binary = [_flag(wanted[t.name].get("binary_data", parameters.get("binary_data_output", False))) for t in results]
-    return _respond(task.entry.name, str(task.entry.version), body.id, results, as_binary)
+    return wanted
 
 
 def empty_tensors(task: Task) -> list[OutputTensor]:
@@ -152,19 +190,24 @@ def empty_tensors(task: Task) -> list[OutputTensor]:
 
 def decode_work(task: Task, texts: list[str], parameters: Mapping[str, Any], deadline: float) -> Work:
     """The request's `parameters` as the task's options (others, such as `binary_data_output`, are
-    the protocol's own or ignored), and `timeout` (microseconds, as Triton) shortening the deadline."""
+    the protocol's own or ignored)."""
     options_type = task.Options
     chosen = {k: v for k, v in parameters.items() if k in options_type.model_fields}
     try:
         options = options_type.model_validate(chosen)
     except ValidationError as exc:
         raise InvalidInput(describe_validation(exc.errors(), field_rules(options_type), prefix="parameters.")) from None
-    timeout = parameters.get("timeout")
-    if timeout is not None:
-        if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
-            raise InvalidInput("parameters.timeout must be a positive integer (microseconds)")
-        deadline = min(deadline, time.monotonic() + timeout / 1e6)
     return Work(texts, options, deadline)
+
+
+def _timeout_s(parameters: Mapping[str, Any]) -> float | None:
+    """`parameters.timeout`: microseconds, as Triton takes it; it only shortens the deadline."""
+    timeout = parameters.get("timeout")
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+        raise InvalidInput("parameters.timeout must be a positive integer (microseconds)")
+    return timeout / 1e6
 
 
 def _parse(head: bytes) -> schemas.OipInferRequest:
@@ -248,7 +291,7 @@ INDEX_STATES = {VersionState.READY: "READY", VersionState.LOADING: "LOADING"}  #
 
 async def repository_index(call: Call) -> ASGIApp:
     """Every version of every model, in the service or on disk: READY, LOADING, UNAVAILABLE (with the reason)."""
-    models = call.state.models
+    models = scope_state(call.scope).models
     snapshot = models.snapshot()
     rows: dict[tuple[str, int], dict[str, str]] = {}
     for v in snapshot.versions:
@@ -283,7 +326,7 @@ async def repository_load(call: Call) -> ASGIApp:
     """Loads the version the model's policy picks (the newest intact one, or the pinned one); 409
     with the reason when the store holds nothing it can serve."""
     name = call.params["name"]
-    models = call.state.models
+    models = scope_state(call.scope).models
     with _audited(call, "load", name):
         await models.refresh(only=name)  # runs to its end if the client leaves
         models.get(name)
@@ -298,7 +341,7 @@ async def repository_unload(call: Call) -> ASGIApp:
     """Stops serving the model; its versions finish their admitted work first."""
     name = call.params["name"]
     with _audited(call, "unload", name):
-        await call.state.models.unload(name)
+        await scope_state(call.scope).models.unload(name)
     return json_answer({})
 
 
@@ -316,6 +359,9 @@ def _audited(call: Call, action: str, model: str) -> Iterator[None]:
         )
         raise
     audit(call.scope, f"model control: {action} {model}", action=action, model=model, outcome="done")
+
+
+INFER = InferCodec()
 
 
 def routes() -> list[Route]:
@@ -367,7 +413,7 @@ def routes() -> list[Route]:
             Route(
                 path,
                 ("POST",),
-                infer,
+                INFER,
                 name,
                 oip,
                 summary="Infer",

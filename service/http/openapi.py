@@ -19,8 +19,9 @@ from pydantic.json_schema import models_json_schema
 from starlette.types import ASGIApp
 
 from service.http.auth import KeyRing
-from service.http.dispatch import Call, json_answer
+from service.http.dispatch import json_answer
 from service.http.schemas import text_limits
+from service.http.scope import Call
 from service.http.table import Access, Protocol, Route, Served, path_params
 from service.serving import ModelSet
 from service.settings import Settings

@@ -15,8 +15,9 @@ from pathlib import Path
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from service.http.dispatch import Call
 from service.http.errors import NotFound
+from service.http.scope import Call
+from service.http.state import scope_state
 from service.http.table import Route
 
 STATIC = Path(__file__).with_name("static")
@@ -62,7 +63,7 @@ async def figure(call: Call) -> ASGIApp:
     """A PNG kept with the serving version (`figures` in /v1/models): training curves, positions.
     The bytes are the ones checked when the version loaded, kept in memory."""
     name, wanted = call.params["name"], call.params["figure"]
-    task = call.state.models.get(name).ready_task()
+    task = scope_state(call.scope).models.get(name).ready_task()
     file_name = task.manifest.figures.get(wanted)
     data = task.figures.get(wanted)
     if file_name is None or data is None:

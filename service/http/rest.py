@@ -1,24 +1,32 @@
 """The REST API's routes: health, readiness, metrics, the model list, and one POST route per task.
 
-HTTP in, HTTP out: a task route parses the body with the task's own request model, resolves the
-model, decodes the body into the task's neutral `Work` (`Task.rest_work`), runs it, and encodes
-the result (`Task.rest_answer`).
+HTTP in, HTTP out: a task route is the pipeline (`service.http.pipeline`) with the REST codec of
+its task (`RestCodec`): the body as the task's own request model, the task's neutral `Work`
+(`Task.rest_work`), the result as the task's response (`Task.rest_answer`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any, Generic, TypeVar
 
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from service.errors import NotReady, ShuttingDown
 from service.http import schemas
-from service.http.dispatch import Call, json_answer
-from service.http.table import Auth, Handler, Route
+from service.http.dispatch import json_answer
+from service.http.pipeline import Codec, Decoded, Run
+from service.http.scope import Call
+from service.http.state import scope_state
+from service.http.table import Auth, Route
 from service.metrics import CONTENT_TYPE
-from service.serving import VersionView
-from service.tasks.base import Task
+from service.serving import ModelSet, VersionView
+from service.settings import Settings
+from service.tasks.base import Task, TextsRequest, Work
+
+Q = TypeVar("Q", bound=TextsRequest)
+R = TypeVar("R")
 
 
 async def healthz(call: Call) -> ASGIApp:
@@ -29,7 +37,7 @@ async def healthz(call: Call) -> ASGIApp:
 async def readyz(call: Call) -> ASGIApp:
     """200 only when every model is loaded and warmed up and the service is not shutting down; lists the
     models served (not those unloaded)."""
-    state = call.state
+    state = scope_state(call.scope)
     if state.draining:
         raise ShuttingDown(state.not_ready_reason())
     snapshot = state.models.snapshot()
@@ -39,7 +47,7 @@ async def readyz(call: Call) -> ASGIApp:
 
 
 async def metrics(call: Call) -> ASGIApp:
-    return Response(call.state.metrics.render(), media_type=CONTENT_TYPE)
+    return Response(scope_state(call.scope).metrics.render(), media_type=CONTENT_TYPE)
 
 
 def model_info(v: VersionView) -> schemas.ModelInfo:
@@ -60,23 +68,32 @@ def model_info(v: VersionView) -> schemas.ModelInfo:
 async def list_models(call: Call) -> ASGIApp:
     """Every loaded version of every model (`current`: the one requests without a version get), and
     the versions refused (files that do not match their manifest, or a failed load)."""
-    snapshot = call.state.models.snapshot()
+    snapshot = scope_state(call.scope).models.snapshot()
     return json_answer(schemas.ModelsResponse(models=[model_info(v) for v in snapshot.versions]))
 
 
-def task_handler(cls: type[Task], rules: Mapping[str, str]) -> Handler:
-    async def handle(call: Call) -> ASGIApp:
-        body = call.parse(cls.Request, rules)
-        state, deadline = call.admit()
-        s = state.settings
-        schemas.check_texts(body.texts, s.max_texts, s.max_text_chars)
-        call.charge(body.texts)
-        task = state.models.resolve(body.model, cls.name, body.version)
-        call.info.model = task.entry.name
-        result = await task.run(cls.rest_work(body, deadline))
-        return json_answer(task.rest_answer(body, result))
+class RestCodec(Codec[Q, R, R], Generic[Q, R]):
+    """A task's native REST API: its `Request` body in, its `Response` out."""
 
-    return handle
+    def __init__(self, cls: type[Task[Q, R]], rules: Mapping[str, str]) -> None:
+        self.cls, self.rules = cls, rules
+
+    async def decode(self, call: Call, settings: Settings) -> Decoded[Q]:
+        body = schemas.parse_json(call.body, self.cls.rest_request, self.rules)
+        schemas.check_texts(body.texts, settings.max_texts, settings.max_text_chars)
+        return Decoded(body, body.texts, body.timeout_s)
+
+    def resolve(self, request: Q, models: ModelSet) -> Task[Q, R]:
+        return models.resolve(request.model, self.cls.name, request.version)  # a model of this task, or 422
+
+    def work(self, request: Q, task: Task[Any, R], deadline: float) -> Work:
+        return self.cls.rest_work(request, deadline)
+
+    async def execute(self, request: Q, run: Run[R], work: Work) -> R:
+        return await run(work)
+
+    async def encode(self, request: Q, task: Task[Any, R], done: R) -> ASGIApp:
+        return json_answer(task.rest_answer(request, done))
 
 
 TASK_ERRORS = (404, 413, 422, 429, 503, 504)
@@ -111,7 +128,7 @@ def routes(tasks: Iterable[type[Task]], rules: Mapping[str, str]) -> list[Route]
             Route(
                 cls.rest_path,
                 ("POST",),
-                task_handler(cls, rules),
+                RestCodec(cls, rules),
                 cls.name,
                 summary=cls.summary,
                 body=cls.Request,

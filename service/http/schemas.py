@@ -4,13 +4,18 @@ request-size limits from the settings. Each task's own REST bodies live in its t
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, ValidationError
 
-from service.errors import InputTooLong, InvalidInput, PayloadTooLarge
+from service.errors import InputTooLong, InvalidInput, InvalidJson, PayloadTooLarge, UnreadableBody
 from service.tasks.base import INTEGRAL, ResponseModel, StrictModel
+from service.validation import describe_validation
+
+T = TypeVar("T")
+UNREADABLE = "There was an error parsing the body"
+MISSING = {"type": "missing", "loc": (), "msg": "Field required"}  # an empty body
 
 
 def load_json(body: bytes) -> Any:
@@ -21,6 +26,23 @@ def load_json(body: bytes) -> Any:
         return json.loads(body)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
+
+
+def parse_json(body: bytes, validate: Callable[[Any], T], rules: Mapping[str, str]) -> T:
+    """A JSON body, validated (`validate` raises pydantic's ValidationError): InvalidJson or
+    UnreadableBody (400), InvalidInput (422, described with the field `rules`)."""
+    if not body:
+        raise InvalidInput(describe_validation([MISSING], rules))
+    try:
+        data = load_json(body)
+    except json.JSONDecodeError as exc:
+        raise InvalidJson(f"invalid JSON at position {exc.pos}: {exc.msg}") from None
+    except ValueError:
+        raise UnreadableBody(UNREADABLE) from None
+    try:
+        return validate(data)
+    except ValidationError as exc:
+        raise InvalidInput(describe_validation(exc.errors(), rules)) from None
 
 
 def check_texts(texts: Sequence[str], max_texts: int, max_chars: int, field: str = "texts") -> None:

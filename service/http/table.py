@@ -12,23 +12,19 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import BaseModel
-from starlette.types import ASGIApp
 
-if TYPE_CHECKING:
-    from service.http.dispatch import Call
-    from service.settings import Settings
-
-Handler = Callable[["Call"], Awaitable[ASGIApp]]
+from service.http.scope import MATCH_KEY, Handler
+from service.settings import Settings
 
 # What the API document knows of the models being served, per model: its name, task, integer
 # limits (`max_new_tokens`) and the values a request field may take (`source_languages`).
 Served = tuple[tuple[str, str, tuple[tuple[str, int], ...], tuple[tuple[str, tuple[str, ...]], ...]], ...]
-DocHook = Callable[["Settings", Served], Mapping[str, Any]]
+DocHook = Callable[[Settings, Served], Mapping[str, Any]]
 
 
 class Protocol(enum.Enum):
@@ -37,6 +33,14 @@ class Protocol(enum.Enum):
     REST = "rest"  # {"error": ..., "type": ...}
     OIP = "oip"  # {"error": ...}, as the Open Inference Protocol says
     LIBRETRANSLATE = "libretranslate"  # {"error": ...}, with LibreTranslate's codes (400 for bad input)
+
+    def status(self, status: int) -> int:
+        """The status this protocol answers for `status`: LibreTranslate folds every bad request
+        into a 400 and every key problem into a 403; the others answer it as it is."""
+        return _LT_FOLDED.get(status, status) if self is Protocol.LIBRETRANSLATE else status
+
+
+_LT_FOLDED = {401: 403, 404: 400, 413: 400, 415: 400, 422: 400}
 
 
 class Auth(enum.Enum):
@@ -122,9 +126,7 @@ class Route:
         if reads_body(method):
             out.update(BODY_ERRORS)
         out.update(access.statuses(self.auth))
-        if self.protocol is Protocol.LIBRETRANSLATE:  # every client error is a 400 there
-            out = {400 if s in (404, 413, 415, 422) else s for s in out}
-        return tuple(sorted(out))
+        return tuple(sorted({self.protocol.status(s) for s in out}))
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,14 +196,6 @@ def _matches(routes: tuple[Route, ...] | list[Route], params: dict[str, str]) ->
     out = {m: Match(r, params, allowed, r.protocol) for r in routes for m in r.methods}
     out[""] = Match(None, params, allowed, routes[0].protocol)
     return out
-
-
-KEY_ID = "serve.key_id"
-"""Where the key check leaves a request's valid key's id in the ASGI scope (absent: no key, or none
-needed): the audit lines and the per-client limits read it."""
-
-MATCH_KEY = "serve.match"
-"""Where the router leaves a request's `Match` in the ASGI scope (absent: no route has the path)."""
 
 
 def matched(scope: Mapping[str, Any]) -> Match | None:

@@ -3,12 +3,12 @@
 
 A task object is one loaded model version of one task. It owns its typed request options
 (`Options`), how its work is queued and run (`run`: a protocol-neutral `Work` in, the task's own
-result out), and its metadata for `/v1/models` and the Open Inference Protocol. The protocols
-are codecs around `run`, in the spirit of LitServe's `decode_request`/`encode_response`: the
-task's native REST body and answer are its `Request`/`Response` with `rest_work`/`rest_answer`;
-the Open Inference Protocol (`service.http.oip`) decodes its `parameters` into `Options` and
-encodes `tensors(result)`; the LibreTranslate API builds `Options` from its own parameters.
-`tasks.registry` maps a manifest's `task` to the class.
+result out), and its metadata for `/v1/models` and the Open Inference Protocol. A task is typed by
+its REST body and its result (`Task[Q, R]`): the protocols' codecs (`service.http.pipeline`) are
+typed against them, so no codec has to ask what a result is. What only the task can say of its
+protocols is declared here: its native REST body and answer (`Request`/`Response`, read by
+`rest_request`, answered by `rest_answer`) and its Open Inference Protocol outputs
+(`outputs`/`tensors`). `tasks.registry` maps a manifest's `task` to the class.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Generic, TypeVar, cast
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -71,6 +71,11 @@ class TextsRequest(StrictModel):
         default=None, description="model version; default: the one serving"
     )
 
+    @property
+    def timeout_s(self) -> float | None:
+        """The request's own deadline option, if its body has one: it only shortens the server's."""
+        return None
+
 
 class AttentionRequest(TextsRequest):
     """A REST body that may ask for the model's attention, which is drawn for one text only."""
@@ -122,7 +127,11 @@ class TaskContext:
     metrics: BatchMetrics
 
 
-class Task(ABC):
+Q = TypeVar("Q", bound=TextsRequest)  # a task's REST body
+R = TypeVar("R")  # a task's result
+
+
+class Task(ABC, Generic[Q, R]):
     name: ClassVar[str]  # the manifest's `task`
     rest_path: ClassVar[str]  # POST route of the REST API, e.g. "/predict"
     summary: ClassVar[str]  # one line for the API document
@@ -166,18 +175,24 @@ class Task(ABC):
         """The Open Inference Protocol outputs of `infer`, in order."""
 
     @abstractmethod
-    async def run(self, work: Work) -> Any:
+    async def run(self, work: Work) -> R:
         """The work's result, in the task's own terms (no protocol's shape)."""
 
     @abstractmethod
-    def tensors(self, result: Any) -> list[OutputTensor]:
+    def tensors(self, result: R) -> list[OutputTensor]:
         """A result as every output of `outputs()`, in order."""
 
     @classmethod
-    def rest_work(cls, body: TextsRequest, deadline: float) -> Work:
-        """The REST codec's decoding: the body's texts and options (`Request` extends `Options`)."""
+    def rest_request(cls, data: object) -> Q:
+        """The REST body, validated as `Request` (pydantic's ValidationError for a bad one): the
+        `Q` of `Task[Q, R]`, which a ClassVar cannot be typed as."""
+        return cast(Q, cls.Request.model_validate(data))
+
+    @classmethod
+    def rest_work(cls, body: Q, deadline: float) -> Work:
+        """The REST body's work: its texts and options (`Request` extends `Options`)."""
         return Work(body.texts, body, deadline, attention=isinstance(body, AttentionRequest) and body.return_attention)
 
     @abstractmethod
-    def rest_answer(self, body: TextsRequest, result: Any) -> BaseModel:
-        """The REST codec's encoding: a result as the `Response` to `body`."""
+    def rest_answer(self, body: Q, result: R) -> BaseModel:
+        """A result as the `Response` to `body`."""

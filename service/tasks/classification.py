@@ -26,7 +26,6 @@ from service.tasks.base import (
     Task,
     TaskContext,
     TensorSpec,
-    TextsRequest,
     Work,
 )
 
@@ -67,7 +66,7 @@ class Classified:
     attention: SelfAttention | None = None
 
 
-class ClassificationTask(Task):
+class ClassificationTask(Task[PredictRequest, Classified]):
     name = "classification"
     rest_path = "/predict"
     summary = "Classify texts: the label, its probability and every class's"
@@ -136,7 +135,7 @@ class ClassificationTask(Task):
             OutputTensor("probabilities", "FP32", [n, c], probs.astype(np.float32).reshape(-1).tolist()),
         ]
 
-    def rest_answer(self, body: TextsRequest, result: Classified) -> PredictResponse:
+    def rest_answer(self, body: PredictRequest, result: Classified) -> PredictResponse:
         # built from the engine's own values, so not validated again (a few microseconds a text)
         return PredictResponse.model_construct(
             model=self.entry.name,

@@ -41,7 +41,6 @@ from service.tasks.base import (
     Task,
     TaskContext,
     TensorSpec,
-    TextsRequest,
     Work,
 )
 
@@ -171,6 +170,10 @@ class TranslateRequest(AttentionRequest, DecodeOptions):
         default=False, description="cross-attention of the best hypothesis, per sentence (one text per request)"
     )
 
+    @property
+    def timeout_s(self) -> float | None:
+        return self.timeout_ms / 1000 if self.timeout_ms is not None else None
+
 
 class ScoredText(ResponseModel):
     text: str
@@ -209,7 +212,7 @@ class Translated:
     attention: list[CrossAttention] | None = None
 
 
-class TranslationTask(Task):
+class TranslationTask(Task[TranslateRequest, Translated]):
     name = "translation"
     rest_path = "/translate"
     summary = "Translate texts with greedy, beam-search or sampled decoding"
@@ -314,15 +317,7 @@ class TranslationTask(Task):
     def tensors(self, result: Translated) -> list[OutputTensor]:
         return [OutputTensor("translation", "BYTES", [len(result.rows)], [row[0].text for row in result.rows])]
 
-    @classmethod
-    def rest_work(cls, body: TextsRequest, deadline: float) -> Work:
-        assert isinstance(body, TranslateRequest)
-        if body.timeout_ms is not None:
-            deadline = min(deadline, time.monotonic() + body.timeout_ms / 1000)
-        return Work(body.texts, body, deadline, attention=body.return_attention)
-
-    def rest_answer(self, body: TextsRequest, result: Translated) -> TranslateResponse:
-        assert isinstance(body, TranslateRequest)
+    def rest_answer(self, body: TranslateRequest, result: Translated) -> TranslateResponse:
         out = []
         for row in result.rows:
             best = row[0]

@@ -1,0 +1,112 @@
+"""The one path of every request that runs a model, whatever protocol it speaks.
+
+A protocol is a codec (`Codec`), in the spirit of LitServe's `decode_request`/`encode_response`
+around one loop: it decodes the request into what the client asks for (`Decoded`: its request,
+the texts it is charged for, its own timeout option), builds the task's protocol-neutral `Work`
+once the model is known, and encodes the task's result as its answer. Everything else is here,
+in this order, for every protocol:
+
+1. admission: 503 once the service closes;
+2. the codec decodes the request (its parse, its key, its own checks: 400, 403, 413, 422);
+3. the deadline: from the request's arrival (`RequestInfo.start`), the codec's budget (the
+   settings' request or file timeout), only ever shortened by the protocol's timeout option;
+4. per-client limits and charging (413, 429);
+5. model resolution (404, 422, 503), the model named in the access log and metrics;
+6. the codec's work for that model (its options checked against it: 422);
+7. the run (the task's queue: 429, 504), then the codec's answer.
+
+A domain error raised anywhere is answered in the route's protocol by `dispatch.Endpoint`. A
+codec is the route's handler (`Route.handler`): the dispatcher calls `serve` through it, with no
+layer between. A route that runs a model declares a codec; tests/test_structure.py checks that
+none runs a task or charges a client another way.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from starlette.types import ASGIApp
+
+from service.errors import ShuttingDown
+from service.http.scope import Call, request_info
+from service.http.state import scope_state
+from service.http.table import Auth, route_of
+from service.serving import ModelSet
+from service.settings import Settings
+from service.tasks.base import Task, Work
+
+D = TypeVar("D")  # a protocol's decoded request
+R = TypeVar("R")  # the result of the task the codec is typed against
+Out = TypeVar("Out")  # what the codec's run gives its encoder
+
+Run = Callable[[Work], Awaitable[R]]
+"""The task's run, as the pipeline hands it to a codec's `execute`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded(Generic[D]):
+    """A request as its codec read it, before any model is chosen."""
+
+    request: D  # the protocol's own form of it: what `resolve`, `work` and `encode` read
+    texts: Sequence[str]  # what the client is charged for (per-client limits)
+    timeout_s: float | None = None  # the protocol's timeout option: shortens the deadline, never lengthens it
+
+
+async def serve(codec: Codec[Any, Any, Any], call: Call) -> ASGIApp:
+    """The request's answer: the one pipeline (this module's docstring has the order)."""
+    scope = call.scope
+    state = scope_state(scope)
+    if state.closing:
+        raise ShuttingDown("the service is shutting down; retry on another instance")
+    info = request_info(scope)
+    settings = state.settings
+    decoded = await codec.decode(call, settings)
+    budget = codec.budget_s(settings)
+    if decoded.timeout_s is not None and decoded.timeout_s < budget:
+        budget = decoded.timeout_s
+    deadline = info.start + budget
+    limits = state.limits
+    if limits.active:
+        route = route_of(scope)
+        if route is not None and route.auth is Auth.PARAM:  # its key was in the body: only now is its client known
+            limits.request(scope)
+        limits.texts(scope, decoded.texts)
+    task = codec.resolve(decoded.request, state.models)
+    info.model = task.entry.name
+    work = codec.work(decoded.request, task, deadline)
+    done = await codec.execute(decoded.request, task.run, work)
+    return await codec.encode(decoded.request, task, done)
+
+
+class Codec(ABC, Generic[D, R, Out]):
+    """One protocol's side of the pipeline: `D` its decoded request, `R` the result of the task it
+    is typed against, `Out` what its run gives the encoder (`R` itself, but for a document's)."""
+
+    __call__ = serve  # a codec is its route's handler: the pipeline, with this codec
+
+    def budget_s(self, settings: Settings) -> float:
+        """The longest the request may take, from its arrival: the settings' request timeout."""
+        return settings.request_timeout_s
+
+    @abstractmethod
+    async def decode(self, call: Call, settings: Settings) -> Decoded[D]:
+        """The request as the protocol gives it: parsed and checked, its texts within the limits."""
+
+    @abstractmethod
+    def resolve(self, request: D, models: ModelSet) -> Task[Any, R]:
+        """The ready model the request names (or the default one)."""
+
+    @abstractmethod
+    def work(self, request: D, task: Task[Any, R], deadline: float) -> Work:
+        """The request as the task's protocol-neutral work, its options checked against `task`."""
+
+    @abstractmethod
+    async def execute(self, request: D, run: Run[R], work: Work) -> Out:
+        """The work run: once (`await run(work)`), not at all (nothing to run), or in parts."""
+
+    @abstractmethod
+    async def encode(self, request: D, task: Task[Any, R], done: Out) -> ASGIApp:
+        """The protocol's answer."""
