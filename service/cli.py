@@ -155,8 +155,7 @@ def serve_main(argv: Sequence[str], prog: str = f"{PROG} serve") -> int:
     from service.server import serve  # uvicorn, the app: not needed for --help or a bad flag
 
     logs.setup(settings.log_level)
-    defaults = serve_parser(prog).parse_args([])
-    asked = [o for o in IMPORT_OPTIONS if getattr(args, o) != getattr(defaults, o)]
+    asked = [o for o in IMPORT_OPTIONS if getattr(args, o) != parser.get_default(o)]
     if is_checkpoint(settings.model_store):
         try:
             choice = import_choice(args)

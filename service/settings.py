@@ -1,7 +1,9 @@
 """Service settings: the only reader of environment variables (prefix ``SERVE_``), validated at start-up.
 
-`python -m service` builds one `Settings()` and passes it to `create_app(settings)`; tests build
-their own with keyword arguments. Nothing reads the environment at import time.
+`transformer-serve serve` (`python -m service`) builds one `Settings` from its flags over the environment
+(`service.flags`: one flag per field, generated from this declaration) and passes it to
+`create_app(settings)`; tests build their own with keyword arguments. Nothing reads the environment
+at import time.
 """
 
 from __future__ import annotations
