@@ -149,7 +149,8 @@ def serve_main(argv: Sequence[str], prog: str = f"{PROG} serve") -> int:
     try:
         settings = flags.settings_from(given)
     except ValidationError as exc:
-        print("invalid settings:\n" + "\n".join(flags.problems(exc, given)), file=sys.stderr)
+        labels = {"model_store": "PATH"} if args.path is not None else {}
+        print("invalid settings:\n" + "\n".join(flags.problems(exc, given, labels)), file=sys.stderr)
         return 2
     from service import logs
     from service.server import serve  # uvicorn, the app: not needed for --help or a bad flag

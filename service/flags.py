@@ -117,12 +117,13 @@ def settings_from(flags: Mapping[str, Any]) -> Settings:
     return Settings(**flags)
 
 
-def problems(exc: ValidationError, flags: Mapping[str, Any]) -> list[str]:
-    """One line per bad value, naming it as the user gave it: the flag, else the variable."""
+def problems(exc: ValidationError, flags: Mapping[str, Any], labels: Mapping[str, str] | None = None) -> list[str]:
+    """One line per bad value, naming it as the user gave it: `labels` (a positional argument's
+    name), else the flag, else the variable."""
     lines = []
     for error in exc.errors():
         name = str(error["loc"][0]) if error["loc"] else ""
-        where = flag(name) if name in flags else variable(name) if name else "settings"
+        where = (labels or {}).get(name) or (flag(name) if name in flags else variable(name) if name else "settings")
         lines.append(f"  {where}: {error['msg']}")
     return lines
 

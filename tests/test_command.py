@@ -100,6 +100,8 @@ def test_a_bad_value_is_one_line_naming_the_flag_or_the_variable() -> None:
     assert lines[2] == "  --max-batch-size: Input should be greater than or equal to 1"
     assert lines[3] == "  SERVE_MAX_WAIT_MS: Input should be greater than or equal to 0"
     assert run("-m", "service", "--variant", "fp64").stderr.splitlines()[1].startswith("  --variant: Input should be")
+    missing = run("-m", "service.cli", "serve", "/nonexistent/store").stderr.splitlines()
+    assert missing == ["invalid settings:", "  PATH: Path does not point to a directory"], missing
     unknown = run("-m", "service.cli", "serve", "--max-batch", "4")  # no abbreviations: --variant is not --variants
     assert unknown.returncode == 2 and unknown.stderr.endswith("unrecognized arguments: --max-batch\n")
 
