@@ -107,3 +107,10 @@ def test_the_pages_and_their_assets_and_the_switch(tmp_path: Path) -> None:
     for path in ("/docs", "/redoc", "/docs/assets/swagger-ui.css", "/docs/oauth2-redirect"):
         assert off.get(path).status_code == 404, path
     assert off.get("/openapi.json").status_code == 200
+
+
+def test_a_missing_asset_package_stops_the_start_not_the_first_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(apidocs, "PACKAGE", "no_such_package_here")
+    with pytest.raises(RuntimeError, match="the API pages need the no_such_package_here package"):
+        apidocs.routes("x")
+    assert apidocs.routes("x", enabled=False) == []

@@ -95,10 +95,21 @@ def _header(call: Call, name: bytes) -> str:
     return next((v.decode("latin-1") for k, v in call.scope["headers"] if k == name), "")
 
 
+def check_assets() -> None:
+    """RuntimeError at start-up, not a 500 at the first page, when the package or a file is missing."""
+    try:
+        folder = resources.files(PACKAGE).joinpath("static")
+    except ImportError as exc:
+        raise RuntimeError(f"the API pages need the {PACKAGE} package (or SERVE_API_PAGES=false): {exc}") from exc
+    if missing := [n for n in ASSETS if not folder.joinpath(n).is_file()]:
+        raise RuntimeError(f"the API pages' assets are missing from {PACKAGE}: {', '.join(missing)}")
+
+
 def routes(title: str, enabled: bool = True) -> list[Route]:
     """/docs, /redoc and their assets; none when the pages are turned off."""
     if not enabled:
         return []
+    check_assets()
     pages = {"/docs": swagger_page(title).encode(), "/redoc": redoc_page(title).encode()}
     media = ASSETS | OWN
 
