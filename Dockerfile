@@ -3,8 +3,9 @@
 #   docker build --target cpu -t transformer-serve:cpu .   # python:3.11-slim, onnxruntime (the default target)
 #   docker build --target gpu -t transformer-serve:gpu .   # CUDA runtime + cuDNN, onnxruntime-gpu only
 #
-# Both final stages: no compilers, uid 10001, exec-form CMD (SIGTERM reaches the server, which
-# drains), HEALTHCHECK on /healthz, a read-only root filesystem works (only /tmp need be writable).
+# Both final stages: no compilers, uid 10001, the command as an exec-form ENTRYPOINT with `serve` as
+# its CMD (SIGTERM reaches the server, which drains; settings from SERVE_* variables, or flags after
+# `serve`: `docker run IMAGE serve --help`), HEALTHCHECK on /healthz, a read-only root filesystem works (only /tmp need be writable).
 # ORT_DISABLE_TELEMETRY=1: onnxruntime 1.31+ otherwise sets up telemetry on Linux and tries to
 # persist a device id (a warning on a read-only root); CUDA_CACHE_PATH keeps the CUDA JIT cache in /tmp.
 # `make image-check` builds and runs the CPU target without a Docker daemon (docs/deployment.md).
@@ -69,7 +70,8 @@ ENV PATH=/opt/venv/bin:$PATH \
 USER 10001:10001
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=60s --retries=3 CMD ["python", "/app/healthcheck.py"]
-CMD ["python", "-m", "service"]
+ENTRYPOINT ["transformer-serve"]
+CMD ["serve"]
 
 # The last stage is the default target: a plain build gives the CPU image.
 FROM ${PYTHON_IMAGE} AS cpu
@@ -89,4 +91,5 @@ ENV PATH=/opt/venv/bin:$PATH \
 USER 10001:10001
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=30s --retries=3 CMD ["python", "/app/healthcheck.py"]
-CMD ["python", "-m", "service"]
+ENTRYPOINT ["transformer-serve"]
+CMD ["serve"]

@@ -73,10 +73,11 @@ tiny: install
 	$(PYTHON) -m export.publish $(RUNS)/tiny-sentiment --name sentiment --store $(TINY_STORE) --force --version 1 --data-dir $(DATA)
 	$(PYTHON) -m export.publish $(RUNS)/tiny-en-de --name en-de --store $(TINY_STORE) --force --version 1 --data-dir $(DATA)
 
-# Serve the store (docs/serving.md): settings from SERVE_* variables, 127.0.0.1:8000 by default.
+# Serve the store (docs/serving.md): settings from SERVE_* variables, or flags in ARGS
+# (make serve ARGS="--port 9000"); 127.0.0.1:8000 by default.
 .PHONY: serve bench-service
 serve: install
-	SERVE_MODEL_STORE=$${SERVE_MODEL_STORE:-$(STORE)} $(PYTHON) -m service
+	SERVE_MODEL_STORE=$${SERVE_MODEL_STORE:-$(STORE)} $(BIN)/transformer-serve serve $(ARGS)
 
 # Load benchmark of the real server against the engine offline (a report; run it on an idle machine).
 # Writes bench/results/service.json. Smoke run: $(PYTHON) -m bench.service_load --smoke

@@ -102,14 +102,16 @@ build_image() {
 inspect_image() {
     local user cmd health size
     user=$(podman image inspect --format '{{.Config.User}}' "$IMAGE")
-    cmd=$(podman image inspect --format '{{json .Config.Cmd}}' "$IMAGE")
+    cmd=$(podman image inspect --format '{{json .Config.Entrypoint}} {{json .Config.Cmd}}' "$IMAGE")
     health=$(podman image inspect --format '{{json .Config.Healthcheck}}' "$IMAGE")
     size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
     echo "user=$user cmd=$cmd"
     echo "healthcheck=$health"
     printf 'size=%s bytes (%s MB)\n' "$size" $((size / 1000000))
     [[ $user == 10001:10001 ]] || fail "image user is '$user', not 10001:10001"; passed
-    [[ $cmd == '["python","-m","service"]' ]] || fail "CMD is not the exec form python -m service: $cmd"; passed
+    [[ $cmd == '["transformer-serve"] ["serve"]' ]] || fail "not the exec form transformer-serve serve: $cmd"; passed
+    podman run --rm --network none --no-healthcheck "$IMAGE" serve --help | grep -q -- '--max-batch-size N' \
+        || fail "transformer-serve serve --help in the image"; passed
     [[ $health == *healthcheck.py* ]] || fail "image has no HEALTHCHECK"; passed
     podman run --rm --network none --no-healthcheck --entrypoint /bin/sh "$IMAGE" -c '
         for c in gcc cc c++ g++ clang make ld; do
@@ -161,6 +163,8 @@ serve_checks() {
     expect 200 GET /healthz
     expect 200 GET /readyz
     expect 200 GET /v1/models
+    expect 200 GET /docs
+    curl -sf -o /dev/null "http://127.0.0.1:$PORT/docs/assets/swagger-ui-bundle.js" || fail "/docs assets"; passed
     expect 200 POST /predict '{"texts": ["What a wonderful, moving film.", "The update broke everything."]}'
     expect 200 POST /translate '{"texts": ["Open the file.", "Save the document as PDF."]}'
     podman healthcheck run "$NAME" || fail "HEALTHCHECK reported unhealthy"

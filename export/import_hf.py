@@ -93,10 +93,8 @@ def import_checkpoint(folder: Path, store: Path, options: ImportOptions, log=pri
     return publish(spec, store, target, log, started=t0)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m export.import_hf", description=__doc__.split("\n")[0], formatter_class=HelpFormatter
-    )
+def build_parser(prog: str = "python -m export.import_hf") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0], formatter_class=HelpFormatter)
     p.add_argument("checkpoint", type=Path, help="a local save_pretrained folder")
     p.add_argument("--name", required=True, help="model name in the store")
     p.add_argument("--store", type=Path, default=Path("model_store"), help="the model store folder")
@@ -115,8 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m export.import_hf") -> int:
+    args = build_parser(prog).parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
         texts = tuple(args.calibration.read_text().splitlines()) if args.calibration else ()

@@ -40,9 +40,9 @@ def promote(source: Path, store: Path, version: int, name: str | None = None, fo
     return store / name / str(version)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m export.promote") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m export.promote",
+        prog=prog,
         formatter_class=HelpFormatter,
         description="Ship a validated model version again under a new version number (no re-export).",
     )
@@ -54,8 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: Sequence[str] | None = None, prog: str = "python -m export.promote") -> int:
+    args = build_parser(prog).parse_args(argv)
     store = args.store or args.source.resolve().parent.parent
     try:
         folder = promote(args.source, store, args.to, args.name, args.force)

@@ -256,9 +256,9 @@ def data_sources_of(data_dir: Path, dataset: str) -> tuple[dict[str, str], ...]:
     return tuple({"package": s["name"], "version": s["version"], "license": s.get("licence", "")} for s in sources)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m export.publish") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m export.publish",
+        prog=prog,
         description="Export a trained checkpoint into the model store.",
         formatter_class=HelpFormatter,
     )
@@ -293,11 +293,11 @@ def _list(value: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in value.split(",") if v.strip())
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str = "python -m export.publish") -> int:
     from export.data import load_jsonl
     from export.train import load_checkpoint
 
-    args = build_parser().parse_args(argv)
+    args = build_parser(prog).parse_args(argv)
     if args.threads < 1:
         print("export failed: --threads must be at least 1", file=sys.stderr)
         return 1

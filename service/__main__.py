@@ -1,27 +1,10 @@
-"""`python -m service`: serve the model store with the settings from the SERVE_* environment."""
+"""`python -m service`: `transformer-serve serve` (flags, each also a SERVE_* variable; `--help` lists them)."""
 
 from __future__ import annotations
 
 import sys
 
-from pydantic import ValidationError
-
-from service.server import serve
-from service.settings import Settings
-
-
-def main() -> int:
-    try:
-        settings = Settings()
-    except ValidationError as exc:
-        lines = [
-            f"  {'SERVE_' + '_'.join(map(str, e['loc'])).upper() if e['loc'] else 'settings'}: {e['msg']}"
-            for e in exc.errors()
-        ]
-        print("invalid settings:\n" + "\n".join(lines), file=sys.stderr)
-        return 2
-    return serve(settings)
-
+from service.cli import serve_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(serve_main(sys.argv[1:], prog="python -m service"))

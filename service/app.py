@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import priority
-from service.http import files, libretranslate, oip, openapi, page, rest
+from service.http import apidocs, files, libretranslate, oip, openapi, page, rest
 from service.http.auth import ApiKeys, KeyRing
 from service.http.dispatch import Endpoint, Router
 from service.http.downloads import Downloads
@@ -109,7 +109,7 @@ def create_app(settings: Settings) -> ServiceApp:
     rules = field_rules(*(cls.Request for cls in tasks), OipInferRequest)
     api = [*rest.routes(tasks, rules), *files.routes(), *oip.routes(), *libretranslate.routes(), *page.routes()]
     document = openapi.builder(tuple(api), settings, state.models)
-    app.table = RouteTable([*api, *openapi.routes(document)])
+    app.table = RouteTable([*api, *openapi.routes(document), *apidocs.routes(openapi.TITLE, settings.api_pages)])
     app.openapi = document  # type: ignore[method-assign]
     return app
 

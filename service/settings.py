@@ -1,12 +1,15 @@
 """Service settings: the only reader of environment variables (prefix ``SERVE_``), validated at start-up.
 
-`python -m service` builds one `Settings()` and passes it to `create_app(settings)`; tests build
-their own with keyword arguments. Nothing reads the environment at import time.
+`transformer-serve serve` (`python -m service`) builds one `Settings` from its flags over the environment
+(`service.flags`: one flag per field, generated from this declaration) and passes it to
+`create_app(settings)`; tests build their own with keyword arguments. Nothing reads the environment
+at import time.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Literal
 
 from pydantic import DirectoryPath, Field, FilePath, SecretStr, field_validator, model_validator
@@ -25,7 +28,15 @@ class Settings(BaseSettings):
         default="info", description="JSON log lines from this level on"
     )
     # models
-    model_store: DirectoryPath = Field(default=DirectoryPath("model_store"), description="model store folder")
+    model_store: DirectoryPath = Field(
+        default=DirectoryPath("model_store"),
+        description="model store folder, or a Hugging Face checkpoint folder (served through the import cache)",
+    )
+    import_cache: Path = Field(
+        default=Path("~/.cache/transformer-serve"),
+        description="a checkpoint folder given as the store is imported here once, keyed by its files' content and "
+        "the import options; a later start with the same folder reuses it",
+    )
     variant: Literal["fp32", "int8", "fp16"] | None = Field(
         default=None, description="model variant; unset: each default"
     )
@@ -134,6 +145,12 @@ class Settings(BaseSettings):
         default=None,
         pattern=r"^[A-Za-z0-9-]+$",
         description="the client address is this header's last entry (e.g. x-forwarded-for); unset: the connection's",
+    )
+    # the API pages
+    api_pages: bool = Field(
+        default=True,
+        description="/docs (Swagger UI) and /redoc, from assets the service ships (no CDN); off: 404, "
+        "the document /openapi.json stays",
     )
     # connections
     header_timeout_s: float = Field(

@@ -140,8 +140,10 @@ def test_dockerfile_final_stages() -> None:
         users = [a for k, a in ins if k == "USER"]
         assert users and users[-1].split(":")[0] == str(UID), f"{target}: USER {UID} (numeric, for runAsNonRoot)"
         cmds = [a for k, a in ins if k == "CMD"]
-        assert cmds, f"{target}: no CMD"
-        assert json.loads(cmds[-1]) == ["python", "-m", "service"], f"{target}: CMD must be exec form"
+        entry = [a for k, a in ins if k == "ENTRYPOINT"]
+        assert cmds and entry, f"{target}: no ENTRYPOINT and CMD"
+        assert json.loads(entry[-1]) == ["transformer-serve"], f"{target}: ENTRYPOINT: the command, exec form"
+        assert json.loads(cmds[-1]) == ["serve"], f"{target}: CMD: serve, exec form"
         health = [a for k, a in ins if k == "HEALTHCHECK"]
         assert health and "CMD" in health[-1], f"{target}: no HEALTHCHECK"
         json.loads(health[-1].split("CMD", 1)[1])  # exec form too

@@ -54,20 +54,25 @@ def server(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         yield s
 
 
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+def start_chromium(folder: Path, *flags: str) -> WebDriver:
+    """Headless chromium with the FLAGS (and `flags`), its profile and driver log in `folder`."""
     missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not p.is_file()]
     assert not missing, f"{', '.join(missing)} missing: `make browser` installs chromium and chromium-driver"
-    folder = tmp_path_factory.mktemp("chromium")
     options = webdriver.ChromeOptions()
     options.binary_location = str(CHROMIUM)
-    for flag in (*FLAGS, f"--user-data-dir={folder / 'profile'}"):
+    for flag in (*FLAGS, *flags, f"--user-data-dir={folder / 'profile'}"):
         options.add_argument(flag)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     # An explicit driver path: Selenium Manager is never asked to find or download one.
     service = ChromeService(executable_path=str(CHROMEDRIVER), log_output=str(folder / "chromedriver.log"))
     driver = webdriver.Chrome(service=service, options=options)
     driver.set_page_load_timeout(30)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
+    driver = start_chromium(tmp_path_factory.mktemp("chromium"))
     try:
         yield driver
     finally:

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.types import ASGIApp
@@ -199,25 +198,11 @@ def builder(routes: tuple[Route, ...], settings: Settings, models: ModelSet) -> 
 
 
 def routes(openapi: Callable[[], dict[str, Any]]) -> list[Route]:
-    """The document itself and the pages that show it (Swagger UI, ReDoc)."""
+    """The document itself (the pages that show it: `service.http.apidocs`)."""
 
     async def openapi_json(call: Call) -> ASGIApp:
         return json_answer(openapi())
 
-    async def swagger(call: Call) -> ASGIApp:
-        return get_swagger_ui_html(
-            openapi_url="/openapi.json", title=f"{TITLE} - Swagger UI", oauth2_redirect_url="/docs/oauth2-redirect"
-        )
-
-    async def swagger_redirect(call: Call) -> ASGIApp:
-        return get_swagger_ui_oauth2_redirect_html()
-
-    async def redoc(call: Call) -> ASGIApp:
-        return get_redoc_html(openapi_url="/openapi.json", title=f"{TITLE} - ReDoc")
-
     return [
         Route("/openapi.json", ("GET",), openapi_json, "openapi", documented=False),
-        Route("/docs", ("GET",), swagger, "swagger_ui", documented=False),
-        Route("/docs/oauth2-redirect", ("GET",), swagger_redirect, "swagger_ui_redirect", documented=False),
-        Route("/redoc", ("GET",), redoc, "redoc", documented=False),
     ]
