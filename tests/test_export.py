@@ -326,6 +326,7 @@ def test_too_few_parity_sentences_is_an_error(
         )
 
 
+@pytest.mark.slow
 def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
     tmp_path: Path, tiny_translator: Translator, tiny_tokenizer: Tokenizer, capsys: pytest.CaptureFixture[str]
 ) -> None:
