@@ -326,7 +326,6 @@ def test_too_few_parity_sentences_is_an_error(
         )
 
 
-@pytest.mark.slow
 def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
     tmp_path: Path, tiny_translator: Translator, tiny_tokenizer: Tokenizer, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -352,6 +351,8 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
         "fp32",
         "--test-rows",
         "40",
+        "--threads",
+        "1",  # the default 2 spin against each other on a busy 2-core machine
     ]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
