@@ -134,8 +134,8 @@ browser:
 test: install browser
 	$(BIN)/pytest
 
-# The inner loop (about a minute on 2 cores): leaves out the markers of pyproject.toml that take
-# minutes or a browser, so it needs no `browser`; `make test` runs them all.
+# The inner loop: leaves out the tests whose markers (pyproject.toml) say they take long, fuzz, need
+# a browser (so it needs no `browser`) or Hugging Face families; `make test` runs them all.
 FAST_TESTS ?= not (slow or fuzz or browser or families)
 test-fast: install
 	$(BIN)/pytest -m "$(FAST_TESTS)"
