@@ -12,7 +12,7 @@ DEVICE  ?= cpu
 # figures on 500 test rows): the bundled figures are measured on the whole test split.
 EXPORT_FLAGS ?= --variants fp32,int8,fp16 --ship int8,fp16 --default-variant int8 --test-rows 0
 
-.PHONY: install data train train-classifier train-translator models browser test lint bench bench-engine clean k8s-check image-check
+.PHONY: install data train train-classifier train-translator models browser test test-fast lint bench bench-engine clean k8s-check image-check
 
 $(BIN)/activate:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -134,6 +134,12 @@ browser:
 
 test: install browser
 	$(BIN)/pytest
+
+# The inner loop: leaves out the tests whose markers (pyproject.toml) say they take long, fuzz, need
+# a browser (so it needs no `browser`) or Hugging Face families; `make test` runs them all.
+FAST_TESTS ?= not (slow or fuzz or browser or families)
+test-fast: install
+	$(BIN)/pytest -m "$(FAST_TESTS)"
 
 lint: install
 	$(BIN)/ruff check .

@@ -3,10 +3,8 @@ answers are known, see `tests.tiny`), their tokenizer, and an exported store."""
 
 from __future__ import annotations
 
-import contextlib
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,15 +42,19 @@ CHECKED_TEXTS = [
 ]
 
 
-@contextlib.contextmanager
-def one_thread() -> Iterator[None]:
-    """Training runs on one thread: on a shared 2-core machine more threads only contend."""
-    before = torch.get_num_threads()
+def pytest_configure(config: pytest.Config) -> None:
+    """PyTorch on one thread for the whole session (training, export and its validation, whose
+    ONNX Runtime sessions take PyTorch's thread count): on a busy 2-core machine two threads
+    spin against each other, and a tiny model's forward pass took 30 times as long."""
     torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> None:
+    """Back to one thread before each test: the export and import CLIs set their `--threads`
+    (default 2) and leave it."""
+    if torch.get_num_threads() != 1:
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -75,8 +77,7 @@ def tiny_translator(tiny_tokenizer: Tokenizer) -> Translator:
     )
     model = Translator(cfg)  # dropout 0.1 in the config: export must switch it off itself
     t0 = time.perf_counter()
-    with one_thread():
-        train_translator_task(model, tiny_tokenizer)
+    train_translator_task(model, tiny_tokenizer)
     srcs, masked = encode_sources(tiny_tokenizer, CHECKED_TEXTS, cfg.max_len)
     ids, mask = (torch.from_numpy(a) for a in pad(srcs))
     outs = greedy(model.eval(), ids, mask, cfg.max_len)
@@ -94,8 +95,7 @@ def tiny_classifier(tiny_tokenizer: Tokenizer) -> Classifier:
         vocab_size=tiny_tokenizer.get_vocab_size(), d_model=32, n_heads=4, d_ff=64, n_layers=2, max_len=32
     )
     model = Classifier(cfg)
-    with one_thread():
-        train_classifier_task(model, tiny_tokenizer)
+    train_classifier_task(model, tiny_tokenizer)
     ids, mask = (torch.from_numpy(a) for a in pad(encode_texts(tiny_tokenizer, CHECKED_TEXTS, cfg.max_len)))
     with torch.no_grad():
         got = [LABELS[i] for i in model.eval()(ids, mask).argmax(-1).tolist()]

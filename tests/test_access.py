@@ -11,8 +11,7 @@ import pytest
 
 from service.http.auth import Auth, KeyRing, Role, key_id, parse_keys
 from service.settings import Settings
-from tests.test_reload import metric
-from tests.test_service_e2e import run_server
+from tests.helpers import metric, run_server
 
 ADMIN, INFER, METRICS = "adm-7c1d9e0f", "inf-2b8a4c6d", "met-5e3f1a9b"
 PREDICT = {"texts": ["The red cat."]}
@@ -54,6 +53,7 @@ def test_the_key_ring_decides_by_role(tmp_path: Path) -> None:
     assert parse_keys(" a:b , c ,", Role.ADMIN)[1].id == key_id("c")
 
 
+@pytest.mark.slow
 def test_model_control_is_closed_by_default(tiny_store: Path, tmp_path: Path) -> None:
     with run_server(tiny_store, tmp_path / "server.log") as server, httpx.Client(base_url=server.url) as c:
         for action in ("unload", "load"):
@@ -66,6 +66,7 @@ def test_model_control_is_closed_by_default(tiny_store: Path, tmp_path: Path) ->
         assert metric(c.get("/metrics").text, refusals) == 2
 
 
+@pytest.mark.slow
 def test_admin_inference_and_metrics_keys_apart(tiny_store: Path, tmp_path: Path) -> None:
     log = tmp_path / "server.log"
     keys = {"api_keys": f"web:{INFER}", "admin_keys": f"ops:{ADMIN}", "metrics_keys": METRICS}
@@ -104,6 +105,7 @@ def test_admin_inference_and_metrics_keys_apart(tiny_store: Path, tmp_path: Path
     assert not [k for k in (ADMIN, INFER, METRICS, "wrong") if k in text]  # no key is ever logged
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given", ["param", "header"])
 def test_libretranslate_takes_either_key_and_refuses_with_403(tiny_store: Path, tmp_path: Path, given: str) -> None:
     with (

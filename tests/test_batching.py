@@ -213,6 +213,7 @@ def test_close_lets_admitted_work_finish() -> None:
     assert run(main()) == [1, 3, 5]
 
 
+@pytest.mark.slow
 def test_a_lone_client_does_not_wait_after_its_first_batch() -> None:
     model = Model()
 
@@ -232,6 +233,7 @@ def test_a_lone_client_does_not_wait_after_its_first_batch() -> None:
     assert first >= 1.9 and second < 1.5  # the second did not wait out max_wait
 
 
+@pytest.mark.slow
 def test_no_item_is_left_behind_under_steady_load() -> None:
     """The reproduction of the starvation bug: batch size 4, a 20 ms model, three new items every
     15 ms for 2.25 s (the old batcher lost one of 450). Every item must be answered, within a

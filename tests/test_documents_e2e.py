@@ -16,8 +16,9 @@ import pytest
 
 from service.documents import po_syntax
 from service.documents.placeholders import formats, placeholders
-from tests.test_documents_po import CATALOG, CATALOGS, entries, lines_outside, msgfmt
-from tests.test_service_e2e import Server, run_server
+from tests.helpers import CATALOG, CATALOGS, Server, entries, lines_outside, msgfmt, run_server
+
+pytestmark = pytest.mark.slow  # real server processes, a few seconds each: left out of `make test-fast`
 
 PO = "text/x-gettext-translation"
 

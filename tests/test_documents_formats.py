@@ -206,6 +206,7 @@ def test_a_table_cell_is_looked_for_between_its_pipes() -> None:
     assert out.data == b"DE:x | DE:y\n-|-\n| a \\| y | DE:y |\n"  # an escaped pipe's cell stays as written
 
 
+@pytest.mark.slow
 def test_table_rows_without_pipes_are_read_in_linear_time() -> None:
     """Each cell's pipe was looked for to the end of the file (40,000 such rows took 82 s)."""
     rows = 40_000

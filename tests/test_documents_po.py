@@ -4,20 +4,19 @@ what Debian's gettext says of the result (`msgfmt -c -f`)."""
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from service.documents import po_syntax
 from service.documents.base import DocumentError, Rendered, RenderInfo
 from service.documents.placeholders import formats, placeholders
 from service.documents.po import PoFormat
 from service.documents.registry import find
+from tests.helpers import CATALOG, CATALOGS, entries, lines_outside, msgfmt
 
 DATA = Path(__file__).parent / "data" / "po"
-CATALOGS = sorted(DATA.glob("*.po"))
+
 INFO = RenderInfo("tiny-mt", 1, "en", "de", "transformer-serve 0.1.0", "2026-12-01 20:00+0000")
 
 
@@ -29,24 +28,6 @@ def german(segment: str) -> str:
 def translate(data: bytes, fn: Callable[[str], str] = german, fmt: PoFormat | None = None) -> Rendered:
     parsed = (fmt or PoFormat()).parse(data)
     return parsed.render([fn(s) for s in parsed.segments], INFO)
-
-
-def msgfmt(data: bytes, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    path = tmp_path / "out.po"
-    path.write_bytes(data)
-    cmd = ["msgfmt", "-c", "-f", *extra, "-o", "/dev/null", str(path)]
-    return subprocess.run(cmd, capture_output=True, text=True, check=False)
-
-
-def entries(data: bytes) -> list[po_syntax.Entry]:
-    return po_syntax.read(data.decode("utf-8-sig").splitlines(True))
-
-
-def lines_outside(data: bytes, changed: set[int]) -> list[str]:
-    """The file's lines but those of the entries starting at `changed` lines."""
-    lines = data.decode("utf-8-sig").splitlines(True)
-    drop = {i for e in po_syntax.read(lines) if e.start in changed for i in range(e.start, e.end)}
-    return [line for i, line in enumerate(lines) if i not in drop]
 
 
 @pytest.mark.parametrize("path", CATALOGS, ids=lambda p: p.stem)
@@ -87,45 +68,6 @@ def test_plural_forms_follow_the_header(tmp_path: Path) -> None:
     )
     three = [e for e in entries(out.data) if e.msgid_plural is not None and "fuzzy" in e.flags]
     assert three and all(len(e.msgstr) == 3 and e.msgstr[1] == e.msgstr[2] for e in three)
-
-
-CATALOG = """\
-# A test catalog.
-msgid ""
-msgstr ""
-"Project-Id-Version: demo 1.0\\n"
-"PO-Revision-Date: YEAR-MO-DA HO:MI+ZONE\\n"
-"Last-Translator: FULL NAME <EMAIL@ADDRESS>\\n"
-"Language: \\n"
-"MIME-Version: 1.0\\n"
-"Content-Type: text/plain; charset=CHARSET\\n"
-"Content-Transfer-Encoding: 8bit\\n"
-"Plural-Forms: nplurals=INTEGER; plural=EXPRESSION;\\n"
-
-#: src/menu.c:10
-msgid "_File"
-msgstr ""
-
-msgctxt "menu"
-msgid "_Open"
-msgstr ""
-
-msgctxt "verb"
-msgid "_Open"
-msgstr ""
-
-#, c-format
-msgid "  Copied %d of %s files\\n"
-msgstr ""
-
-#, python-format
-msgid "Hello %(name)s, say \\"hi\\"\\tnow"
-msgstr ""
-
-#, python-brace-format
-msgid "Open {path} in {app}"
-msgstr ""
-"""
 
 
 def test_the_header_template_is_filled_and_accelerators_kept(tmp_path: Path) -> None:

@@ -20,7 +20,6 @@ from tokenizers import Tokenizer
 from bench.engines import newest
 from export.batches import pad
 from export.model import Classifier, Translator, greedy
-from service.contract import graphs
 from service.engine import classifier, runtime
 from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.decoding import DecodeParams, Hypothesis
@@ -32,6 +31,7 @@ from service.engine.translator import TranslatorEngine, load_translator
 from service.errors import InputTooLong, InvalidInput
 from service.store import StoreEntry, read_pinned, scan
 from tests.conftest import sentences
+from tests.helpers import assert_a_step_ignores_its_fold, assert_the_step_reads_no_shape_but_the_caches
 
 
 @pytest.fixture(scope="module")
@@ -501,55 +501,9 @@ def test_a_version_trained_with_names_masked_ships_the_words_that_are_no_names(
         assert (name not in segment.text) is masked, segment.text
 
 
-def assert_a_step_ignores_its_fold(engine: TranslatorEngine) -> None:
-    """IO contract 6 folds each sentence's rows into the queries of one product over its own
-    keys (the weighted values one product per query). A sentence's log-probabilities and
-    cross-attention must not depend on how wide the fold is (the widest sentence's rows), on its
-    place, or on its neighbours: a greedy row alone (a fold of one), beside beams of 3, and behind
-    them, bit for bit."""
-    rt = engine.rt
-    ids, mask = graphs.pad([[5, 6, 7, 8, engine.eos_id], [9, 10, engine.eos_id]])
-    cross = rt.encode(ids, mask)
-    rng = np.random.default_rng(3)
-    cache = [rng.normal(size=(4, rt.heads, 6, rt.d_k)).astype(np.float32) for _ in range(2 * rt.n_layers)]
-    tokens, positions = np.array([11, 12, 13, 14], np.int64), np.array([4, 4, 2, 3], np.int64)
-
-    def step(rows: list[int], sentences: list[int], starts: list[int], widths: list[int]) -> tuple[np.ndarray, ...]:
-        out = rt.decode(
-            tokens[rows],
-            positions[rows],
-            mask[sentences],
-            [c[rows] for c in cache],
-            [c[sentences] for c in cross],
-            graphs.fold_indices(starts, widths),
-            attention=True,
-        )
-        assert out.attention is not None
-        return out.logprobs, out.attention
-
-    alone = step([0], [0], [0], [1])
-    beside = step([0, 1, 2, 3], [0, 1], [0, 1], [1, 3])  # width 3: the greedy row, then a beam of 3
-    behind = step([1, 2, 3, 0], [1, 0], [0, 3], [3, 1])
-    for got_alone, got_beside, got_behind in zip(alone, beside, behind, strict=True):
-        assert np.array_equal(got_alone[0], got_beside[0])
-        assert np.array_equal(got_alone[0], got_behind[3])
-        assert np.array_equal(got_beside[1:], got_behind[:3])  # the beam's rows, wherever they sit
-
-
 @pytest.mark.parametrize("variant", ["fp32", "int8"])
 def test_a_sentences_step_is_bit_identical_whatever_the_fold(entries: dict[str, StoreEntry], variant: str) -> None:
     assert_a_step_ignores_its_fold(load_translator(entries["tiny-mt"], LoadOptions(threads=1, variant=variant)))
-
-
-def assert_the_step_reads_no_shape_but_the_caches(decoder: Path) -> None:
-    """The folded cross-attention reshapes to constant shapes: a shape read from `fold` would
-    add a chain of small operators to every step. The fused self-attention's slot count is
-    the only shape the step reads."""
-    graph = onnx.load(str(decoder)).graph
-    layers = sum(t.name.startswith("cache.") for t in graph.input) // 2
-    caches = set(graphs.cache_names(layers))
-    read = [n.input[0] for n in graph.node if n.op_type == "Shape"]
-    assert read and set(read) <= caches, read
 
 
 def test_the_step_reads_no_shape_of_the_fold(entries: dict[str, StoreEntry]) -> None:

@@ -351,6 +351,8 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
         "fp32",
         "--test-rows",
         "40",
+        "--threads",
+        "1",  # the default 2 spin against each other on a busy 2-core machine
     ]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

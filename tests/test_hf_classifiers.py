@@ -18,6 +18,8 @@ from export.hf import classifiers as clf
 from export.validate import FP32_TOL, ExportError, session
 from service.contract.graphs import pad
 
+pytestmark = pytest.mark.families  # Hugging Face families against transformers: left out of `make test-fast`
+
 LABELS = {0: "negative", 1: "neutral", 2: "positive"}
 SIZES = {"vocab_size": 120, "max_position_embeddings": 64, "id2label": LABELS}
 BERT_SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 37}

@@ -33,6 +33,8 @@ from tests.hf_checkpoints import (
     write_nllb,
 )
 
+pytestmark = pytest.mark.families  # Hugging Face families against transformers: left out of `make test-fast`
+
 
 def assert_encodes_like(hf: transformers.PreTrainedTokenizerBase, imported: ImportedTokenizer, source: str) -> None:
     """Framed ids of every text equal transformers' input_ids with `source` as its source language."""

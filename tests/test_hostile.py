@@ -14,7 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.test_service_e2e import Server, run_server
+from tests.helpers import Server, run_server
+
+pytestmark = pytest.mark.slow  # real server processes, a few seconds each: left out of `make test-fast`
 
 
 @pytest.fixture(scope="module")

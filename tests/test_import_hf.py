@@ -29,8 +29,10 @@ from service.contract import graphs
 from service.engine.decoding import DecodeParams
 from service.engine.translator import TranslatorEngine, load_translator
 from service.store import StoreEntry, scan
+from tests.helpers import assert_a_step_ignores_its_fold, assert_the_step_reads_no_shape_but_the_caches
 from tests.hf_checkpoints import Checkpoint
-from tests.test_engine import assert_a_step_ignores_its_fold, assert_the_step_reads_no_shape_but_the_caches
+
+pytestmark = pytest.mark.families  # Hugging Face families against transformers: left out of `make test-fast`
 
 SMALL = {
     "d_model": 32,
@@ -285,7 +287,7 @@ def test_imported_models_answer_every_protocol(
     imported: dict[str, tuple[Path, Path]], classifier_checkpoint: Path, tmp_path: Path
 ) -> None:
     """import -> a real server loads the store -> /translate, OIP infer, the LibreTranslate API and /predict."""
-    from tests.test_service_e2e import run_server
+    from tests.helpers import run_server
 
     store = tmp_path / "store"
     shutil.copytree(imported["nllb"][1] / "nllb", store / "nllb")

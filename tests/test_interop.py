@@ -20,8 +20,10 @@ from tritonclient.utils import InferenceServerException
 from bench.engines import newest
 from service.engine.classifier import load_classifier
 from service.store import scan
-from tests.test_service_e2e import Server, run_server
+from tests.helpers import Server, run_server
 from tests.tiny import expected_label, expected_translation
+
+pytestmark = pytest.mark.slow  # real server processes, a few seconds each: left out of `make test-fast`
 
 TEXTS = ["The red cat sees a dog.", "Open the blue window."]  # positive and negative, mapped word by word
 KEY = "k-9f2c1e"

@@ -25,7 +25,7 @@ from service.settings import Settings
 from service.store import StoreEntry, scan
 from service.tasks.base import Task
 from tests.conftest import corrupt_copy
-from tests.test_reload import add_version
+from tests.helpers import add_version
 
 pytestmark = pytest.mark.anyio
 S = VersionState

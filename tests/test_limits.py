@@ -18,7 +18,7 @@ from service.http.auth import KEY_ID, key_id
 from service.http.limits import Bucket, Buckets, ClientLimits, Limits, PolicySource, client_of, retry_after, take
 from service.http.table import Access, Protocol
 from service.settings import Settings
-from tests.test_service_e2e import run_server
+from tests.helpers import run_server
 
 
 class Clock:
@@ -268,6 +268,7 @@ def test_limits_apply_to_the_inference_routes_only(tiny_store: Path) -> None:
 KEY_1, KEY_2 = "k1-s3cr3t-one", "k2-s3cr3t-two"
 
 
+@pytest.mark.slow
 def test_a_key_over_its_limit_gets_429_while_another_is_served(tiny_store: Path, tmp_path: Path) -> None:
     limits_file = tmp_path / "limits.json"
     limits_file.write_text(json.dumps({"keys": {key_id(KEY_2): {"requests_per_minute": 20}}}))
@@ -305,6 +306,7 @@ def test_a_key_over_its_limit_gets_429_while_another_is_served(tiny_store: Path,
     assert "429" in text  # the refusals were logged (without their keys)
 
 
+@pytest.mark.slow
 def test_the_address_comes_from_a_forwarded_header_only_when_it_is_trusted(tiny_store: Path, tmp_path: Path) -> None:
     body = {"texts": ["A dog runs."]}
     with (

@@ -20,7 +20,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from service.metrics import LATENCY_BUCKETS, Metrics
-from tests.test_deploy import render
+from tests.helpers import render
 
 ROOT = Path(__file__).resolve().parent.parent
 MONITORING = ROOT / "k8s" / "monitoring"

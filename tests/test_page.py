@@ -24,7 +24,7 @@ from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from service.http import page
-from tests.test_service_e2e import ROOT, Server, run_server
+from tests.helpers import ROOT, Server, run_server
 from tests.tiny import expected_label, expected_translation
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -130,6 +130,7 @@ def screenshot(driver: WebDriver, tmp_path: Path, name: str, width: int) -> Path
     return path
 
 
+@pytest.mark.browser
 def test_page_classifies_translates_and_draws_attention(server: Server, browser: WebDriver, tmp_path: Path) -> None:
     browser.get(server.url + "/")
     type_into(browser, "sentiment-input", SENTENCE)
@@ -184,6 +185,7 @@ def test_page_classifies_translates_and_draws_attention(server: Server, browser:
     assert severe(browser) == []
 
 
+@pytest.mark.browser
 def test_decode_options_and_a_sentence_selector(server: Server, browser: WebDriver) -> None:
     browser.get(server.url + "/")
     Select(by_id(browser, "decode")).select_by_value("sample")
@@ -209,6 +211,7 @@ def test_decode_options_and_a_sentence_selector(server: Server, browser: WebDriv
     assert severe(browser) == []
 
 
+@pytest.mark.browser
 def test_an_api_error_is_shown(server: Server, browser: WebDriver, tmp_path: Path) -> None:
     browser.get(server.url + "/")
     too_long = "The cat sees a dog. " * 4  # 80 characters; the server takes 50
@@ -243,6 +246,7 @@ def test_static_routes_send_only_known_files_under_a_strict_policy(server: Serve
             assert r.status_code == 404 and r.json()["type"] == "not_found", path
 
 
+@pytest.mark.browser
 def test_a_catalog_uploaded_on_the_page_comes_back_translated(
     server: Server, browser: WebDriver, tmp_path: Path
 ) -> None:

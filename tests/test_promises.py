@@ -22,8 +22,10 @@ import pytest
 
 from bench.serverproc import ROOT
 from tests.conftest import sentences
-from tests.test_service_e2e import Server, run_server
+from tests.helpers import Server, fault_hook_path, run_server
 from tests.tiny import expected_translation
+
+pytestmark = pytest.mark.slow  # real server processes, a few seconds each: left out of `make test-fast`
 
 HELD = "FAULT gate: decoder call held"
 PATIENCE = 60.0  # seconds any condition may take on a loaded machine before the test fails
@@ -31,7 +33,7 @@ PATIENCE = 60.0  # seconds any condition may take on a loaded machine before the
 
 def fault_env(gate: Path) -> dict[str, str]:
     return {
-        "PYTHONPATH": os.pathsep.join([str(ROOT / "bench" / "faults"), str(ROOT)]),
+        "PYTHONPATH": fault_hook_path(),
         "FAULT_DECODE_GATE": str(gate),
     }
 

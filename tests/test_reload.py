@@ -2,44 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.test_service_e2e import run_server
+from tests.helpers import add_version, metric, run_server, until
 from tests.tiny import expected_translation
 
-
-def add_version(model_dir: Path, source: int, version: int, corrupt: str | None = None) -> None:
-    """Copies a version as the exporter publishes one: built hidden, renamed into place at once."""
-    tmp = model_dir / f".v{version}"
-    shutil.copytree(model_dir / str(source), tmp)
-    manifest = json.loads((tmp / "manifest.json").read_text())
-    manifest["version"] = version
-    (tmp / "manifest.json").write_text(json.dumps(manifest))
-    if corrupt:
-        data = bytearray((tmp / corrupt).read_bytes())
-        data[len(data) // 2] ^= 0x55
-        (tmp / corrupt).write_bytes(bytes(data))
-    tmp.rename(model_dir / str(version))
-
-
-def metric(text: str, name: str) -> float:
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
-
-
-def until(what: str, condition: Callable[[], bool], timeout: float = 60) -> None:
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, f"waited {timeout:.0f} s for {what}"
-        time.sleep(0.05)
+pytestmark = pytest.mark.slow  # real server processes, a few seconds each: left out of `make test-fast`
 
 
 def refused(url: str) -> float:

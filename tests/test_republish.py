@@ -22,8 +22,7 @@ from export.tokenizer import encode_texts
 from service.contract.graphs import pad
 from service.store import scan
 from tests.conftest import LABELS, sentences
-from tests.test_reload import metric, until
-from tests.test_service_e2e import run_server
+from tests.helpers import metric, run_server, until
 
 TEXTS = ["The red cat.", "A blue dog runs.", "A dog runs."]
 REFUSED = 'inference_model_loads_total{model="tiny-clf",result="refused"}'
@@ -74,6 +73,7 @@ def retrained(classifier: Classifier, tokenizer: Tokenizer, store: Path, run: Pa
     return labels
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("how", ["watcher", "load"])
 def test_a_republished_version_serves_its_new_weights(
     tiny_store: Path, tmp_path: Path, tiny_classifier: Classifier, tiny_tokenizer: Tokenizer, how: str

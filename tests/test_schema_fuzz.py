@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from bench.serverproc import ROOT
-from tests.test_service_e2e import run_server
+from tests.helpers import run_server
+
+pytestmark = pytest.mark.fuzz  # fuzzing: left out of `make test-fast`
 
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 CONFIG = ROOT / "bench" / "schemathesis.toml"

@@ -632,7 +632,7 @@ async def test_a_bug_is_a_logged_500_and_fails_only_its_batch(
 async def test_the_loaded_heap_is_frozen_and_a_retired_version_is_freed(tiny_store: Path, tmp_path: Path) -> None:
     """Loading ends with `gc.freeze` (full collections then skip the models); a version replaced
     by a newer one must still be freed, reference cycles included, once it has drained."""
-    from tests.test_reload import add_version
+    from tests.helpers import add_version
 
     store_dir = tmp_path / "store"
     shutil.copytree(tiny_store, store_dir)

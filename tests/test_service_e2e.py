@@ -8,30 +8,15 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
 
-from bench.serverproc import ROOT, ServerProcess, start, stop, wait_ready
+from tests.helpers import ROOT, Server, fault_hook_path, metric, run_server
 from tests.tiny import expected_translation
-
-Server = ServerProcess  # the tests' name for a running server process
-
-
-@contextlib.contextmanager
-def run_server(store: Path, log: Path, env: Mapping[str, str] | None = None, **settings: str) -> Iterator[Server]:
-    """A real server on one thread, logging at info (the tests read its access log). Its model
-    threads run `nice`, not at idle priority: on a busy test machine idle threads may starve."""
-    base = {"threads": "1", "log_level": "info", "model_thread_priority": "nice"}
-    server = start(store, log, settings=base | settings, env=env)
-    try:
-        wait_ready(server, 60)
-        yield server
-    finally:
-        stop(server, 15)
 
 
 @pytest.fixture(scope="module")
@@ -72,10 +57,6 @@ def test_real_server_answers_the_contract(server: Server) -> None:
     assert hit and hit[0]["path"] == "/predict" and hit[0]["status"] == 200 and hit[0]["model"] == "tiny-clf"
 
 
-def _metric(text: str, name: str) -> float:
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
-
-
 def test_abandoned_requests_leave_the_running_batch(server: Server) -> None:
     heavy = {"texts": [f"The small cat {i} sees a big red dog." for i in range(64)], "beam_size": 8}
     with ThreadPoolExecutor(10) as pool:
@@ -89,13 +70,13 @@ def test_abandoned_requests_leave_the_running_batch(server: Server) -> None:
         end = time.monotonic() + 60  # generous: a loaded machine, not a latency bound
         while True:
             metrics = c.get("/metrics").text
-            active = _metric(metrics, 'inference_active_sequences{model="tiny-mt"}')
-            waiting = _metric(metrics, 'inference_queue_depth{model="tiny-mt"}')
+            active = metric(metrics, 'inference_active_sequences{model="tiny-mt"}')
+            waiting = metric(metrics, 'inference_queue_depth{model="tiny-mt"}')
             if active == 0 and waiting == 0:
                 break
             assert time.monotonic() < end, (active, waiting)
             time.sleep(0.05)
-        assert _metric(metrics, 'inference_cancelled_sentences_total{model="tiny-mt",reason="disconnect"}') > 0
+        assert metric(metrics, 'inference_cancelled_sentences_total{model="tiny-mt",reason="disconnect"}') > 0
         assert c.post("/translate", json={"texts": ["The cat."]}).status_code == 200
     access = [x for x in server.lines() if x.get("logger") == "service.access" and x.get("path") == "/translate"]
     assert any(x["status"] == 499 for x in access)
@@ -121,7 +102,7 @@ def test_an_unreadable_store_is_one_clear_line_and_exit_1(tiny_store: Path) -> N
     (bench/faults/sitecustomize.py), as a store the server's user may not list."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SERVE_")}
     env |= {"SERVE_MODEL_STORE": str(tiny_store), "SERVE_PORT": "0", "FAULT_UNREADABLE": str(tiny_store)}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench" / "faults"), str(ROOT)])
+    env["PYTHONPATH"] = fault_hook_path()
     done = subprocess.run(
         [sys.executable, "-m", "service"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
     )

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from service.app import create_app
 from service.settings import Settings
 
+pytestmark = pytest.mark.fuzz  # fuzzing: left out of `make test-fast`
+
 ENDPOINTS = ["/predict", "/translate", "/v2/models/tiny-clf/infer", "/v2/models/tiny-mt/infer"]
 ODD = ["", " ", "\x00", "\u202e\u200f", "🙂" * 3, "\ud800", "\udfff x", "a\r\nb", "\ufeff", "ß" * 50, "𝔘𝔫𝔦"]
 

@@ -6,6 +6,8 @@
   onnxruntime; `service/` never imports torch.
 - `export/` imports nothing from `service/` but the contract package.
 - Outside `service/tasks/` nothing in `service/` names a task ("classification", "translation").
+- No test module imports another: what tests share lives in `tests/helpers.py`, `tests/tiny.py`,
+  `tests/fakes.py` and the fixtures of `tests/conftest.py`.
 """
 
 from __future__ import annotations
@@ -242,3 +244,23 @@ def test_the_http_layer_has_a_bottom_and_the_table_is_data() -> None:
         "service.http",
         "service.http.scope",
     }
+def imported_test_modules(path: Path) -> set[str]:
+    """The test modules (`test_*` of `tests/`) that `path` imports, at any depth of the file and
+    in any spelling: `tests.test_x`, `from tests import test_x`, `from . import test_x`,
+    `from .test_x import ...`, or `test_x` alone."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level <= 1:
+            module = node.module or ""
+            if node.level == 1:  # relative to the tests package
+                module = f"tests.{module}" if module else "tests"
+            names |= {module, *(f"{module}.{a.name}" for a in node.names)}
+    tests = {f"tests.{p.stem}" for p in (ROOT / "tests").glob("test_*.py")}
+    return {n for n in names if n in tests or f"tests.{n}" in tests}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "tests").glob("test_*.py")), ids=rel)
+def test_no_test_module_imports_another(path: Path) -> None:
+    assert imported_test_modules(path) == set()

@@ -91,7 +91,7 @@ TINY = ["--vocab-size", "400", "--d-model", "32", "--heads", "4", "--d-ff", "64"
 def test_classifier_cli_writes_checkpoint_report_and_curves(tiny_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "clf"
     args = ["classifier", "--data-dir", str(tiny_data), "--out", str(out), "--steps", "12", "--pretrain-steps", "10"]
-    train.main([*args, *TINY, "--eval-every", "4", "--batch-tokens", "400"])
+    train.main([*args, *TINY, "--eval-every", "4", "--batch-tokens", "400", "--threads", "1"])
     report = json.loads((out / "report.json").read_text())
     assert set(report["test"]) == {"all", "src0", "src1"}
     assert 0 <= report["test"]["all"]["accuracy"] <= 1 and "macro_f1" in report["vader_test"]["all"]
@@ -123,7 +123,7 @@ def test_fit_temperature_undoes_overconfidence() -> None:
 def test_translator_cli_writes_checkpoint_and_scores(tiny_data: Path, tmp_path: Path) -> None:
     out = tmp_path / "mt"
     args = ["translator", "--data-dir", str(tiny_data), "--out", str(out), "--steps", "12", "--warmup", "3"]
-    train.main([*args, *TINY, "--eval-every", "4", "--batch-tokens", "400", "--average-last", "2"])
+    train.main([*args, *TINY, "--eval-every", "4", "--batch-tokens", "400", "--average-last", "2", "--threads", "1"])
     report = json.loads((out / "report.json").read_text())
     assert set(report["test_greedy"]) == {"bleu", "chrf"} and report["steps_run"] == 12
     model, tok = train.load_checkpoint(out)
