@@ -106,3 +106,73 @@ def test_every_service_module_serves() -> None:
             todo += [m for m in (imported, imported.rsplit(".", 1)[0]) if m in known]
     packages = {n for n, p in known.items() if p.name == "__init__.py"}
     assert sorted(set(known) - seen - packages) == []
+
+
+def _import_edges(path: Path, package: str) -> set[str]:
+    """The modules of `package` that `path` imports, wherever the import stands (a function body,
+    `if TYPE_CHECKING:`): `from a.b import c` names `a.b` and, when `c` is a module, `a.b.c`."""
+    known = {_module_name(p) for p in modules(package)}
+    out: set[str] = set()
+    for name in imports(path):
+        out |= {m for m in (name, name.rsplit(".", 1)[0]) if m in known}
+    return out - {_module_name(path)}
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """One import cycle of `graph` (module -> the modules it imports), or [] if it has none."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return []
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return []
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+@pytest.mark.parametrize("package", ["export"])
+def test_no_import_cycle(package: str) -> None:
+    """Type-only and function-level imports count: the layer order must hold for them too."""
+    graph = {_module_name(p): _import_edges(p, package) for p in modules(package)}
+    assert _cycle(graph) == []
+
+
+@pytest.mark.parametrize("path", modules("export"), ids=rel)
+def test_export_imports_no_private_name(path: Path) -> None:
+    """A module's `_name` is its own: another module that needs it needs a public function. Counted:
+    `from export.m import _name` and `m._name` where `m` is an `export` module imported by name."""
+    known = {_module_name(p) for p in modules("export")}
+    tree = ast.parse(path.read_text(), str(path))
+    private, aliases = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "export":
+            private += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+            aliases |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in known}
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.asname and a.name in known}
+    private += [
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in aliases
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    ]
+    assert private == []
