@@ -27,12 +27,12 @@ SIZES = {"vocab_size": 120, "max_position_embeddings": 64, "id2label": LABELS}
 BERT_SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 37}
 DISTILBERT_SIZES = {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 37}
 ROBERTA_IDS = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
-CLASSIFIERS = [name for name, family in FAMILIES.items() if family.task == "classification"]
+CLASSIFIERS = [family.model_type for family in FAMILIES if family.task == "classification"]
 
 
 def layout(family: str) -> ClassifierLayout:
     """The family's quirks as its registry entry states them."""
-    graph = FAMILIES[family].graph
+    graph = family_of(tiny_config(family)).graph
     assert isinstance(graph, ClassifierLayout)
     return graph
 

@@ -85,74 +85,78 @@ def _classifier(model_type: str, layout: ClassifierLayout, files: tuple[tuple[st
     return Family(model_type, "classification", _classifier_architecture, check, layout, tokenization)
 
 
-FAMILIES: dict[str, Family] = {
-    f.model_type: f
-    for f in (
-        _bart_layout(
+FAMILIES: tuple[Family, ...] = (
+    _bart_layout(
+        "marian",
+        Layout(pre_norm=False, position_offset="none"),
+        Tokenization(
             "marian",
-            Layout(pre_norm=False, position_offset="none"),
-            Tokenization(
-                "marian",
-                (("source.spm", "target.spm", "vocab.json"),),
-                tok.label_prefix_targets,
-                sentencepiece=SentencePiece("MarianTokenizer", "source.spm", check=tok.check_marian),
-            ),
+            (("source.spm", "target.spm", "vocab.json"),),
+            tok.label_prefix_targets,
+            sentencepiece=SentencePiece("MarianTokenizer", "source.spm", check=tok.check_marian),
         ),
-        _bart_layout(
-            "bart",
-            Layout(pre_norm=False, position_offset="offset"),
-            Tokenization("bart", _BPE_FILES, tok.label_prefix_targets),
+    ),
+    _bart_layout(
+        "bart",
+        Layout(pre_norm=False, position_offset="offset"),
+        Tokenization("bart", _BPE_FILES, tok.label_prefix_targets),
+    ),
+    _bart_layout(
+        "mbart",
+        Layout(pre_norm=True, position_offset="offset"),
+        Tokenization("mbart", tok.SPM_OR_JSON, tok.decoder_start_targets, languages=tok.lang_code_languages),
+        MBart50=Tokenization("mbart50", tok.SPM_OR_JSON, tok.label_prefix_targets, languages=tok.lang_code_languages),
+    ),
+    _bart_layout(
+        "m2m_100",
+        Layout(
+            pre_norm=True,
+            position_offset="pad",
+            refused=(("num_experts", "mixture-of-experts checkpoints (NLLB-MoE)"),),
         ),
-        _bart_layout(
-            "mbart",
-            Layout(pre_norm=True, position_offset="offset"),
-            Tokenization("mbart", tok.SPM_OR_JSON, tok.decoder_start_targets, languages=tok.lang_code_languages),
-            MBart50=Tokenization(
-                "mbart50", tok.SPM_OR_JSON, tok.label_prefix_targets, languages=tok.lang_code_languages
-            ),
-        ),
-        _bart_layout(
+        Tokenization(
             "m2m_100",
-            Layout(
-                pre_norm=True,
-                position_offset="pad",
-                refused=(("num_experts", "mixture-of-experts checkpoints (NLLB-MoE)"),),
-            ),
-            Tokenization(
-                "m2m_100",
-                (("sentencepiece.bpe.model", "vocab.json"),),
-                tok.label_prefix_targets,
-                languages=tok.lang_code_languages,
-                sentencepiece=SentencePiece("M2M100Tokenizer", "sentencepiece.bpe.model", unknown_to_model_size=True),
-            ),
-            Nllb=Tokenization("nllb", tok.SPM_OR_JSON, tok.label_prefix_targets, languages=tok.nllb_languages),
+            (("sentencepiece.bpe.model", "vocab.json"),),
+            tok.label_prefix_targets,
+            languages=tok.lang_code_languages,
+            sentencepiece=SentencePiece("M2M100Tokenizer", "sentencepiece.bpe.model", unknown_to_model_size=True),
         ),
-        _classifier("bert", ClassifierLayout(classifiers.bert, "BertForSequenceClassification"), _WORDPIECE_FILES),
-        _classifier(
-            "distilbert",
-            ClassifierLayout(classifiers.distilbert, "DistilBertForSequenceClassification"),
-            _WORDPIECE_FILES,
-        ),
-        _classifier(
-            "roberta",
-            ClassifierLayout(classifiers.roberta, "RobertaForSequenceClassification", positions_from_pad=True),
-            _BPE_FILES,
-        ),
-        _classifier(
-            "xlm-roberta",
-            ClassifierLayout(classifiers.roberta, "XLMRobertaForSequenceClassification", positions_from_pad=True),
-            tok.SPM_OR_JSON,
-        ),
-    )
-}
+        Nllb=Tokenization("nllb", tok.SPM_OR_JSON, tok.label_prefix_targets, languages=tok.nllb_languages),
+    ),
+    _classifier("bert", ClassifierLayout(classifiers.bert, "BertForSequenceClassification"), _WORDPIECE_FILES),
+    _classifier(
+        "distilbert",
+        ClassifierLayout(classifiers.distilbert, "DistilBertForSequenceClassification"),
+        _WORDPIECE_FILES,
+    ),
+    _classifier(
+        "roberta",
+        ClassifierLayout(classifiers.roberta, "RobertaForSequenceClassification", positions_from_pad=True),
+        _BPE_FILES,
+    ),
+    _classifier(
+        "xlm-roberta",
+        ClassifierLayout(classifiers.roberta, "XLMRobertaForSequenceClassification", positions_from_pad=True),
+        tok.SPM_OR_JSON,
+    ),
+)
 
 
 def family_of(config: Config) -> Family:
-    """The family of a checkpoint's config (`config.model_type`), or ImportProblem naming those served."""
+    """The family of a checkpoint's config, or ImportProblem naming those served: the entry of its
+    `model_type`; where one model type has entries for both tasks (a BART translator and a BART
+    classifier), the one its `architectures` name (`*ForSequenceClassification`: the classifier)."""
     kind = getattr(config, "model_type", None)
-    if kind not in FAMILIES:
-        raise ImportProblem(f"unsupported model family {kind!r} (supported: {', '.join(sorted(FAMILIES))})")
-    return FAMILIES[kind]
+    found = [f for f in FAMILIES if f.model_type == kind]
+    if not found:
+        supported = sorted({f.model_type for f in FAMILIES})
+        raise ImportProblem(f"unsupported model family {kind!r} (supported: {', '.join(supported)})")
+    if len(found) == 1:
+        return found[0]
+    architectures = getattr(config, "architectures", None) or []
+    classifies = bool(architectures) and all(a.endswith("ForSequenceClassification") for a in architectures)
+    task = "classification" if classifies else "translation"
+    return next(f for f in found if f.task == task)
 
 
 def import_tokenizer(folder: Path, config: Config) -> ImportedTokenizer:
