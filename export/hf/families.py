@@ -37,7 +37,7 @@ StepBuilder = Callable[[nn.Module, int, tuple[int, ...], int], ImportedStep]
 
 @dataclass(frozen=True)
 class Family:
-    """Everything the importer knows of one family (`config.model_type`)."""
+    """Everything the importer knows of one family: a `config.model_type` served as one task."""
 
     model_type: str
     task: Literal["translation", "classification"]  # the spec that publishes it (`export.specs.imported`)
@@ -54,13 +54,6 @@ class Family:
         return next(
             (t for prefix, t in self.tokenizer_variants.items() if declared.startswith(prefix)), self.tokenization
         )
-
-    def check_supported(self, config: Config) -> None:
-        """ImportProblem naming what of `config` this family's graph would not reproduce."""
-        if isinstance(self.graph, ClassifierLayout):
-            classifiers.check_supported(config, self.graph)
-        else:
-            seq2seq.check_supported(config, self.graph)
 
 
 def _classifier_architecture(config: Config) -> dict[str, int | float | str]:
