@@ -31,7 +31,7 @@ import onnxruntime as ort
 import torch
 from torch import Tensor, nn
 
-from export.graphs import _export, translator_io, write_translator
+from export.graphs import export_graph, translator_io, write_translator
 from export.model import Translator, TranslatorConfig
 from export.quantize import make_int8
 from service.contract import graphs as io
@@ -75,7 +75,7 @@ def export_both(model: Translator, folder: Path) -> tuple[Path, Path, Path]:
         cross = [t for kv in model.cross_kv(model.encode(ids, mask)) for t in kv]
         cache = [torch.zeros(2, h, 4, dk) for _ in range(2 * n)]
         args = (torch.tensor([[15], [16]]), torch.tensor([3, 2]), mask, *cache, *cross)
-        _export(_PerRowStep(model), args, spec, folder / "decoder5.onnx", contrib=True)
+        export_graph(_PerRowStep(model), args, spec, folder / "decoder5.onnx", contrib=True)
     return folder / roles["encoder"], folder / "decoder5.onnx", folder / roles["decoder"]
 
 

@@ -7,8 +7,9 @@ cache with no used slot (position 0), so one decoder graph serves every step.
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import onnx
 import torch
@@ -20,10 +21,50 @@ from export.validate import ExportError
 from service.contract import graphs as io
 from service.contract.manifest import GraphSpec, TensorSpec
 
-if TYPE_CHECKING:
-    from export.hf.seq2seq import Seq2Seq
-
 OPSET = 17
+
+
+class StepDims(Protocol):
+    """The dimensions a translator's graphs are declared with."""
+
+    @property
+    def n_heads(self) -> int: ...
+    @property
+    def d_model(self) -> int: ...
+    @property
+    def vocab_size(self) -> int: ...
+
+
+class StepModel(Protocol):
+    """What the translator graphs see of a model: its dimensions, its decoder layers (counted),
+    the encoder and one decoder step. The bundled `export.model.Translator` and every imported
+    family's step model (`export.hf.seq2seq.Seq2Seq`) are one; no graph code names a family."""
+
+    @property
+    def config(self) -> StepDims: ...
+    @property
+    def layers(self) -> Sized: ...
+
+    def encode(self, ids: Tensor, mask: Tensor) -> Tensor:
+        """(B, S) ids and mask -> (B, S, D)."""
+        ...
+
+    def cross_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Cross-attention K/V per decoder layer, (B, H, S, d_k) each."""
+        ...
+
+    def decode_step(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        cache: list[tuple[Tensor, Tensor]],
+        cross: list[tuple[Tensor, Tensor]],
+        src_mask: Tensor,
+        in_place: bool = False,
+        folding: tuple[Tensor, Tensor] | None = None,
+    ) -> tuple[Tensor, list[tuple[Tensor, Tensor]], Tensor]:
+        """One token per row at its own position: scores (R, V), the cache, cross-attention weights."""
+        ...
 
 
 class ClassifierGraph(nn.Module):
@@ -36,7 +77,7 @@ class ClassifierGraph(nn.Module):
 
 
 class EncoderGraph(nn.Module):
-    def __init__(self, model: Translator) -> None:
+    def __init__(self, model: StepModel) -> None:
         super().__init__()
         self.model = model
 
@@ -51,7 +92,7 @@ class DecoderStepGraph(nn.Module):
     log-probabilities already (an imported model's suppressed ids at -inf must not be
     renormalised away by another log-softmax)."""
 
-    def __init__(self, model: Translator | Seq2Seq, normalised: bool = False) -> None:
+    def __init__(self, model: StepModel, normalised: bool = False) -> None:
         super().__init__()
         self.model, self.normalised = model, normalised
         self.n = len(model.layers)
@@ -88,7 +129,7 @@ def classifier_io(model: Classifier) -> dict[str, GraphSpec]:
     return {"model": GraphSpec(inputs=ids, outputs=out)}
 
 
-def translator_io(model: Translator | Seq2Seq) -> dict[str, GraphSpec]:
+def translator_io(model: StepModel) -> dict[str, GraphSpec]:
     """The encoder's and the decoder step's documented IO contract, from what any translator states
     of itself (`config` and its decoder `layers`): the bundled one and an imported one alike."""
     c = model.config
@@ -139,8 +180,11 @@ def _declare_output_shapes(graph: onnx.GraphProto, spec: GraphSpec) -> None:
                 dim.dim_param = want
 
 
-def _export(module: nn.Module, args: tuple[Tensor, ...], spec: GraphSpec, path: Path, contrib: bool = False) -> None:
-    """`contrib`: the graph uses ONNX Runtime's contrib operators (the decoder step, `export.fused`)."""
+def export_graph(
+    module: nn.Module, args: tuple[Tensor, ...], spec: GraphSpec, path: Path, contrib: bool = False
+) -> None:
+    """Exports `module` called with `args` to `path` under `spec`'s IO names and shapes, checked and
+    single-file. `contrib`: the graph uses ONNX Runtime's contrib operators (the decoder step, `export.fused`)."""
     # The exporter restores the wrapper's training flag recursively afterwards: a wrapper left in
     # training mode would switch dropout back on in the model that validation then compares against.
     module.eval()
@@ -169,7 +213,9 @@ def write_classifier(model: Classifier, folder: Path) -> dict[str, str]:
     model.eval()
     with torch.no_grad():
         ids = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
-        _export(ClassifierGraph(model), (ids, (ids != 0).long()), classifier_io(model)["model"], folder / "model.onnx")
+        export_graph(
+            ClassifierGraph(model), (ids, (ids != 0).long()), classifier_io(model)["model"], folder / "model.onnx"
+        )
     return {"model": "model.onnx"}
 
 
@@ -180,14 +226,14 @@ def write_translator(model: Translator, folder: Path) -> dict[str, str]:
     with torch.no_grad():
         ids = torch.tensor([[5, 6, 7, 8], [9, 10, 0, 0]])
         mask = (ids != 0).long()
-        _export(EncoderGraph(model), (ids, mask), spec["encoder"], folder / "encoder.onnx")
+        export_graph(EncoderGraph(model), (ids, mask), spec["encoder"], folder / "encoder.onnx")
         cross_kv = model.cross_kv(model.encode(ids, mask))
         _, past = model.decode(torch.tensor([[1, 11, 12], [1, 13, 14]]), model.empty_past(2), cross_kv, mask)
         rows = torch.tensor([0, 0, 1])  # the first sentence in two rows (beams), the second in one
         cache = [torch.cat([t[rows], torch.zeros_like(t[rows, :, :2])], dim=2) for kv in past for t in kv]  # 2 spare
         cross = [t for kv in cross_kv for t in kv]
         fold, unfold = (torch.from_numpy(a) for a in io.fold_indices([0, 2], [2, 1]))
-        _export(
+        export_graph(
             DecoderStepGraph(model),
             (torch.tensor([[15], [17], [16]]), torch.tensor([3, 3, 2]), mask, fold, unfold, *cache, *cross),
             spec["decoder"],

@@ -18,30 +18,23 @@ import re
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 
 from export.cli import HelpFormatter, quiet, summary
 from export.hf import ImportProblem
-from export.publish import PublishOptions, publish
+from export.hf.families import family_of
+from export.hf.tokenizer import convert_tokenizer
+from export.publish import publish
 from export.quantize import MAKERS
+from export.specs import PublishOptions
+from export.specs.imported import ImportOptions, spec_for
 from export.validate import ExportError
 from service.contract.manifest import MANIFEST
 
 PICKLE_WEIGHTS = ("pytorch_model.bin", "pytorch_model.bin.index.json", "tf_model.h5", "flax_model.msgpack")
-
-
-@dataclass(frozen=True)
-class ImportOptions:
-    name: str
-    version: int | None = None
-    force: bool = False
-    variants: tuple[str, ...] = ("fp32",)
-    default_variant: str = "fp32"
-    calibration: tuple[str, ...] = ()  # texts whose activations set the int8 scales
-    languages: tuple[str, str] | None = None  # a monolingual translator's source and target (BCP 47)
 
 
 def check_folder(folder: Path) -> None:
@@ -64,11 +57,6 @@ def check_folder(folder: Path) -> None:
 
 def import_checkpoint(folder: Path, store: Path, options: ImportOptions, log=print) -> Path:  # type: ignore[no-untyped-def]
     """Import, validate and publish one version; returns its folder."""
-    import transformers
-
-    from export.hf.tokenizer import import_tokenizer
-    from export.specs.imported import spec_for
-
     t0 = time.perf_counter()
     check_folder(folder)
     for v in options.variants:
@@ -80,15 +68,16 @@ def import_checkpoint(folder: Path, store: Path, options: ImportOptions, log=pri
         config = transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
     except (ValueError, OSError, KeyError) as exc:
         raise ImportProblem(f"{folder}/config.json: {exc}") from exc
-    kind = spec_for(config)
+    family = family_of(config)
+    kind = spec_for(family)
     # fp32 is always made (the reference); the rest as asked, when the kind is published in them
     variants = tuple(dict.fromkeys(("fp32", *options.variants)))
     if unmade := [v for v in variants if v not in kind.made_variants]:
         made = ", ".join(kind.made_variants)
         raise ImportProblem(f"a {config.model_type} checkpoint is published in {made} only, not {', '.join(unmade)}")
-    kind.check_supported(config)
-    tok = import_tokenizer(folder, config)
-    spec = kind.load(folder, config, tok, options)
+    family.check(config)
+    tok = convert_tokenizer(folder, config, family.tokenization_for(folder))
+    spec = kind.load(folder, config, family, tok, options)
     target = PublishOptions(options.name, options.version, options.force, variants, options.default_variant)
     return publish(spec, store, target, log, started=t0)
 

@@ -19,9 +19,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -32,8 +31,8 @@ from torch import nn
 from export.cli import HelpFormatter, data_file, quiet, summary
 from export.graphs import OPSET
 from export.quantize import CALIBRATED, MAKERS
-from export.specs import ModelSpec
-from export.specs.bundled import spec_for
+from export.specs import VARIANTS, ModelSpec, PublishOptions
+from export.specs.bundled import ExportOptions, spec_for
 from export.validate import ExportError
 from service.contract import verbatim
 from service.contract.graphs import IO_CONTRACT_VERSION
@@ -46,52 +45,6 @@ from service.contract.manifest import (
     file_entry,
     is_version_folder,
 )
-
-VARIANTS = ("fp32", *MAKERS)
-
-
-@dataclass(frozen=True)
-class PublishOptions:
-    """Where one model version goes and which variants it is validated and shipped in."""
-
-    name: str
-    version: int | None = None  # None: the next free version
-    force: bool = False  # overwrite an existing version
-    variants: tuple[str, ...] = ("fp32", "int8")  # validated and measured; fp32 is the reference
-    default_variant: str = "fp32"
-    ship: tuple[str, ...] | None = None  # variants whose files are written; None: all
-
-    def shipped(self) -> tuple[str, ...]:
-        ship = self.ship or self.variants
-        if "fp32" not in self.variants:
-            raise ExportError("the fp32 variant is the reference for every other and must be exported")
-        if unknown := set(self.variants) - set(VARIANTS):
-            raise ExportError(f"unknown variant(s) {sorted(unknown)} (choose from {', '.join(VARIANTS)})")
-        if not set(ship) <= set(self.variants) or self.default_variant not in ship:
-            raise ExportError(
-                f"shipped variants {list(ship)} must be exported ({list(self.variants)}) and include "
-                f"{self.default_variant!r}"
-            )
-        return ship
-
-
-@dataclass(frozen=True)
-class ExportOptions(PublishOptions):
-    """How one of the project's own checkpoints is exported, validated and published."""
-
-    labels: tuple[str, ...] = ()  # classifiers
-    source_language: str | None = None  # translators (BCP 47)
-    target_language: str | None = None
-    min_parity_sentences: int = 100
-    # test-split rows each variant's figures are measured on, spread over the split; 0: all of them.
-    # The gates (parity, batch invariance) run on the validation split and do not depend on it.
-    test_rows: int = 500
-    train_metrics: Mapping[str, object] = field(default_factory=dict)
-    data_sources: tuple[Mapping[str, str], ...] = ()
-    figures: tuple[Path, ...] = ()  # PNGs kept in the version, named by their stem (the run's curves.png)
-    span_rules: int = 1  # translators: the masking rules of its training (the run's report says)
-    common_words: frozenset[str] = frozenset()  # translators: never masked as names (verbatim.common_words)
-
 
 MAX_VERSION = 2**31 - 1  # a version every client reads exactly (JSON numbers past 2^53 are not)
 

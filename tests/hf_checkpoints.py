@@ -10,12 +10,14 @@ from __future__ import annotations
 import io
 import json
 import random
+import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import sentencepiece as spm
+import torch
 import transformers
 from sentencepiece import sentencepiece_model_pb2
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
@@ -315,3 +317,71 @@ def bart(tmp_path_factory: pytest.TempPathFactory, byte_bpe: tuple) -> Checkpoin
     vocab, merges = byte_bpe
     folder = saved(tmp_path_factory, "bart", transformers.BartTokenizer(vocab=vocab, merges=merges))
     return Checkpoint(folder, transformers.BartConfig(vocab_size=len(vocab), pad_token_id=1, eos_token_id=2))
+
+
+# -- tiny random seq2seq checkpoints over these tokenizers (tests/test_import_hf.py, test_serve_checkpoint.py) --
+
+SMALL = {
+    "d_model": 32,
+    "encoder_layers": 2,
+    "decoder_layers": 2,
+    "encoder_attention_heads": 4,
+    "decoder_attention_heads": 4,
+    "encoder_ffn_dim": 48,
+    "decoder_ffn_dim": 48,
+    "max_position_embeddings": 64,
+    "dropout": 0.0,
+    "attention_dropout": 0.0,
+    "activation_dropout": 0.0,
+}
+MODELS = {
+    "marian": transformers.MarianMTModel,
+    "bart": transformers.BartForConditionalGeneration,
+    "mbart": transformers.MBartForConditionalGeneration,
+    "m2m_100": transformers.M2M100ForConditionalGeneration,
+}
+
+
+def build(
+    tokenizer: Checkpoint,
+    folder: Path,
+    generation: dict[str, object],
+    seed: int = 0,
+    eos_bias: float = 6.0,
+    **config_options: object,
+) -> Path:
+    """A save_pretrained folder: the tokenizer's files, a tiny random model over its vocabulary."""
+    shutil.copytree(tokenizer.folder, folder)
+    base = tokenizer.config
+    config = base.__class__(**{**base.to_diff_dict(), **SMALL, **config_options})
+    config.decoder_start_token_id = base.decoder_start_token_id if base.decoder_start_token_id is not None else 2
+    torch.manual_seed(seed)
+    model = MODELS[config.model_type](config).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # well away from the initialisation, so no check passes by luck
+            p.add_(torch.randn_like(p) * 0.3)
+        # EOS made likelier, so sentences end at varied lengths and beam search's stopping rules matter
+        eos, output = config.eos_token_id, model.get_output_embeddings().weight
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.normal_()
+            model.final_logits_bias[0, eos] += eos_bias
+        else:  # M2M100: through the decoder's final layer norm, along the EOS row of the output projection
+            model.get_decoder().layer_norm.bias.add_(eos_bias * output[eos] / output[eos].dot(output[eos]))
+    model.save_pretrained(folder)
+    transformers.GenerationConfig(
+        decoder_start_token_id=config.decoder_start_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        **generation,
+    ).save_pretrained(folder)
+    return folder
+
+
+FAMILY_CASES = {
+    # fixture, generation config (as checkpoints of the family ship it), target language
+    "marian": ("marian", {"num_beams": 4, "max_length": 20, "bad_words_ids": [[None]], "forced_eos_token_id": 0}, None),
+    "bart": ("bart", {"num_beams": 4, "max_length": 20, "early_stopping": True, "length_penalty": 2.0}, None),
+    "nllb": ("nllb", {"num_beams": 4, "max_length": 20, "length_penalty": 2.0}, "fra_Latn"),
+    "m2m": ("m2m", {"num_beams": 4, "max_length": 20, "early_stopping": True}, "fr"),  # fairseq's tokenizer, converted
+    "mbart50": ("mbart50", {"num_beams": 4, "max_length": 20, "early_stopping": "never"}, "de_DE"),
+}

@@ -20,8 +20,10 @@ from selenium.webdriver.chrome.webdriver import WebDriver
 from service.app import create_app
 from service.http import apidocs
 from service.settings import Settings
-from tests.test_page import screenshot, severe, start_chromium, wait_for
-from tests.test_service_e2e import Server, run_server
+from tests.browser import screenshot, severe, start_chromium, wait_for
+from tests.helpers import Server, run_server
+
+pytestmark = pytest.mark.browser  # Chromium against a real server: left out of `make test-fast`
 
 # Every name resolves to nothing but this machine's loopback address, and any request that would
 # leave it goes to a proxy on a closed loopback port: no byte leaves the host.

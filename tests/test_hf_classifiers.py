@@ -1,8 +1,10 @@
-"""Imported Hugging Face classifiers (`export.hf.classifiers`): ONNX Runtime against transformers on
-tiny random models of every family, labels from id2label, refused options, refused exports."""
+"""Imported Hugging Face classifiers (`export.hf.classifiers`, each family's layout from its registry
+entry, `export.hf.families`): ONNX Runtime against transformers on tiny random models of every family,
+labels from id2label, refused options, refused exports."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +17,8 @@ from torch import nn
 
 from export.hf import ImportProblem
 from export.hf import classifiers as clf
+from export.hf.classifiers import ClassifierLayout
+from export.hf.families import FAMILIES, family_of
 from export.validate import FP32_TOL, ExportError, session
 from service.contract.graphs import pad
 
@@ -25,6 +29,14 @@ SIZES = {"vocab_size": 120, "max_position_embeddings": 64, "id2label": LABELS}
 BERT_SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 37}
 DISTILBERT_SIZES = {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 37}
 ROBERTA_IDS = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
+CLASSIFIERS = [family.model_type for family in FAMILIES if family.task == "classification"]
+
+
+def layout(family: str) -> ClassifierLayout:
+    """The family's quirks as its registry entry states them."""
+    graph = family_of(tiny_config(family)).graph
+    assert isinstance(graph, ClassifierLayout)
+    return graph
 
 
 def tiny_config(family: str, **options: object) -> transformers.PretrainedConfig:
@@ -55,7 +67,7 @@ def batches(config: transformers.PretrainedConfig) -> list[tuple[np.ndarray, np.
     """Right-padded with the model's pad id: a batch of one at the longest input, one of one token,
     mixed lengths with the longest padded against the shortest, no padding at all."""
     rng = np.random.default_rng(7)
-    longest = clf.max_sequence_length(config)
+    longest = clf.max_sequence_length(config, layout(config.model_type))
     out = []
     for lengths in ([longest], [1], [longest, 3, 1, 10], [5, 12, 8, 2, 9, 30], [6, 6]):
         seqs = [[int(i) for i in rng.integers(3, config.vocab_size, size=n)] for n in lengths]  # no pad id
@@ -96,12 +108,12 @@ def torch_run(graph: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.n
     return run
 
 
-@pytest.fixture(scope="module", params=clf.FAMILIES)
+@pytest.fixture(scope="module", params=CLASSIFIERS)
 def exported(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     family = request.param
     model = tiny_model(family)
     path = tmp_path_factory.mktemp(family) / "model.onnx"
-    clf.export_classifier(model, path)
+    clf.export_classifier(model, layout(family), path)
     return family, model, path
 
 
@@ -166,18 +178,18 @@ def shift_positions(graph: nn.Module) -> None:
 def test_a_graph_that_differs_is_caught(family: str, break_graph, tmp_path: Path, monkeypatch) -> None:
     """The comparisons above would see these mistakes, and the export refuses to write them."""
     model = tiny_model(family)
-    loader = clf._LOADERS[family]
+    loader = layout(family).loader
 
-    def broken(model: nn.Module, heads: int) -> nn.Module:
+    def broken(model: nn.Module, heads: int) -> clf.HFClassifierGraph:
         graph = loader(model, heads)
         break_graph(graph)
         return graph
 
-    monkeypatch.setitem(clf._LOADERS, family, broken)
-    logits, _ = max_diffs(torch_run(clf.classifier_graph(model)), model, model.config)
+    wrong = dataclasses.replace(layout(family), loader=broken)
+    logits, _ = max_diffs(torch_run(clf.classifier_graph(model, wrong)), model, model.config)
     assert logits > 10 * FP32_TOL
     with pytest.raises(ExportError, match="graph module vs transformers"):
-        clf.export_classifier(model, tmp_path / "model.onnx")
+        clf.export_classifier(model, wrong, tmp_path / "model.onnx")
     assert not list(tmp_path.iterdir())
 
 
@@ -217,7 +229,7 @@ def test_labels_refuses_missing_or_repeated_names(id2label: dict, message: str) 
 )
 def test_check_supported_names_the_option(family: str, options: dict, message: str) -> None:
     with pytest.raises(ImportProblem, match=f"^{family}: .*{message}"):
-        clf.check_supported(tiny_config(family, **options))
+        family_of(tiny_config(family, **options)).check(tiny_config(family, **options))
 
 
 @pytest.mark.parametrize(("family", "positions"), [("bert", 16), ("roberta", 18)])
@@ -225,25 +237,26 @@ def test_a_short_position_table_is_checked_within_it(family: str, positions: int
     """The export's check batches (one at the longest input, others of fixed lengths) fit the table."""
     config = tiny_config(family, max_position_embeddings=positions)
     model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
-    clf.export_classifier(model, tmp_path / "model.onnx")
-    assert max(ids.shape[1] for ids, _ in clf.probe_batches(config)) == clf.max_sequence_length(config) == 16
+    clf.export_classifier(model, layout(family), tmp_path / "model.onnx")
+    longest = max(ids.shape[1] for ids, _ in clf.probe_batches(config, layout(family)))
+    assert longest == clf.max_sequence_length(config, layout(family)) == 16
 
 
 def test_check_supported_accepts_the_families_and_refuses_others() -> None:
-    for family in clf.FAMILIES:
-        clf.check_supported(tiny_config(family))
-    with pytest.raises(ImportProblem, match="model_type='gpt2' is not supported"):
-        clf.check_supported(transformers.GPT2Config())
+    for family in CLASSIFIERS:
+        family_of(tiny_config(family)).check(tiny_config(family))
+    with pytest.raises(ImportProblem, match="unsupported model family 'gpt2'"):
+        family_of(transformers.GPT2Config())
 
 
 def test_classifier_graph_refuses_a_model_without_the_classifier_head() -> None:
     torch.manual_seed(0)
     with pytest.raises(ImportProblem, match="expected a BertForSequenceClassification, got BertModel"):
-        clf.classifier_graph(transformers.BertModel(tiny_config("bert")))
+        clf.classifier_graph(transformers.BertModel(tiny_config("bert")), layout("bert"))
 
 
 def test_export_refuses_a_model_past_one_file(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr(clf, "SINGLE_FILE_BYTES", 10_000)
     with pytest.raises(ImportProblem, match="GiB of weights; one ONNX file holds < 2 GiB"):
-        clf.export_classifier(tiny_model("distilbert"), tmp_path / "model.onnx")
+        clf.export_classifier(tiny_model("distilbert"), layout("distilbert"), tmp_path / "model.onnx")
     assert not list(tmp_path.iterdir())

@@ -19,7 +19,8 @@ import sentencepiece as spm
 import transformers
 
 from export.hf import ImportProblem
-from export.hf.tokenizer import ImportedTokenizer, import_tokenizer
+from export.hf.families import import_tokenizer
+from export.hf.tokenizer import ImportedTokenizer
 from tests.hf_checkpoints import (
     NLLB_CODES,
     TEXTS,
@@ -279,4 +280,4 @@ def test_nllb_without_language_tokens_is_refused(tmp_path: Path, bpe: bytes, nll
 
 
 def test_unsupported_model_type_is_refused(marian: Checkpoint) -> None:
-    assert "model type 't5' is not supported" in refused(marian.folder, transformers.T5Config())
+    assert "unsupported model family 't5'" in refused(marian.folder, transformers.T5Config())

@@ -22,7 +22,8 @@ import pytest
 import torch
 import transformers
 
-from export.hf import ImportProblem, seq2seq
+from export.hf import ImportProblem
+from export.hf.families import family_of
 from export.import_hf import ImportOptions, import_checkpoint, main
 from export.specs.imported import default_target
 from service.contract import graphs
@@ -30,65 +31,11 @@ from service.engine.decoding import DecodeParams
 from service.engine.translator import TranslatorEngine, load_translator
 from service.store import StoreEntry, scan
 from tests.helpers import assert_a_step_ignores_its_fold, assert_the_step_reads_no_shape_but_the_caches
-from tests.hf_checkpoints import Checkpoint
+from tests.hf_checkpoints import FAMILY_CASES, Checkpoint, build
 
 pytestmark = pytest.mark.families  # Hugging Face families against transformers: left out of `make test-fast`
 
-SMALL = {
-    "d_model": 32,
-    "encoder_layers": 2,
-    "decoder_layers": 2,
-    "encoder_attention_heads": 4,
-    "decoder_attention_heads": 4,
-    "encoder_ffn_dim": 48,
-    "decoder_ffn_dim": 48,
-    "max_position_embeddings": 64,
-    "dropout": 0.0,
-    "attention_dropout": 0.0,
-    "activation_dropout": 0.0,
-}
-MODELS = {
-    "marian": transformers.MarianMTModel,
-    "bart": transformers.BartForConditionalGeneration,
-    "mbart": transformers.MBartForConditionalGeneration,
-    "m2m_100": transformers.M2M100ForConditionalGeneration,
-}
 SENTENCES = ["the cat sat on the mat", "привет мир", "a b c d e f g h", "¿qué tal?", "数字 123 and 456", "x"]
-
-
-def build(
-    tokenizer: Checkpoint,
-    folder: Path,
-    generation: dict[str, object],
-    seed: int = 0,
-    eos_bias: float = 6.0,
-    **config_options: object,
-) -> Path:
-    """A save_pretrained folder: the tokenizer's files, a tiny random model over its vocabulary."""
-    shutil.copytree(tokenizer.folder, folder)
-    base = tokenizer.config
-    config = base.__class__(**{**base.to_diff_dict(), **SMALL, **config_options})
-    config.decoder_start_token_id = base.decoder_start_token_id if base.decoder_start_token_id is not None else 2
-    torch.manual_seed(seed)
-    model = MODELS[config.model_type](config).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # well away from the initialisation, so no check passes by luck
-            p.add_(torch.randn_like(p) * 0.3)
-        # EOS made likelier, so sentences end at varied lengths and beam search's stopping rules matter
-        eos, output = config.eos_token_id, model.get_output_embeddings().weight
-        if hasattr(model, "final_logits_bias"):
-            model.final_logits_bias.normal_()
-            model.final_logits_bias[0, eos] += eos_bias
-        else:  # M2M100: through the decoder's final layer norm, along the EOS row of the output projection
-            model.get_decoder().layer_norm.bias.add_(eos_bias * output[eos] / output[eos].dot(output[eos]))
-    model.save_pretrained(folder)
-    transformers.GenerationConfig(
-        decoder_start_token_id=config.decoder_start_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-        **generation,
-    ).save_pretrained(folder)
-    return folder
 
 
 def entry_of(store: Path, name: str) -> StoreEntry:
@@ -113,16 +60,6 @@ def generate(folder: Path, sources: list[list[int]], **kwargs: object) -> transf
             )
             for s in sources
         ]
-
-
-FAMILY_CASES = {
-    # fixture, generation config (as checkpoints of the family ship it), target language
-    "marian": ("marian", {"num_beams": 4, "max_length": 20, "bad_words_ids": [[None]], "forced_eos_token_id": 0}, None),
-    "bart": ("bart", {"num_beams": 4, "max_length": 20, "early_stopping": True, "length_penalty": 2.0}, None),
-    "nllb": ("nllb", {"num_beams": 4, "max_length": 20, "length_penalty": 2.0}, "fra_Latn"),
-    "m2m": ("m2m", {"num_beams": 4, "max_length": 20, "early_stopping": True}, "fr"),  # fairseq's tokenizer, converted
-    "mbart50": ("mbart50", {"num_beams": 4, "max_length": 20, "early_stopping": "never"}, "de_DE"),
-}
 
 
 @pytest.fixture(scope="module")
@@ -454,8 +391,10 @@ def test_an_m2m100_whose_decoder_starts_with_its_pad_id_is_refused(imported: dic
     """transformers gives a pad token no position of its own (M2M100 and NLLB): a decoder that
     starts with the pad id would be one position off from the first step."""
     hf = transformers.AutoModelForSeq2SeqLM.from_pretrained(imported["nllb"][0], local_files_only=True)
+    build = family_of(hf.config).graph  # the step model builder with NLLB's quirks (positions after the pad id)
+    assert callable(build)
     with pytest.raises(ImportProblem, match="decoder_start_token_id is the pad id"):
-        seq2seq.Seq2Seq(hf, decoder_start_id=hf.config.pad_token_id)
+        build(hf, hf.config.pad_token_id, (), hf.config.eos_token_id)
 
 
 def test_the_default_target_is_the_forced_language_else_the_only_one() -> None:

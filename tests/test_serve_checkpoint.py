@@ -17,8 +17,9 @@ import torch
 import transformers
 
 from bench.serverproc import ServerProcess, free_port, stop, wait_ready
-from tests.hf_checkpoints import Checkpoint
-from tests.test_import_hf import FAMILY_CASES, build
+from tests.hf_checkpoints import FAMILY_CASES, Checkpoint, build
+
+pytestmark = pytest.mark.families  # a Hugging Face checkpoint against transformers: left out of `make test-fast`
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXTS = ["the cat sat on the mat", "привет мир", "a b c d e f g h", "数字 123 and 456"]

@@ -185,7 +185,7 @@ def test_the_cycle_finder_sees_type_checking_and_relative_imports(tmp_path: Path
     assert module_imports(path, "service.pkg.m") >= {"service.x.Y", "service.pkg.z", "service.other.w"}
 
 
-@pytest.mark.parametrize("folders", [["service"]], ids=lambda f: "+".join(f))
+@pytest.mark.parametrize("folders", [["service"], ["export"]], ids=lambda f: "+".join(f))
 def test_no_import_cycles(folders: list[str]) -> None:
     """No module of these folders imports itself through others: the layers hold for every import,
     those a function makes and those only the type checker sees included."""
@@ -244,6 +244,8 @@ def test_the_http_layer_has_a_bottom_and_the_table_is_data() -> None:
         "service.http",
         "service.http.scope",
     }
+
+
 def imported_test_modules(path: Path) -> set[str]:
     """The test modules (`test_*` of `tests/`) that `path` imports, at any depth of the file and
     in any spelling: `tests.test_x`, `from tests import test_x`, `from . import test_x`,
@@ -264,3 +266,28 @@ def imported_test_modules(path: Path) -> set[str]:
 @pytest.mark.parametrize("path", sorted((ROOT / "tests").glob("test_*.py")), ids=rel)
 def test_no_test_module_imports_another(path: Path) -> None:
     assert imported_test_modules(path) == set()
+
+
+@pytest.mark.parametrize("path", modules("export"), ids=rel)
+def test_export_imports_no_private_name(path: Path) -> None:
+    """A module's `_name` is its own: another module that needs it needs a public function. Counted:
+    `from export.m import _name` and `m._name` where `m` is an `export` module imported by name."""
+    known = {_module_name(p) for p in modules("export")}
+    tree = ast.parse(path.read_text(), str(path))
+    private, aliases = [], set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "export":
+            private += [f"{node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+            aliases |= {a.asname or a.name for a in node.names if f"{node.module}.{a.name}" in known}
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.asname and a.name in known}
+    private += [
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in aliases
+        and node.attr.startswith("_")
+        and not node.attr.startswith("__")
+    ]
+    assert private == []

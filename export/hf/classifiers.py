@@ -3,8 +3,9 @@
 The forward is rebuilt from the checkpoint's own submodules instead of traced through the
 transformers forward: that forward returns attention weights only under the eager attention
 implementation (from_pretrained picks sdpa), builds its mask through control flow that tracing
-freezes, and hides each family's quirks. Here every family states its quirks once, in its loader:
-where positions start, which token type is added, what head sits on the first token. The result
+freezes, and hides each family's quirks. Here every family states its quirks once, in its `ClassifierLayout`
+(its registry entry, `export.hf.families`): its loader (which token type is added, what head sits on
+the first token), its transformers class, where positions start. The result
 is checked against the transformers model (logits and last-layer attentions) and against ONNX
 Runtime before the file is written.
 """
@@ -15,6 +16,7 @@ import contextlib
 import os
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +25,7 @@ import transformers
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from export.graphs import _export
+from export.graphs import export_graph
 from export.hf import ImportProblem
 from export.validate import FP32_TOL, ExportError, session
 from service.contract import graphs as io
@@ -110,7 +112,7 @@ class HFClassifierGraph(nn.Module):
         return self.head(x[:, 0]), weights  # every family classifies from the first token
 
 
-def _bert_block(layer: nn.Module, heads: int) -> _Block:
+def bert_block(layer: nn.Module, heads: int) -> _Block:
     """BERT, RoBERTa and XLM-R layers: same module names, `intermediate` holds dense + activation."""
     att = layer.attention
     ffn = nn.Sequential(layer.intermediate, layer.output.dense)
@@ -124,7 +126,7 @@ def _bert_block(layer: nn.Module, heads: int) -> _Block:
     )
 
 
-def _bert(model: nn.Module, heads: int) -> HFClassifierGraph:
+def bert(model: nn.Module, heads: int) -> HFClassifierGraph:
     """[CLS] -> tanh pooler -> classifier; token type 0 added; positions from 0."""
     base, emb = model.bert, model.bert.embeddings
     if base.pooler is None:
@@ -133,10 +135,10 @@ def _bert(model: nn.Module, heads: int) -> HFClassifierGraph:
         emb.word_embeddings, emb.position_embeddings, emb.LayerNorm, emb.token_type_embeddings, None
     )
     head = nn.Sequential(base.pooler.dense, nn.Tanh(), model.classifier)
-    return HFClassifierGraph(embeddings, [_bert_block(layer, heads) for layer in base.encoder.layer], head)
+    return HFClassifierGraph(embeddings, [bert_block(layer, heads) for layer in base.encoder.layer], head)
 
 
-def _distilbert(model: nn.Module, heads: int) -> HFClassifierGraph:
+def distilbert(model: nn.Module, heads: int) -> HFClassifierGraph:
     """[CLS] -> pre_classifier -> ReLU -> classifier; no token types; positions from 0."""
     emb = model.distilbert.embeddings
     embeddings = _Embeddings(emb.word_embeddings, emb.position_embeddings, emb.LayerNorm, None, None)
@@ -155,39 +157,33 @@ def _distilbert(model: nn.Module, heads: int) -> HFClassifierGraph:
     return HFClassifierGraph(embeddings, blocks, head)
 
 
-def _roberta(model: nn.Module, heads: int) -> HFClassifierGraph:
+def roberta(model: nn.Module, heads: int) -> HFClassifierGraph:
     """<s> -> dense -> tanh -> out_proj (no pooler); token type 0 added; positions from pad id + 1."""
     emb = model.roberta.embeddings
     embeddings = _Embeddings(
         emb.word_embeddings, emb.position_embeddings, emb.LayerNorm, emb.token_type_embeddings, emb.padding_idx
     )
     head = nn.Sequential(model.classifier.dense, nn.Tanh(), model.classifier.out_proj)
-    return HFClassifierGraph(embeddings, [_bert_block(layer, heads) for layer in model.roberta.encoder.layer], head)
+    return HFClassifierGraph(embeddings, [bert_block(layer, heads) for layer in model.roberta.encoder.layer], head)
 
 
-_LOADERS: dict[str, Callable[[nn.Module, int], HFClassifierGraph]] = {
-    "bert": _bert,
-    "distilbert": _distilbert,
-    "roberta": _roberta,
-    "xlm-roberta": _roberta,
-}
 MIN_TOKENS = 8  # a position table shorter than this is refused
-_CLASSES = {
-    "bert": "BertForSequenceClassification",
-    "distilbert": "DistilBertForSequenceClassification",
-    "roberta": "RobertaForSequenceClassification",
-    "xlm-roberta": "XLMRobertaForSequenceClassification",
-}
-FAMILIES: tuple[str, ...] = ("bert", "distilbert", "roberta", "xlm-roberta")
-"""`config.model_type` values this module exports."""
 
 
-def check_supported(config: transformers.PretrainedConfig) -> None:
+@dataclass(frozen=True)
+class ClassifierLayout:
+    """A BERT-family classifier's quirks: how its graph is built from the checkpoint's modules, the
+    transformers class that holds them, and whether positions count from the pad id (RoBERTa)."""
+
+    loader: Callable[[nn.Module, int], HFClassifierGraph]  # (model, heads) -> graph over its weights
+    model_class: str  # e.g. "BertForSequenceClassification"
+    positions_from_pad: bool = False  # fairseq positions: pad id + 1 + index
+
+
+def check_supported(config: transformers.PretrainedConfig, layout: ClassifierLayout) -> None:
     """Refuses, naming every offending option, a config whose model the graph would not reproduce:
     a graph that ran but answered differently from the checkpoint would be worse than none."""
     family = getattr(config, "model_type", None)
-    if family not in FAMILIES:
-        raise ImportProblem(f"model_type={family!r} is not supported (supported: {', '.join(FAMILIES)})")
     problems = []
     position = getattr(config, "position_embedding_type", "absolute")
     if position not in (None, "absolute"):
@@ -203,11 +199,11 @@ def check_supported(config: transformers.PretrainedConfig) -> None:
         problems.append(f"num_labels={config.num_labels}: a classifier needs 2 labels or more (1 means regression)")
     if getattr(config, "pruned_heads", None):
         problems.append(f"pruned_heads={config.pruned_heads}: every layer must keep all its heads")
-    if family in ("roberta", "xlm-roberta") and config.pad_token_id is None:
+    if layout.positions_from_pad and config.pad_token_id is None:
         problems.append("pad_token_id=None: RoBERTa positions are counted from the pad id")
-    elif max_sequence_length(config) < MIN_TOKENS:
+    elif max_sequence_length(config, layout) < MIN_TOKENS:
         problems.append(
-            f"max_position_embeddings={config.max_position_embeddings} leaves {max_sequence_length(config)} "
+            f"max_position_embeddings={config.max_position_embeddings} leaves {max_sequence_length(config, layout)} "
             f"positions: too few to classify a text (at least {MIN_TOKENS})"
         )
     if problems:
@@ -238,9 +234,9 @@ def labels(config: transformers.PretrainedConfig) -> list[str]:
     return names
 
 
-def max_sequence_length(config: transformers.PretrainedConfig) -> int:
+def max_sequence_length(config: transformers.PretrainedConfig, layout: ClassifierLayout) -> int:
     """The longest input the position table covers: RoBERTa-style positions start at pad id + 1."""
-    if config.model_type in ("roberta", "xlm-roberta"):
+    if layout.positions_from_pad:
         return config.max_position_embeddings - config.pad_token_id - 1
     return config.max_position_embeddings
 
@@ -259,23 +255,25 @@ def graph_spec(config: transformers.PretrainedConfig) -> GraphSpec:
     return GraphSpec(inputs=ids, outputs=out)
 
 
-def classifier_graph(model: transformers.PreTrainedModel) -> nn.Module:
+def classifier_graph(model: transformers.PreTrainedModel, layout: ClassifierLayout) -> nn.Module:
     """The contract's forward over `model`'s own weights (shared, not copied), in eval mode."""
-    check_supported(model.config)
+    check_supported(model.config, layout)
     family = model.config.model_type
-    if type(model).__name__ != _CLASSES[family]:
-        raise ImportProblem(f"{family}: expected a {_CLASSES[family]}, got {type(model).__name__}")
+    if type(model).__name__ != layout.model_class:
+        raise ImportProblem(f"{family}: expected a {layout.model_class}, got {type(model).__name__}")
     wrong = sorted({str(p.dtype) for p in model.parameters()} - {"torch.float32"})
     if wrong:
         raise ImportProblem(f"{family}: parameters in {wrong}; load the checkpoint with dtype=torch.float32")
-    return _LOADERS[family](model, model.config.num_attention_heads).eval()
+    return layout.loader(model, model.config.num_attention_heads).eval()
 
 
-def probe_batches(config: transformers.PretrainedConfig, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+def probe_batches(
+    config: transformers.PretrainedConfig, layout: ClassifierLayout, seed: int = 0
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Right-padded int64 batches of several sizes and lengths, one at the longest input: what an
     export is checked on. Ids avoid the pad id, as a tokenizer's real tokens do."""
     rng = np.random.default_rng(seed)
-    longest = max_sequence_length(config)
+    longest = max_sequence_length(config, layout)
     shapes = [[longest], [1, 5, 9], [7, 7], [3, min(40, longest), 2, 17], [1]]
     pad = config.pad_token_id if config.pad_token_id is not None else 0
     batches = []
@@ -318,18 +316,18 @@ SINGLE_FILE_BYTES = 2**31 - 2**26
 tensor files, which the store refuses."""
 
 
-def export_classifier(model: transformers.PreTrainedModel, path: Path) -> None:
+def export_classifier(model: transformers.PreTrainedModel, layout: ClassifierLayout, path: Path) -> None:
     """Writes the fp32 classifier graph to `path` (the version's `model.onnx`), only once it matches
     the transformers model and the graph module within FP32_TOL on every probe batch. Leaves the
     model in eval mode, its attention implementation as it was."""
-    graph = classifier_graph(model)
+    graph = classifier_graph(model, layout)
     size = sum(p.numel() * p.element_size() for p in graph.parameters())
     if size > SINGLE_FILE_BYTES:
         raise ImportProblem(
             f"{model.config.model_type}: {size / 2**30:.2f} GiB of weights; one ONNX file holds < 2 GiB"
         )
     spec = graph_spec(model.config)
-    batches = probe_batches(model.config)
+    batches = probe_batches(model.config, layout)
     with torch.no_grad(), _eager(model):
         model.eval()
         expected = []
@@ -350,7 +348,7 @@ def export_classifier(model: transformers.PreTrainedModel, path: Path) -> None:
     try:
         with torch.no_grad():
             ids, mask = batches[1]
-            _export(graph, (torch.from_numpy(ids), torch.from_numpy(mask)), spec, tmp)
+            export_graph(graph, (torch.from_numpy(ids), torch.from_numpy(mask)), spec, tmp)
         sess = session(tmp)
         for (ids, mask), (logits, weights) in zip(batches, expected, strict=True):
             got_logits, got_weights = sess.run(None, {io.INPUT_IDS: ids, io.ATTENTION_MASK: mask})

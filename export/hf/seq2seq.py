@@ -1,11 +1,12 @@
 """Hugging Face encoder-decoders of the BART lineage as the project's translator graphs (IO contract).
 
 MarianMT, M2M100/NLLB, BART and mBART share one layer layout (`self_attn`, `encoder_attn`, `fc1`,
-`fc2` and their layer norms); they differ in a few flags, stated once per family in `FAMILIES`
-(CTranslate2's converter does the same). The computation is written here from the checkpoint's
-own modules rather than by calling the transformers forward: the serving step needs rows at
-different positions with a slot cache written in place by the caller, which transformers' caches
-do not offer. Parity with transformers is what the importer checks before anything is written.
+`fc2` and their layer norms); they differ in a few flags (`Layout`), which each family states in
+its registry entry (`export.hf.families`), as CTranslate2's converter does. The computation is
+written here from the checkpoint's own modules rather than by calling the transformers forward: the
+serving step needs rows at different positions with a slot cache written in place by the caller,
+which transformers' caches do not offer. Parity with transformers is what the importer checks
+before anything is written.
 """
 
 from __future__ import annotations
@@ -13,20 +14,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from pathlib import Path
-from typing import TypeVar
+from typing import Literal, TypeVar
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from export.fused import fused_self_attention
-from export.graphs import DecoderStepGraph, EncoderGraph, _export, translator_io
 from export.hf import ImportProblem
-from export.validate import ExportError, session
-from service.contract import graphs as io
-from service.contract.graphs import pad
 
 NEG_INF = -1e9  # as export.model: finite, so fully masked rows stay NaN-free in fp16
 KV = tuple[Tensor, Tensor]
@@ -35,19 +30,14 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Family:
-    """What differs between the families that share the BART layer layout."""
+class Layout:
+    """What differs between the families that share the BART layer layout (a family's quirks)."""
 
     pre_norm: bool  # x + f(LN(x)) (mBART, M2M100) or LN(x + f(x)) (BART, Marian)
-    position_offset: str  # how a position indexes the position table: "none", "offset" (the module's), "pad"
+    # how a position indexes the position table: "none", "offset" (the module's), "pad" (pad id + 1)
+    position_offset: Literal["none", "offset", "pad"]
+    refused: tuple[tuple[str, str], ...] = ()  # (config option, why) refused when the option is set
 
-
-FAMILIES = {
-    "marian": Family(pre_norm=False, position_offset="none"),
-    "bart": Family(pre_norm=False, position_offset="offset"),
-    "mbart": Family(pre_norm=True, position_offset="offset"),
-    "m2m_100": Family(pre_norm=True, position_offset="pad"),  # NLLB is an M2M100 checkpoint
-}
 
 # Options of these configs that change the computation, with the values this module implements.
 _SUPPORTED = {
@@ -70,27 +60,38 @@ class StepConfig:
     max_len: int  # positions the model has
 
 
-def check_supported(config: object) -> Family:
-    """The family of `config`, or ImportProblem naming what this importer cannot serve."""
+def check_supported(config: object, layout: Layout) -> None:
+    """ImportProblem naming what of `config` this module cannot reproduce."""
     kind = getattr(config, "model_type", None)
-    if kind not in FAMILIES:
-        raise ImportProblem(f"unsupported model family {kind!r} (translators: {', '.join(sorted(FAMILIES))})")
     for option, allowed in _SUPPORTED.items():
         if getattr(config, option, None) not in allowed:
             raise ImportProblem(f"{kind}: config option {option}={getattr(config, option)!r} is not supported")
-    if kind == "m2m_100" and getattr(config, "num_experts", None):
-        raise ImportProblem("m2m_100: mixture-of-experts checkpoints (NLLB-MoE) are not supported")
+    for option, why in layout.refused:
+        if getattr(config, option, None):
+            raise ImportProblem(f"{kind}: {why} are not supported")
     d, h = config.d_model, config.decoder_attention_heads  # type: ignore[attr-defined]
     if d % h or d % config.encoder_attention_heads:  # type: ignore[attr-defined]
         raise ImportProblem(f"{kind}: d_model {d} is not divisible by the attention heads")
-    return FAMILIES[kind]
+
+
+def architecture(config: object) -> dict[str, int | float | str]:
+    """The manifest's `architecture` of a BART-layout translator: its config's dimensions."""
+    c = config
+    return {
+        "family": c.model_type,  # type: ignore[attr-defined]
+        "d_model": c.d_model,  # type: ignore[attr-defined]
+        "n_heads": c.decoder_attention_heads,  # type: ignore[attr-defined]
+        "n_layers": c.encoder_layers,  # type: ignore[attr-defined]
+        "n_dec_layers": c.decoder_layers,  # type: ignore[attr-defined]
+        "vocab_size": c.vocab_size,  # type: ignore[attr-defined]
+    }
 
 
 class _Stack(nn.Module):
     """The embedding side of one stack: token embedding x scale + position table[position + offset],
     then `layernorm_embedding` where the family has it."""
 
-    def __init__(self, stack: nn.Module, family: Family, pad_id: int) -> None:
+    def __init__(self, stack: nn.Module, layout: Layout, pad_id: int) -> None:
         super().__init__()
         embed = stack.embed_tokens
         self.tokens = embed.weight
@@ -99,7 +100,7 @@ class _Stack(nn.Module):
         pos = stack.embed_positions
         table = pos.weight if hasattr(pos, "weight") else pos.weights
         self.register_buffer("positions", table.detach().clone(), persistent=False)
-        self.offset = {"none": 0, "offset": getattr(pos, "offset", 0), "pad": pad_id + 1}[family.position_offset]
+        self.offset = {"none": 0, "offset": getattr(pos, "offset", 0), "pad": pad_id + 1}[layout.position_offset]
         self.norm_embedding = getattr(stack, "layernorm_embedding", None)
         self.final_norm = getattr(stack, "layer_norm", None)
         self.layers = stack.layers
@@ -135,15 +136,22 @@ class Seq2Seq(nn.Module):
     graphs and the exporter's checks use: `encode`, `cross_kv`, `decode_step`, `layers`, `config`."""
 
     def __init__(
-        self, hf: nn.Module, decoder_start_id: int, suppressed: tuple[int, ...] = (), eos_id: int | None = None
+        self,
+        hf: nn.Module,
+        decoder_start_id: int,
+        suppressed: tuple[int, ...] = (),
+        eos_id: int | None = None,
+        *,
+        layout: Layout,
     ) -> None:
         super().__init__()
         c = hf.config
-        self.family = check_supported(c)
+        check_supported(c, layout)
+        self.layout = layout
         self.hf_config = c
         base = hf.get_encoder(), hf.get_decoder()
-        self.enc = _Stack(base[0], self.family, c.pad_token_id)
-        self.dec = _Stack(base[1], self.family, c.pad_token_id)
+        self.enc = _Stack(base[0], layout, c.pad_token_id)
+        self.dec = _Stack(base[1], layout, c.pad_token_id)
         self.layers = self.dec.layers
         self.enc_heads, self.heads = c.encoder_attention_heads, c.decoder_attention_heads
         self.lm_head = hf.get_output_embeddings().weight
@@ -158,7 +166,7 @@ class Seq2Seq(nn.Module):
         # A bias or a mask of zeros leaves the graph: each would be a pass over every row's vocabulary
         # per step (without both, 16 int8 sentences of beam 4 translated 1.06x as fast; measured).
         self.biased, self.suppressing = bool(self.logits_bias.any()), bool(suppressed)
-        if self.family.position_offset == "pad" and decoder_start_id == c.pad_token_id:
+        if layout.position_offset == "pad" and decoder_start_id == c.pad_token_id:
             raise ImportProblem(
                 f"{c.model_type}: decoder_start_token_id is the pad id {c.pad_token_id}, to which transformers gives "
                 "no position of its own: the engine's positions would differ from the first step on"
@@ -193,8 +201,8 @@ class Seq2Seq(nn.Module):
 
     def _residual(self, x: Tensor, norm: nn.Module, f: Callable[[Tensor], tuple[Tensor, T]]) -> tuple[Tensor, T]:
         """x + f(LN(x)) for a pre-norm family, LN(x + f(x)) for a post-norm one; f's extra output."""
-        out, extra = f(norm(x) if self.family.pre_norm else x)
-        return (x + out if self.family.pre_norm else norm(x + out)), extra
+        out, extra = f(norm(x) if self.layout.pre_norm else x)
+        return (x + out if self.layout.pre_norm else norm(x + out)), extra
 
     # -- decoder ---------------------------------------------------------------------------------
 
@@ -291,6 +299,16 @@ class Seq2Seq(nn.Module):
             out.append(logp)
         return torch.stack(out, 1)
 
+    def mismatch_hint(self, targets: Tensor) -> str:
+        """Why transformers' greedy `targets` (B, T) may be decoded differently, or ""."""
+        pad_id = self.config.pad_id
+        if self.layout.position_offset == "pad" and bool((targets[:, 1:] == pad_id).any()):
+            return (
+                f" (transformers' greedy decoding produced the pad id {pad_id}, to which it gives no position of "
+                "its own, unlike the engine: the checkpoint's pad token is likely mistrained)"
+            )
+        return ""
+
     def empty_cache(self, rows: int, slots: int) -> list[KV]:
         dk = self.config.d_model // self.heads
         return [
@@ -300,82 +318,3 @@ class Seq2Seq(nn.Module):
 
 def _ffn(layer: nn.Module, h: Tensor) -> tuple[Tensor, None]:
     return layer.fc2(layer.activation_fn(layer.fc1(h))), None
-
-
-# -- export and the checks against transformers ------------------------------------------------
-
-
-def export_translator(model: Seq2Seq, folder: Path) -> dict[str, str]:
-    """Writes the fp32 encoder and decoder-step graphs; returns role -> file name."""
-    model.eval()
-    spec = translator_io(model)
-    with torch.no_grad():
-        ids = torch.tensor([[5, 6, 7, 8], [9, 10, 11, model.config.pad_id]])
-        mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
-        _export(EncoderGraph(model), (ids, mask), spec["encoder"], folder / "encoder.onnx")
-        cross = [t for kv in model.cross_kv(model.encode(ids, mask)) for t in kv]
-        cache = [t for kv in model.empty_cache(3, 5) for t in kv]  # the first sentence in two rows, the second in one
-        fold, unfold = (torch.from_numpy(a) for a in io.fold_indices([0, 2], [2, 1]))
-        args = (torch.tensor([[12], [14], [13]]), torch.tensor([3, 3, 1]), mask, fold, unfold, *cache, *cross)
-        _export(DecoderStepGraph(model, normalised=True), args, spec["decoder"], folder / "decoder.onnx", contrib=True)
-    return {"encoder": "encoder.onnx", "decoder": "decoder.onnx"}
-
-
-def check_against_transformers(
-    hf: nn.Module, model: Seq2Seq, folder: Path, roles: dict[str, str], sources: list[list[int]], tol: float
-) -> dict[str, object]:
-    """Teacher-forced log-probabilities of the ONNX graphs against transformers' forward, every row
-    of one running batch at its own position: row r joins at step r, so the cache holds rows of
-    different lengths and spare slots with junk. Targets are transformers' own greedy outputs, so
-    the positions checked are the ones decoding visits. Returns the figures; raises ExportError."""
-    c = model.config
-    enc, dec = session(folder / roles["encoder"]), session(folder / roles["decoder"])
-    ids, mask = pad(sources, c.pad_id)
-    t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
-    steps = min(12, c.max_len - 1)  # a short position table ends before
-    with torch.no_grad():
-        out = hf.generate(
-            input_ids=t_ids,
-            attention_mask=t_mask,
-            num_beams=1,
-            do_sample=False,
-            max_new_tokens=steps,
-            min_new_tokens=steps,
-        )
-        tgt = out[:, :steps]  # decoder start + generated, each row as long as the longest
-        ref = torch.log_softmax(hf(input_ids=t_ids, attention_mask=t_mask, decoder_input_ids=tgt).logits, -1).numpy()
-    n, rows = len(model.layers), len(sources)
-    cross = enc.run(io.cross_names(n), {io.INPUT_IDS: ids, io.ATTENTION_MASK: mask})
-    slots = steps + rows
-    junk = np.random.default_rng(0)
-    dk = c.d_model // c.n_heads
-    cache = [junk.normal(size=(rows, c.n_heads, slots, dk)).astype(np.float32) for _ in range(2 * n)]
-    live = ~np.isneginf(model.suppress.numpy())
-    worst = 0.0
-    for step in range(steps + rows - 1):
-        active = [r for r in range(rows) if 0 <= step - r < steps]
-        pos = np.array([step - r for r in active], dtype=np.int64)
-        fold, unfold = io.per_row_folding(len(active))
-        feed = {
-            io.INPUT_IDS: tgt.numpy()[active, pos][:, None],
-            io.POSITION_IDS: pos,
-            io.ENCODER_ATTENTION_MASK: mask[active],
-            io.FOLD: fold,
-            io.UNFOLD: unfold,
-            **dict(zip(io.cache_names(n), [b[active] for b in cache], strict=True)),
-            **dict(zip(io.cross_names(n), [x[active] for x in cross], strict=True)),
-        }
-        res = dec.run(None, feed)
-        got = res[0]
-        worst = max(worst, float(np.abs(got[:, live] - ref[active, pos][:, live]).max()))
-        for j, new in enumerate(io.new_kv_from_present(res[1 : 1 + 2 * n], pos)):
-            cache[j][active, :, pos] = new[:, :, 0]
-    if worst > tol:
-        why = ""
-        if model.family.position_offset == "pad" and bool((tgt[:, 1:] == c.pad_id).any()):
-            why = (
-                f" (transformers' greedy decoding produced the pad id {c.pad_id}, to which it gives no position of "
-                "its own, unlike the engine: the checkpoint's pad token is likely mistrained)"
-            )
-        raise ExportError(f"decoder log-probabilities differ from transformers by {worst:.2e} > {tol:.0e}{why}")
-    return {"transformers_max_abs_diff": worst, "parity_sentences": rows, "parity_steps": steps}

@@ -12,6 +12,9 @@ from. Marian and M2M100 are SentencePiece-backed in transformers 5; their Senten
 converted here, so serving needs no SentencePiece: transformers' `SpmConverter` supplies the
 normalizer and pre-tokenizer of the SentencePiece model, and the Unigram or BPE model is rebuilt in
 vocab.json's ids (transformers looks every piece up in vocab.json, unknown ones as <unk>).
+What each family needs (files, conversion, language codes, forced target tokens) is a `Tokenization`
+its registry entry states (`export.hf.families`), picking the rules defined here (`check_marian`,
+`nllb_languages`, `decoder_start_targets`, ...); no code here looks up a family.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import json
 import re
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +32,38 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models
 from transformers.convert_slow_tokenizer import SpmConverter
 
 from export.hf import ImportProblem
+
+Tok = transformers.PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class SentencePiece:
+    """A SentencePiece-backed transformers tokenizer this module converts (transformers 5 runs it
+    without `tokenizers`): its class, the SentencePiece model's file beside vocab.json, and whether
+    the model's ids past the table decode as <unk> glued to the text (M2M100's "made-up words")."""
+
+    tokenizer_class: str  # type(hf).__name__
+    spm_file: str
+    unknown_to_model_size: bool = False
+    check: Callable[[Tok], None] | None = None  # what of this tokenizer the conversion cannot serve
+
+
+# Per target language, the decoder tokens forced first: (tokenizer, model config, language codes) -> them
+TargetRule = Callable[[Tok, transformers.PretrainedConfig, list[str]], dict[str, tuple[int, ...]]]
+
+
+@dataclass(frozen=True)
+class Tokenization:
+    """How a family's tokenizer is turned into the serving tokenizer and its framing: stated once,
+    in its registry entry (`export.hf.families`)."""
+
+    name: str  # in messages: "nllb", "bert"
+    # sets of files of which one must be complete (transformers falls back to defaults for some
+    # missing files instead of failing, so their absence is caught before it loads anything)
+    files: tuple[tuple[str, ...], ...]
+    targets: TargetRule  # the decoder tokens forced first per target language ({} for a classifier)
+    languages: Callable[[Tok], list[str]] | None = None  # the language codes of a multilingual tokenizer
+    sentencepiece: SentencePiece | None = None  # the conversion when transformers runs no `tokenizers` backend
 
 
 @dataclass(frozen=True)
@@ -49,23 +84,7 @@ class ImportedTokenizer:
     bos_id: int | None
 
 
-# Per family, the sets of files of which one must be complete (transformers falls back to defaults
-# for some missing files instead of failing, so their absence is caught before it loads anything).
-_SPM_OR_JSON = (("tokenizer.json",), ("sentencepiece.bpe.model",))
-_FILES: dict[str, tuple[tuple[str, ...], ...]] = {
-    "marian": (("source.spm", "target.spm", "vocab.json"),),
-    "m2m_100": (("sentencepiece.bpe.model", "vocab.json"),),
-    "nllb": _SPM_OR_JSON,
-    "mbart": _SPM_OR_JSON,
-    "mbart50": _SPM_OR_JSON,
-    "xlm-roberta": _SPM_OR_JSON,
-    "bart": (("tokenizer.json",), ("vocab.json", "merges.txt")),
-    "roberta": (("tokenizer.json",), ("vocab.json", "merges.txt")),
-    "bert": (("tokenizer.json",), ("vocab.txt",)),
-    "distilbert": (("tokenizer.json",), ("vocab.txt",)),
-}
-_CLASSIFIERS = {"bert", "distilbert", "roberta", "xlm-roberta"}
-_MULTILINGUAL = {"m2m_100", "nllb", "mbart", "mbart50"}  # fairseq dictionaries: language tokens after the text
+SPM_OR_JSON = (("tokenizer.json",), ("sentencepiece.bpe.model",))
 _NLLB_CODE = re.compile(r"[a-z]{3}_[A-Z][a-z]{3}")
 
 # Texts whose ids, framing and decoding must agree with transformers at every import. Plain ASCII
@@ -106,19 +125,21 @@ _CLEANUP: tuple[tuple[str, str], ...] = (
 )
 
 
-def import_tokenizer(folder: Path, config: transformers.PretrainedConfig) -> ImportedTokenizer:
-    """The serving tokenizer of the checkpoint in `folder`, checked against transformers'."""
-    family = _family(folder, config)
+def convert_tokenizer(folder: Path, config: transformers.PretrainedConfig, family: Tokenization) -> ImportedTokenizer:
+    """The serving tokenizer of the checkpoint in `folder`, converted as its family states, checked
+    against transformers'."""
     _check_files(folder, family)
     hf = _load(folder, config)
     model_size = getattr(config, "vocab_size", None)
-    serving = _serving_tokenizer(folder, hf, model_size if isinstance(model_size, int) else 0)
+    serving = _serving_tokenizer(folder, hf, family.sentencepiece, model_size if isinstance(model_size, int) else 0)
     special = set(hf.all_special_ids) | {i for i, t in hf.added_tokens_decoder.items() if t.special}
     _check_probes(hf, serving, special, [*PROBES, *_special_probes(hf)])
 
-    codes = _language_codes(family, hf)
+    codes = family.languages(hf) if family.languages is not None else []
     sources = {code: _source_framing(hf, serving, code) for code in codes} if codes else {"": _framing(hf, serving)}
-    targets = _targets(family, hf, config, codes)
+    architectures = getattr(config, "architectures", None) or []
+    classifies = bool(architectures) and all(a.endswith("ForSequenceClassification") for a in architectures)
+    targets = {} if classifies else family.targets(hf, config, codes)
     framing_ids = {i for f in sources.values() for i in (*f.prefix, *f.suffix)} | {
         i for t in targets.values() for i in t
     }
@@ -134,31 +155,24 @@ def import_tokenizer(folder: Path, config: transformers.PretrainedConfig) -> Imp
         eos_id=hf.eos_token_id,
         bos_id=hf.bos_token_id,
     )
-    if family in _MULTILINGUAL:
+    if family.languages is not None:
         _check_languages(imported, hf.mask_token_id)
     _check_vocabulary(imported, config)
     return imported
 
 
-def _family(folder: Path, config: transformers.PretrainedConfig) -> str:
-    """config.model_type, told apart further by the declared tokenizer class (NLLB is an m2m_100)."""
-    declared = ""
+def declared_class(folder: Path) -> str:
+    """The tokenizer class `tokenizer_config.json` declares ("" if none): it tells apart checkpoints
+    of one model type with different tokenizers (NLLB is an m2m_100, mBART-50 an mbart)."""
     if (folder / "tokenizer_config.json").is_file():
-        declared = str(json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class") or "")
-    kind = str(config.model_type)
-    if kind == "m2m_100" and declared.startswith("Nllb"):
-        return "nllb"
-    if kind == "mbart" and declared.startswith("MBart50"):
-        return "mbart50"
-    if kind not in _FILES:
-        raise ImportProblem(f"model type {kind!r} is not supported (supported: {', '.join(sorted(_FILES))})")
-    return kind
+        return str(json.loads((folder / "tokenizer_config.json").read_text()).get("tokenizer_class") or "")
+    return ""
 
 
-def _check_files(folder: Path, family: str) -> None:
-    if not any(all((folder / name).is_file() for name in names) for names in _FILES[family]):
-        wanted = " or ".join(" + ".join(names) for names in _FILES[family])
-        raise ImportProblem(f"{folder} lacks the tokenizer files of a {family} checkpoint: expected {wanted}")
+def _check_files(folder: Path, family: Tokenization) -> None:
+    if not any(all((folder / name).is_file() for name in names) for names in family.files):
+        wanted = " or ".join(" + ".join(names) for names in family.files)
+        raise ImportProblem(f"{folder} lacks the tokenizer files of a {family.name} checkpoint: expected {wanted}")
 
 
 def _load(folder: Path, config: transformers.PretrainedConfig) -> transformers.PreTrainedTokenizerBase:
@@ -170,10 +184,13 @@ def _load(folder: Path, config: transformers.PretrainedConfig) -> transformers.P
         raise ImportProblem(f"transformers cannot load the tokenizer in {folder}: {type(e).__name__}: {e}") from e
 
 
-def _serving_tokenizer(folder: Path, hf: transformers.PreTrainedTokenizerBase, model_size: int) -> Tokenizer:
-    """A copy of the backend transformers runs, or a conversion of a SentencePiece-backed tokenizer.
-    `model_size`, config.vocab_size: M2M100's model has ids no token stands for (its "made-up words"
-    after the languages), which transformers decodes as <unk>; the converted table reaches them too."""
+def _serving_tokenizer(
+    folder: Path, hf: transformers.PreTrainedTokenizerBase, spm: SentencePiece | None, model_size: int
+) -> Tokenizer:
+    """A copy of the backend transformers runs, or the family's conversion of a SentencePiece-backed
+    tokenizer. `model_size`, config.vocab_size: M2M100's model has ids no token stands for (its
+    "made-up words" after the languages), which transformers decodes as <unk>; the converted table
+    reaches them too."""
     if isinstance(hf, transformers.TokenizersBackend):
         tok = Tokenizer.from_str(hf.backend_tokenizer.to_str())
         tok.post_processor = None
@@ -187,22 +204,25 @@ def _serving_tokenizer(folder: Path, hf: transformers.PreTrainedTokenizerBase, m
             tok.decoder = decoders.Sequence([tok.decoder, *_cleanup()])
         return tok
     name = type(hf).__name__
-    if name == "MarianTokenizer":
-        if hf.separate_vocabs:
-            raise ImportProblem("Marian checkpoints with separate source and target vocabularies are not supported")
-        codes = [t for t in hf.encoder if t.startswith(">>") and t.endswith("<<")]
-        if codes:
-            raise ImportProblem(
-                f"multilingual Marian checkpoints are not supported: vocab.json has target language tokens "
-                f"({', '.join(codes[:3])}...) that belong at the start of the encoder input"
-            )
-        spm_file, size, unknown = "source.spm", 0, None
-    elif name == "M2M100Tokenizer":
-        spm_file, size, unknown = "sentencepiece.bpe.model", model_size, str(hf.unk_token)
-    else:
+    if spm is None or name != spm.tokenizer_class:
         raise ImportProblem(f"{name} is neither backed by tokenizers nor a SentencePiece tokenizer known here")
+    if spm.check is not None:
+        spm.check(hf)
+    size, unknown = (model_size, str(hf.unk_token)) if spm.unknown_to_model_size else (0, None)
     vocab = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-    return _from_sentencepiece((folder / spm_file).read_bytes(), vocab, hf.added_tokens_decoder, hf, size, unknown)
+    return _from_sentencepiece((folder / spm.spm_file).read_bytes(), vocab, hf.added_tokens_decoder, hf, size, unknown)
+
+
+def check_marian(hf: Tok) -> None:
+    """Marian checkpoints the conversion cannot serve: two vocabularies, target language tokens."""
+    if hf.separate_vocabs:
+        raise ImportProblem("Marian checkpoints with separate source and target vocabularies are not supported")
+    codes = [t for t in hf.encoder if t.startswith(">>") and t.endswith("<<")]
+    if codes:
+        raise ImportProblem(
+            f"multilingual Marian checkpoints are not supported: vocab.json has target language tokens "
+            f"({', '.join(codes[:3])}...) that belong at the start of the encoder input"
+        )
 
 
 def _from_sentencepiece(
@@ -329,28 +349,25 @@ def _find(framed: Sequence[int], own: Sequence[int]) -> int:
     raise ImportProblem(f"transformers' framed ids {list(framed)} do not contain the text's ids {list(own)}")
 
 
-def _language_codes(family: str, hf: transformers.PreTrainedTokenizerBase) -> list[str]:
-    if family == "nllb":
-        return [str(t) for t in hf.extra_special_tokens if _NLLB_CODE.fullmatch(str(t))]
-    if family in _MULTILINGUAL:
-        return list(hf.lang_code_to_id)
-    return []
+def lang_code_languages(hf: Tok) -> list[str]:
+    """The language codes of a fairseq multilingual tokenizer (M2M100, mBART): its `lang_code_to_id`."""
+    return list(hf.lang_code_to_id)
 
 
-def _targets(
-    family: str, hf: transformers.PreTrainedTokenizerBase, config: transformers.PretrainedConfig, codes: list[str]
+def nllb_languages(hf: Tok) -> list[str]:
+    """NLLB's language codes: its extra special tokens that look like `eng_Latn`."""
+    return [str(t) for t in hf.extra_special_tokens if _NLLB_CODE.fullmatch(str(t))]
+
+
+def no_targets(hf: Tok, config: transformers.PretrainedConfig, codes: list[str]) -> dict[str, tuple[int, ...]]:
+    """A classifier: nothing is generated."""
+    return {}
+
+
+def label_prefix_targets(
+    hf: Tok, config: transformers.PretrainedConfig, codes: list[str]
 ) -> dict[str, tuple[int, ...]]:
     """Per target language, the tokens transformers puts before a label's ids: the ones generation forces."""
-    if family in _CLASSIFIERS:
-        return {}
-    architectures = getattr(config, "architectures", None) or []
-    if architectures and all(a.endswith("ForSequenceClassification") for a in architectures):
-        return {}
-    if family == "mbart":
-        # mBART-cc25 labels end "</s> lang": the language token is the decoder's *start*, so the one
-        # target language reachable is the one config.decoder_start_token_id names.
-        start = getattr(config, "decoder_start_token_id", None)
-        return {code: () for code, i in hf.lang_code_to_id.items() if i == start} or {"": ()}
     if not codes:
         return {"": _label_prefix(hf)}
     targets = {}
@@ -358,6 +375,15 @@ def _targets(
         hf.tgt_lang = code
         targets[code] = _label_prefix(hf)
     return targets
+
+
+def decoder_start_targets(
+    hf: Tok, config: transformers.PretrainedConfig, codes: list[str]
+) -> dict[str, tuple[int, ...]]:
+    """mBART-cc25: labels end "</s> lang", so the language token is the decoder's *start*, and the one
+    target language reachable is the one config.decoder_start_token_id names."""
+    start = getattr(config, "decoder_start_token_id", None)
+    return {code: () for code, i in hf.lang_code_to_id.items() if i == start} or {"": ()}
 
 
 def _label_prefix(hf: transformers.PreTrainedTokenizerBase) -> tuple[int, ...]:

@@ -19,6 +19,8 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
+from export.quantize import MAKERS
+from export.validate import ExportError
 from service.contract.manifest import Framing, Generation, GraphSpec
 
 MAX_NEW_TOKENS = 128  # a translator's limit on generated tokens, where the model allows that many
@@ -28,6 +30,33 @@ MAX_NEW_TOKENS = 128  # a translator's limit on generated tokens, where the mode
 CALIBRATION_SENTENCES = 128
 
 Feeds = dict[str, list[dict[str, np.ndarray]]]  # graph role -> inputs of that graph
+
+VARIANTS = ("fp32", *MAKERS)
+
+
+@dataclass(frozen=True)
+class PublishOptions:
+    """Where one model version goes and which variants it is validated and shipped in."""
+
+    name: str
+    version: int | None = None  # None: the next free version
+    force: bool = False  # overwrite an existing version
+    variants: tuple[str, ...] = ("fp32", "int8")  # validated and measured; fp32 is the reference
+    default_variant: str = "fp32"
+    ship: tuple[str, ...] | None = None  # variants whose files are written; None: all
+
+    def shipped(self) -> tuple[str, ...]:
+        ship = self.ship or self.variants
+        if "fp32" not in self.variants:
+            raise ExportError("the fp32 variant is the reference for every other and must be exported")
+        if unknown := set(self.variants) - set(VARIANTS):
+            raise ExportError(f"unknown variant(s) {sorted(unknown)} (choose from {', '.join(VARIANTS)})")
+        if not set(ship) <= set(self.variants) or self.default_variant not in ship:
+            raise ExportError(
+                f"shipped variants {list(ship)} must be exported ({list(self.variants)}) and include "
+                f"{self.default_variant!r}"
+            )
+        return ship
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,10 @@ split, which nothing else has seen. `spec_for` picks the spec by the model's cla
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from tokenizers import Tokenizer
 from torch import nn
@@ -22,15 +22,30 @@ from export import validate
 from export.data import SENTIMENT_LABELS, spread
 from export.graphs import classifier_io, translator_io, write_classifier, write_translator
 from export.model import Classifier, Translator
-from export.specs import CALIBRATION_SENTENCES, MAX_NEW_TOKENS, Description, Feeds, ModelSpec
+from export.specs import CALIBRATION_SENTENCES, MAX_NEW_TOKENS, Description, Feeds, ModelSpec, PublishOptions
 from export.tokenizer import encode_sources, encode_texts
 from export.validate import ExportError
 from service.contract.graphs import SPECIAL_IDS
 
-if TYPE_CHECKING:
-    from export.publish import ExportOptions
-
 COMMON_WORDS = "common_words.txt"  # a translator's words never masked as names (verbatim.common_words)
+
+
+@dataclass(frozen=True)
+class ExportOptions(PublishOptions):
+    """How one of the project's own checkpoints is exported, validated and published."""
+
+    labels: tuple[str, ...] = ()  # classifiers
+    source_language: str | None = None  # translators (BCP 47)
+    target_language: str | None = None
+    min_parity_sentences: int = 100
+    # test-split rows each variant's figures are measured on, spread over the split; 0: all of them.
+    # The gates (parity, batch invariance) run on the validation split and do not depend on it.
+    test_rows: int = 500
+    train_metrics: Mapping[str, object] = field(default_factory=dict)
+    data_sources: tuple[Mapping[str, str], ...] = ()
+    figures: tuple[Path, ...] = ()  # PNGs kept in the version, named by their stem (the run's curves.png)
+    span_rules: int = 1  # translators: the masking rules of its training (the run's report says)
+    common_words: frozenset[str] = frozenset()  # translators: never masked as names (verbatim.common_words)
 
 
 class BundledSpec(ModelSpec):

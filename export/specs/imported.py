@@ -4,17 +4,19 @@ The graphs are checked against transformers itself (`export.hf`), on synthetic i
 needs no data. The manifest states what the checkpoint says of itself: its framing of a source per
 language and the tokens a translation starts with per target language (`export.hf.tokenizer`),
 its special ids, its decoding defaults (`generation_config.json`, refused where the engine would
-decode otherwise), its labels, its position limit, its origin. `spec_for` picks the spec by
-`config.model_type` from the families `export.hf` implements.
+decode otherwise), its labels, its position limit, its origin. What differs between families
+(graph builder and quirks, config mapping, tokenizer and framing) is their registry entry's
+(`export.hf.families`); `spec_for` picks the spec by the family's task.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -23,15 +25,14 @@ from torch import nn
 
 from export import validate
 from export.graphs import translator_io
-from export.hf import ImportProblem, classifiers, seq2seq
+from export.hf import ImportProblem, classifiers, steps
+from export.hf.classifiers import ClassifierLayout
+from export.hf.families import Family
 from export.hf.tokenizer import ImportedTokenizer
 from export.quantize import MAKERS
 from export.specs import CALIBRATION_SENTENCES, MAX_NEW_TOKENS, Description, Feeds, ModelSpec
 from export.validate import ExportError
 from service.contract.manifest import Framing, Generation
-
-if TYPE_CHECKING:
-    from export.import_hf import ImportOptions
 
 MIN_SOURCE_TOKENS = 8  # a position table with room for fewer source ids is refused
 PROBE_STEPS = 16  # decoder steps of the batch-invariance gate's probes (fewer where the positions end)
@@ -53,6 +54,19 @@ _OFF: dict[str, tuple[object, ...]] = {
 }
 
 
+@dataclass(frozen=True)
+class ImportOptions:
+    """How one checkpoint is imported: where it goes, its variants, what it cannot say of itself."""
+
+    name: str
+    version: int | None = None
+    force: bool = False
+    variants: tuple[str, ...] = ("fp32",)
+    default_variant: str = "fp32"
+    calibration: tuple[str, ...] = ()  # texts whose activations set the int8 scales
+    languages: tuple[str, str] | None = None  # a monolingual translator's source and target (BCP 47)
+
+
 class ImportedSpec(ModelSpec):
     """A local save_pretrained folder: its config, its serving tokenizer, its weights."""
 
@@ -64,11 +78,12 @@ class ImportedSpec(ModelSpec):
         self,
         folder: Path,
         config: transformers.PretrainedConfig,
+        family: Family,
         tok: ImportedTokenizer,
         hf: nn.Module,
         options: ImportOptions,
     ) -> None:
-        self.folder, self.config, self.tok, self.hf = folder, config, tok, hf
+        self.folder, self.config, self.family, self.tok, self.hf = folder, config, family, tok, hf
         self.calibration = options.calibration
         self.raw_generation: dict[str, object] = {}
         self.options = options
@@ -77,12 +92,14 @@ class ImportedSpec(ModelSpec):
     def setup(self) -> None:
         """What the kind derives from the checkpoint once it is loaded (a translator's graph module)."""
 
-    # ImportProblem naming what of a config the family's graphs would not reproduce
-    check_supported: ClassVar[Callable[[transformers.PretrainedConfig], object]]
-
     @classmethod
     def load(
-        cls, folder: Path, config: transformers.PretrainedConfig, tok: ImportedTokenizer, options: ImportOptions
+        cls,
+        folder: Path,
+        config: transformers.PretrainedConfig,
+        family: Family,
+        tok: ImportedTokenizer,
+        options: ImportOptions,
     ) -> ImportedSpec:
         """The checkpoint's weights (safetensors only, fp32) under this spec."""
         try:
@@ -91,7 +108,7 @@ class ImportedSpec(ModelSpec):
             ).eval()
         except (ValueError, OSError, RuntimeError) as exc:
             raise ImportProblem(f"{folder}: weights do not load: {exc}") from exc
-        return cls(folder, config, tok, hf, options)
+        return cls(folder, config, family, tok, hf, options)
 
     def framed(self, ids: Sequence[Sequence[int]]) -> list[list[int]]:
         """Text ids as a source of the first source language (any language, for a multilingual model)."""
@@ -126,13 +143,14 @@ class ImportedSpec(ModelSpec):
 
 
 class ImportedTranslator(ImportedSpec):
-    """Marian, BART, mBART, M2M100/NLLB (`export.hf.seq2seq.Seq2Seq`): the bundled translator's
-    graphs, with the checkpoint's decoder start, suppressed ids, framing and decoding defaults."""
+    """An encoder-decoder (Marian, BART, mBART, M2M100/NLLB): its family's step model (`export.hf.steps`)
+    as the bundled translator's graphs, with the checkpoint's decoder start, suppressed ids, framing
+    and decoding defaults."""
 
     task = "translation"
     output = "logprobs"
     auto_class = transformers.AutoModelForSeq2SeqLM
-    check_supported = staticmethod(seq2seq.check_supported)
+    model: steps.ImportedStep
 
     def setup(self) -> None:
         hf, config, tok, folder, options = self.hf, self.config, self.tok, self.folder, self.options
@@ -144,7 +162,10 @@ class ImportedTranslator(ImportedSpec):
             raise ImportProblem("no decoder_start_token_id in generation_config.json or config.json")
         self.start = int(start)
         self.eos = end_token(hf.generation_config, config)
-        self.model = seq2seq.Seq2Seq(hf, self.start, _suppressed(self.raw_generation), self.eos)
+        build = self.family.graph
+        if isinstance(build, ClassifierLayout):
+            raise ImportProblem(f"{config.model_type}: a classifier family, not a translator")
+        self.model = build(hf, self.start, _suppressed(self.raw_generation), self.eos)
         room = self.model.config.max_len - max(len(f.prefix) + len(f.suffix) for f in tok.sources.values())
         if room < MIN_SOURCE_TOKENS:
             raise ImportProblem(
@@ -159,12 +180,12 @@ class ImportedTranslator(ImportedSpec):
         } | _named_pair(options.languages, tok.sources)
 
     def write_graphs(self, folder: Path) -> dict[str, str]:
-        return seq2seq.export_translator(self.model, folder)
+        return steps.export_translator(self.model, folder)
 
     def check_reference(self, folder: Path, roles: dict[str, str]) -> dict[str, object]:
         """Teacher-forced log-probabilities against transformers, rows at different positions."""
         tol = validate.TOLERANCES["fp32"]
-        return seq2seq.check_against_transformers(self.hf, self.model, folder, roles, self.probes, tol)
+        return steps.check_against_transformers(self.hf, self.model, folder, roles, self.probes, tol)
 
     def check_variant(self, variant: str, folder: Path, files: dict[str, dict[str, str]]) -> dict[str, object]:
         """No tolerance against fp32 is measured for an imported translator's fp16 and int8 graphs:
@@ -184,14 +205,7 @@ class ImportedTranslator(ImportedSpec):
         positions = self.model.config.max_len
         framing = max(len(f.prefix) + len(f.suffix) for f in tok.sources.values())
         return self._description(
-            architecture={
-                "family": c.model_type,
-                "d_model": c.d_model,
-                "n_heads": c.decoder_attention_heads,
-                "n_layers": c.encoder_layers,
-                "n_dec_layers": c.decoder_layers,
-                "vocab_size": c.vocab_size,
-            },
+            architecture=self.family.architecture(c),
             graphs=translator_io(self.model),
             special_tokens={
                 "pad_id": tok.pad_id,
@@ -209,21 +223,23 @@ class ImportedTranslator(ImportedSpec):
 
 
 class ImportedClassifier(ImportedSpec):
-    """BERT, DistilBERT, RoBERTa, XLM-R sequence classifiers (`export.hf.classifiers`): the graph is
-    checked against transformers as it is written. Published in fp32 only: no fp16 or int8 graph of
-    an imported classifier is made or checked (`--variants` asking for them is refused)."""
+    """A BERT-family sequence classifier (BERT, DistilBERT, RoBERTa, XLM-R; `export.hf.classifiers`):
+    the graph is checked against transformers as it is written. Published in fp32 only: no fp16 or
+    int8 graph of an imported classifier is made or checked (`--variants` asking for them is refused)."""
 
     task = "classification"
     output = "logits"
     auto_class = transformers.AutoModelForSequenceClassification
     made_variants = ("fp32",)
-    check_supported = staticmethod(classifiers.check_supported)
 
     def setup(self) -> None:
+        if not isinstance(self.family.graph, ClassifierLayout):
+            raise ImportProblem(f"{self.config.model_type}: a translator family, not a classifier")
+        self.layout = self.family.graph
         self.labels = classifiers.labels(self.config)
 
     def write_graphs(self, folder: Path) -> dict[str, str]:
-        classifiers.export_classifier(self.hf, folder / "model.onnx")  # type: ignore[arg-type]
+        classifiers.export_classifier(self.hf, self.layout, folder / "model.onnx")  # type: ignore[arg-type]
         return {"model": "model.onnx"}
 
     def check_reference(self, folder: Path, roles: dict[str, str]) -> dict[str, object]:
@@ -239,26 +255,22 @@ class ImportedClassifier(ImportedSpec):
     def describe(self) -> Description:
         frame = self.tok.sources[""]
         return self._description(
-            architecture={"family": self.config.model_type, "vocab_size": self.config.vocab_size},
+            architecture=self.family.architecture(self.config),
             graphs={"model": classifiers.graph_spec(self.config)},
             special_tokens={"pad_id": self.tok.pad_id, "unk_id": self.tok.unk_id},
             labels=self.labels,
-            max_source_tokens=classifiers.max_sequence_length(self.config) - len(frame.prefix) - len(frame.suffix),
+            max_source_tokens=classifiers.max_sequence_length(self.config, self.layout)
+            - len(frame.prefix)
+            - len(frame.suffix),
         )
 
 
-FAMILIES: dict[str, type[ImportedSpec]] = {
-    **{family: ImportedTranslator for family in seq2seq.FAMILIES},
-    **{family: ImportedClassifier for family in classifiers.FAMILIES},
-}
+SPECS: dict[str, type[ImportedSpec]] = {spec.task: spec for spec in (ImportedTranslator, ImportedClassifier)}
 
 
-def spec_for(config: transformers.PretrainedConfig) -> type[ImportedSpec]:
-    """The spec of a checkpoint's family (`config.model_type`): the one place an import's kind is chosen."""
-    kind = config.model_type
-    if kind not in FAMILIES:
-        raise ImportProblem(f"unsupported model family {kind!r} (supported: {', '.join(sorted(FAMILIES))})")
-    return FAMILIES[kind]
+def spec_for(family: Family) -> type[ImportedSpec]:
+    """The spec that publishes a family's checkpoints, by its task: the one place an import's kind is chosen."""
+    return SPECS[family.task]
 
 
 def generation_of(gen: object) -> tuple[Generation, dict[str, object]]:

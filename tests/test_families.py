@@ -1,0 +1,58 @@
+"""The registry of imported model families (`export.hf.families`): one entry per family and task,
+found by the config's model type (and its architectures where a type has two), the tokenization a
+checkpoint's declared tokenizer class names. No model is built here."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import transformers
+
+from export.hf import ImportProblem, families, tokenizer
+from export.hf.families import FAMILIES, family_of
+
+
+def test_one_entry_per_model_type_and_task() -> None:
+    keys = [(f.model_type, f.task) for f in FAMILIES]
+    assert len(keys) == len(set(keys))
+    assert {f.model_type for f in FAMILIES} >= {"marian", "bart", "mbart", "m2m_100", "bert", "roberta"}
+
+
+def test_a_family_is_found_by_its_model_type() -> None:
+    assert family_of(transformers.MarianConfig()).task == "translation"
+    assert family_of(transformers.XLMRobertaConfig()).task == "classification"
+    with pytest.raises(ImportProblem, match="unsupported model family 't5' \\(supported: bart, bert, "):
+        family_of(transformers.T5Config())
+
+
+def test_two_tasks_of_one_model_type_are_told_apart_by_architectures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Adding a BART classifier is one more entry: the checkpoint's architectures pick it."""
+    bart = family_of(transformers.BartConfig())
+    classifier = dataclasses.replace(bart, task="classification")
+    monkeypatch.setattr(families, "FAMILIES", (*FAMILIES, classifier))
+    assert families.family_of(transformers.BartConfig(architectures=["BartForSequenceClassification"])) is classifier
+    assert families.family_of(transformers.BartConfig(architectures=["BartForConditionalGeneration"])) is bart
+    assert families.family_of(transformers.BartConfig()) is bart
+
+
+@pytest.mark.parametrize(
+    ("config", "declared", "name"),
+    [
+        (transformers.M2M100Config(), "NllbTokenizer", "nllb"),
+        (transformers.M2M100Config(), "M2M100Tokenizer", "m2m_100"),
+        (transformers.M2M100Config(), None, "m2m_100"),
+        (transformers.MBartConfig(), "MBart50TokenizerFast", "mbart50"),
+        (transformers.MBartConfig(), "MBartTokenizer", "mbart"),
+    ],
+)
+def test_the_declared_tokenizer_class_picks_the_tokenization(
+    tmp_path: Path, config: transformers.PretrainedConfig, declared: str | None, name: str
+) -> None:
+    if declared is not None:
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": declared}))
+    chosen = family_of(config).tokenization_for(tmp_path)
+    assert chosen.name == name
+    assert (chosen.targets is tokenizer.decoder_start_targets) == (name == "mbart")
