@@ -194,3 +194,14 @@ def test_a_contraction_of_a_known_word_is_no_name() -> None:
     words = WORDS | verbatim.common_words(["we couldn't", "it couldn’t", "let's go", "let’s see"])
     assert find_spans("Couldn't open it, Let’s retry", verbatim=True, words=words) == []
     assert [s.kind for s in find_spans("Send it to O'Brien", verbatim=True, words=words)] == ["name"]
+
+
+@pytest.mark.parametrize("space", ["\x85", "\x0c", "\x1c"])
+def test_a_span_that_is_white_space_survives_at_the_end(space: str) -> None:
+    """Python counts NEL, form feeds and the separators as white space: a missing span appended
+    after one restored at the very end must not trim it away."""
+    m = mask(f"0:{space}:0")
+    assert m.spans == ("0", space, "0")
+    out = unmask(f"{placeholder(1)} {placeholder(2)}", m.spans)
+    assert out == f"0 {space} 0"
+    assert unmask(placeholder(2), m.spans) == f"{space} 0 0"

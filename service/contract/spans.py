@@ -293,8 +293,8 @@ def unmask(translation: str, spans: tuple[str, ...] | list[str]) -> str:
 
     out = _OUTPUT_PLACEHOLDER.sub(restore, translation)
     missing = [s for k, s in enumerate(spans) if k not in used]
-    if missing:
-        out = " ".join([out.rstrip(), *missing]) if out.strip() else " ".join(missing)
+    if missing:  # only spaces are trimmed: a restored span may itself be white space (NEL, a form feed)
+        out = " ".join([out.rstrip(" "), *missing]) if out.strip(" ") else " ".join(missing)
     return out
 
 
