@@ -6,7 +6,7 @@ each row's new key and value go into its own slot `position` of the cache, and t
 slots 0 .. position only, so rows at different positions share one call with no mask, scatter or
 concatenation in the graph. When the caller binds the cache input and the present output to the same
 memory (IO binding), the operator writes only the new slot: no copy of the cache per step (IO contract 5,
-`service.contract.graphs`). Measured beside the unfused graph it replaces in `docs/engine.md`.
+`service.contract.graphs`). Measured beside the unfused graph it replaces in `docs/history/2026-12-results.md`.
 """
 
 from __future__ import annotations

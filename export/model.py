@@ -170,13 +170,13 @@ class MultiHeadAttention(nn.Module):
         would cost every step three operators per layer, for a caller that seldom asks for them
         (`graphs.unfold_rows`)."""
         # Every reshape below has a constant shape: one read from `fold` would add a chain of
-        # shape operators to every step, a few microseconds each (`docs/engine.md`).
+        # shape operators to every step, a few microseconds each (`docs/history/2026-12-engine-and-serving.md`).
         q = self.q_proj(x).reshape(-1, self.n_heads, self.d_k)[fold].transpose(1, 2)  # (N, H, M, d_k)
         # The scores: one product of a sentence's M queries with its keys (the keys read once, no
         # copy along a broadcast axis). The weighted values: one product per query, the values
         # broadcast to it: an unscaled product of one query takes MLAS's one-row kernel, which
         # would change a row's last bit with its fold's width; the scores' product carries the
-        # scale, so it never does (`docs/engine.md`, the decoder IO contract).
+        # scale, so it never does (`docs/engine.md`, the decoder IO contract; figures in docs/history/).
         scores = q @ kv[0].transpose(-2, -1) / math.sqrt(self.d_k) + bias  # (N, H, M, S)
         weights = torch.softmax(scores, dim=-1)
         out = weights[:, :, :, None] @ kv[1][:, :, None]  # (N, H, M, 1, S) x (N, H, 1, S, d_k)

@@ -74,7 +74,7 @@ class Settings(BaseSettings):
     # 128: 32 beam-4 sentences a step; served beam-4 /translate x1.12 against 64 and the peer's mixed load's
     # beams x1.4. At 4x overload with 5 s deadlines the admitted requests finish about as at 64 (p99 1.4-2.0 s
     # against 1.4-1.5, slowest 2.7-3.5 s against 2.8-3.6) since sampled draws stopped sorting the vocabulary
-    # (docs/results.md#reliability)
+    # (docs/history/2026-12-02-to-05-results.md#reliability)
     step_max_rows: int = Field(
         default=128, ge=1, le=4096, description="decoder rows (sentences x beams) per step: latency against throughput"
     )
