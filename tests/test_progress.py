@@ -11,10 +11,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from service.engine.decoding import DecodeParams, Hypothesis, Search
-from service.engine.running import RunningBatch
+from service.engine.running import DecoderBatch, LaneBatch, RunningBatch, ShardedBatch
 from service.scheduling.progress import Event, Finished, Tokens
-from service.scheduling.stepper import StepLimits, StepScheduler
+from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
 from tests.fakes import BOS, EOS, PAD, FakeRuntime
 
 
@@ -38,8 +40,18 @@ class Observer:
         self.cancelled_by[reason] = self.cancelled_by.get(reason, 0) + sentences
 
 
-def started(rt: FakeRuntime, obs: Observer) -> StepScheduler:
-    s = StepScheduler("fake", lambda: RunningBatch(rt, PAD), StepLimits(max_rows=16), obs)  # type: ignore[arg-type]
+def started(rt: FakeRuntime, obs: Observer, layout: str = "one") -> StepScheduler:
+    """A started scheduler over one running batch, shards stepping on their own threads, or two
+    lanes whose turns its policy chooses (no `route` or `turn` given to the batch)."""
+    limits = StepLimits(max_rows=16, express_share=0.5 if layout == "lanes" else 0.0, express_work=1000)
+
+    def make_batch() -> DecoderBatch[Sentence]:
+        if layout == "sharded":
+            return ShardedBatch(rt, rt, 2, PAD)  # type: ignore[arg-type]
+        one: RunningBatch[Sentence] = RunningBatch(rt, PAD)  # type: ignore[arg-type]
+        return LaneBatch(one, RunningBatch(rt, PAD)) if layout == "lanes" else one  # type: ignore[arg-type]
+
+    s = StepScheduler("fake", make_batch, limits, obs)
     s.start()
     return s
 
@@ -57,19 +69,21 @@ def items() -> list[tuple[list[int], Search]]:
     return [([100 + i, 5 + i, EOS], Search(p, BOS, EOS)) for i, p in enumerate(PARAMS)]
 
 
-def test_each_rows_tokens_arrive_in_order_and_make_the_one_shot_answer() -> None:
+@pytest.mark.parametrize("layout", ["one", "sharded", "lanes"])
+def test_each_rows_tokens_arrive_in_order_and_make_the_one_shot_answer(layout: str) -> None:
     rt = FakeRuntime(seed=3)
 
     async def main() -> tuple[list[list[Event]], list[list[Hypothesis]]]:
-        s = started(rt, Observer())
+        s = started(rt, Observer(), layout)
         steps = [events async for events in s.stream(items(), time.monotonic() + 20, tokens=True)]
         one_shot = await s.submit(items(), time.monotonic() + 20)
         await s.close(1)
         return steps, one_shot
 
     steps, one_shot = asyncio.run(asyncio.wait_for(main(), 30))
-    assert len(steps) > 3  # published step by step, not at the end
     events = [e for step in steps for e in step]
+    greedy = [e for e in events if isinstance(e, Tokens) and e.source == 0]
+    assert len(greedy) > 1  # published as the steps go (a slow reader reads several publications at once)
     finished = {e.source: e for e in events if isinstance(e, Finished)}
     assert sorted(finished) == list(range(len(PARAMS)))
     assert [finished[i].hypotheses for i in range(len(PARAMS))] == one_shot  # the same answer either way

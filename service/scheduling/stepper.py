@@ -137,13 +137,13 @@ class StepScheduler:
             self._cv.notify()
             depth = self._depth()
         self.observer.queue_depth(depth)
-        if answered:
-            yield answered
         # The deadline holds here too, even while the scheduler thread is inside a long step: it
         # ends the channel itself. The scheduler's answer after that is ignored.
         timer = loop.call_later(job.deadline - time.monotonic(), channel.fail, _Expired())
         ended = False
         try:
+            if answered:
+                yield answered
             while events := await channel.read():
                 yield events
             ended = True

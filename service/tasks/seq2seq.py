@@ -6,7 +6,8 @@ whole), each source gets its search (the request's decode parameters; a sampled 
 seed), and the step scheduler decodes them, publishing progress as it goes
 (`service.scheduling.progress`). `stream(work)` yields that progress and, last, the answer the
 plug-in assembles (`Done`); `run(work)` is that last event: a one-shot answer and a stream read
-the same events. Knows nothing about sentences or languages, nor about any protocol.
+the same events. Knows nothing about sentences, spans or languages (it hands the request's
+languages to the plug-in unread), nor about any protocol.
 """
 
 from __future__ import annotations
