@@ -8,7 +8,7 @@ knows sentences, spans or languages.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from service.contract import spans
@@ -61,8 +61,14 @@ class Translation:
         return tuple(m.targets[languages.resolve("target", language or m.target_language, list(m.targets))])
 
     def prepare(self, texts: Sequence[str], options: SourceOptions) -> Sentences:
-        """Texts as sentences to translate: lines and sentences split, spans masked, ids encoded."""
-        language, framing = self.source_framing(options.source_language)
+        """Texts as sentences to translate (`split`), each translation started with the target
+        language's tokens (a text too long is told before a language unknown)."""
+        return replace(self.split(texts, options.source_language), forced=self.forced_prefix(options.target_language))
+
+    def split(self, texts: Sequence[str], source_language: str | None = None) -> Sentences:
+        """Texts as sentences: lines and sentences split, spans masked, ids encoded (no target yet:
+        `forced` is empty)."""
+        language, framing = self.source_framing(source_language)
         codec = self.codec
         layouts = [
             text.split(t, language, self.protects_spans, codec.alphabet, codec.words, self.verbatim) for t in texts
@@ -72,8 +78,7 @@ class Translation:
             f"texts[{i}] sentence {j + 1}" for i, layout in enumerate(layouts) for j in range(len(layout.segments))
         ]
         sentences = [seg.text for layout in layouts for seg in layout.segments]
-        sources = codec.encode(sentences, names, framing)  # a text too long is told before a language unknown
-        return Sentences(sources, owner, self.forced_prefix(options.target_language), layouts)
+        return Sentences(codec.encode(sentences, names, framing), owner, (), layouts)
 
     def assemble(
         self, prepared: Sentences, hyps: Sequence[Sequence[Hypothesis]], length_penalty: float

@@ -80,8 +80,9 @@ class TranslatorEngine:
         return self.translation.forced_prefix(language)
 
     def prepare(self, texts: Sequence[str], source_language: str | None = None) -> Sentences:
-        """Texts as sentences to translate: lines and sentences split, spans masked, ids encoded."""
-        return self.translation.prepare(texts, SourceOptions(source_language))
+        """Texts as sentences to translate: lines and sentences split, spans masked, ids encoded
+        (`Translation.split`: the target language's tokens are `forced_prefix`'s)."""
+        return self.translation.split(texts, source_language)
 
     def assemble(
         self, prepared: Sentences, hyps: Sequence[Sequence[Hypothesis]], length_penalty: float
@@ -155,12 +156,13 @@ class TranslatorEngine:
 
     def new_lanes(
         self,
-        route: Callable[[T], bool],
-        turn: Callable[[float, float], bool],
+        route: Callable[[T], bool] | None = None,
+        turn: Callable[[float, float], bool] | None = None,
         timer: Callable[[str, float], None] | None = None,
     ) -> LaneBatch[T]:
         """`new_batch` with an express batch beside it (`LaneBatch`), on the decoder that uses every
-        thread: its steps are small, one sentence's latency is what they are for."""
+        thread: its steps are small, one sentence's latency is what they are for. Its owner names
+        each sentence's lane and each step's, or gives `route` and `turn` to decide them."""
         return LaneBatch(self.new_batch(timer), RunningBatch(self.rt, self.pad_id, timer), route, turn)
 
     def translate(

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Protocol
 
 from service.engine.decoding import Hypothesis, Search
@@ -105,7 +105,7 @@ class StepScheduler:
 
     async def stream(
         self, items: Sequence[tuple[Sequence[int], Search]], deadline: float, tokens: bool = False
-    ) -> AsyncIterator[list[Event]]:
+    ) -> AsyncGenerator[list[Event], None]:
         """The items' events as they come, step by step (`tokens`: also each token their greedy
         and sampled rows choose, `progress.Tokens`; else only each item's `Finished`, all at the
         end), until every item has finished. A reader that stops reading (cancelled, or it closes

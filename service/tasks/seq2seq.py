@@ -12,9 +12,9 @@ languages to the plug-in unread), nor about any protocol.
 
 from __future__ import annotations
 
-import functools
+import contextlib
 from abc import abstractmethod
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
@@ -24,7 +24,6 @@ from service.engine.running import DecoderBatch
 from service.engine.runtime import LoadOptions
 from service.engine.seq2seq import Generated, Preparation, Prepared, SourceOptions
 from service.engine.translator import TranslatorEngine, load_translator
-from service.scheduling import policy
 from service.scheduling.progress import Finished, Tokens
 from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
 from service.store import StoreEntry
@@ -87,9 +86,7 @@ class Seq2SeqTask(Task):
         def make_batch() -> DecoderBatch[Sentence]:
             if not limits.express_share:
                 return engine.new_batch(timer=obs.compute_time)
-            # the lanes as data: the scheduler's policy routes each sentence and picks each step's lane
-            turn = functools.partial(policy.express_turn, share=limits.express_share)
-            return engine.new_lanes(lambda sent: policy.takes_express(sent, limits), turn, obs.compute_time)
+            return engine.new_lanes(timer=obs.compute_time)  # the scheduler's policy names the lanes
 
         self.queue = StepScheduler(entry.name, make_batch, limits, obs)
 
@@ -128,7 +125,7 @@ class Seq2SeqTask(Task):
         ]
         return prepared, searches, first
 
-    async def stream(self, work: Work, tokens: bool = False) -> AsyncIterator[Progress]:
+    async def stream(self, work: Work, tokens: bool = False) -> AsyncGenerator[Progress, None]:
         """The work's progress: with `tokens`, each token its greedy and sampled rows choose
         (`Piece`); each source's `Finished`; last, `Done` with the answer. A reader that stops
         reading (cancelled, or closing the stream: `contextlib.aclosing`) frees its rows at the
@@ -140,24 +137,27 @@ class Seq2SeqTask(Task):
         codec = self.engine.codec
         so_far: dict[tuple[int, int], list[int]] = {}
         if items:
-            async for events in self.queue.stream(items, work.deadline, tokens):
-                for event in events:
-                    if isinstance(event, Tokens):
-                        row = so_far.setdefault((event.source, event.row), [])
-                        row += event.ids
-                        owner = prepared.owner[event.source]
-                        yield Piece(owner, event.source, event.row, event.ids, codec.decode(row))
-                    else:
-                        hyps[event.source] = event.hypotheses
-                        yield event
+            # closed with this stream (its reader left): the scheduler's frees the rows at once, not when collected
+            async with contextlib.aclosing(self.queue.stream(items, work.deadline, tokens)) as progress:
+                async for events in progress:
+                    for event in events:
+                        if isinstance(event, Tokens):
+                            row = so_far.setdefault((event.source, event.row), [])
+                            row += event.ids
+                            owner = prepared.owner[event.source]
+                            yield Piece(owner, event.source, event.row, event.ids, codec.decode(row))
+                        else:
+                            hyps[event.source] = event.hypotheses
+                            yield event
         outputs = self.preparation.assemble(prepared, hyps, first.length_penalty)
         yield Done(prepared, hyps, outputs)
 
     async def answer(self, work: Work) -> Done:
         """The work's answer: the last event of its `stream`."""
-        async for event in self.stream(work):
-            if isinstance(event, Done):
-                return event
+        async with contextlib.aclosing(self.stream(work)) as progress:
+            async for event in progress:
+                if isinstance(event, Done):
+                    return event
         raise AssertionError("a stream ends with its answer")
 
     async def run(self, work: Work) -> Any:
