@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from service.engine.decoding import DecodeParams, Search
+from service.engine.running import Lane, LaneLoad
 from service.scheduling.policy import (
     CancelReason,
     Job,
@@ -15,6 +16,7 @@ from service.scheduling.policy import (
     StepLimits,
     Usage,
     express_turn,
+    next_lane,
     plan,
     takes_express,
 )
@@ -148,3 +150,29 @@ def test_express_steps_take_at_most_their_share_of_the_time() -> None:
     assert not express_turn(0.0, 0.0, 0.5)  # before any main step: the main batch goes first
     with pytest.raises(ValueError):
         StepLimits(express_share=1.0)
+
+
+def test_the_plan_names_each_admitted_sentences_lane() -> None:
+    small, beams = job([1, 1]), job([4])
+    on = {"express_share": 0.5, "express_work": 18}
+    assert decide([small, beams], **on).lanes == [Lane.EXPRESS, Lane.MAIN, Lane.EXPRESS]  # round-robin order
+    assert set(decide([job([1]), job([4])]).lanes) == {Lane.MAIN}  # no express share: one lane
+
+
+def test_the_policy_chooses_the_lane_that_steps() -> None:
+    """The express lane steps while the main lane is empty, or within its share of the main
+    lane's step time; an empty express lane never steps; before any main step, the main lane goes."""
+    limits = StepLimits(express_share=0.5)
+
+    def lane(main: int, express: int, express_s: float, main_s: float = 5.0) -> Lane:
+        return next_lane(LaneLoad(main, express, express_s, main_s), limits)
+
+    assert lane(main=3, express=0, express_s=0.0) is Lane.MAIN
+    assert lane(main=0, express=2, express_s=99.0) is Lane.EXPRESS
+    assert lane(main=3, express=2, express_s=4.5) is Lane.EXPRESS  # 4.5 ms of express < 5 ms of main at 0.5
+    assert lane(main=3, express=2, express_s=5.0) is Lane.MAIN
+    assert lane(main=3, express=2, express_s=0.0, main_s=0.0) is Lane.MAIN
+    assert next_lane(LaneLoad(3, 2, 0.0, 5.0), StepLimits()) is Lane.MAIN  # no share: no turn
+    # the turns the engine's batch takes alone (`LaneBatch.step()` with `turn`) are the same rule
+    for express_s in (0.0, 1.0, 2.4, 2.5, 9.0):
+        assert (lane(3, 2, express_s) is Lane.EXPRESS) == express_turn(express_s, 5.0, 0.5)

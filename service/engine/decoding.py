@@ -140,6 +140,16 @@ class Search:
         self.rng = np.random.default_rng(params.seed) if params.sample else None
         self.strategy = strategy_for(params) if strategy is None else strategy
         self.strategy.check(params)
+        self.chosen: list[list[int]] | None = None  # per row, its tokens as chosen (`watch`)
+
+    def watch(self) -> bool:
+        """Keeps each row's tokens as they are chosen (`chosen`, appended to from the stepping
+        thread), for progress events; whether it can: greedy and sampled rows only, whose tokens
+        stay theirs (a beam's rows change places and drop what they chose: its hypotheses exist
+        when it ends). The tokens a row chose are its hypothesis's, EOS aside."""
+        if isinstance(self.strategy, Greedy | Sampling):
+            self.chosen = [[] for _ in range(self.width)]
+        return self.chosen is not None
 
     @property
     def rows(self) -> int:
@@ -235,12 +245,14 @@ def _take(s: Search, tok: int, logprob: float) -> np.ndarray | None:
     t, lp, score = s.t, s.params.length_penalty, float(s.cum[0]) + logprob
     if tok == s.eos_id:
         s.found.append(_hypothesis(s.hist[0, : t - 1], score, t, True, lp))
-    elif t >= s.limit:
-        s.found.append(_hypothesis(np.append(s.hist[0, : t - 1], tok), score, t, False, lp))
     else:
-        s.hist[0, t - 1] = s.tokens[0] = tok
-        s.cum[0] = score
-        return _KEEP_ONE
+        if s.chosen is not None:
+            s.chosen[0].append(tok)
+        if t < s.limit:
+            s.hist[0, t - 1] = s.tokens[0] = tok
+            s.cum[0] = score
+            return _KEEP_ONE
+        s.found.append(_hypothesis(np.append(s.hist[0, : t - 1], tok), score, t, False, lp))
     s.done = True
     return None
 
@@ -437,6 +449,8 @@ class Sampling(Strategy):
             else:
                 s.hist[r, t - 1] = tok
                 s.tokens[r] = tok
+                if s.chosen is not None:
+                    s.chosen[r].append(tok)
         s.tokens[~s.alive] = s.eos_id
         if s.alive.any() and t >= s.limit:
             for r in np.flatnonzero(s.alive):

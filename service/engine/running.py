@@ -36,6 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -663,21 +664,44 @@ class ShardedBatch(Generic[T]):
         self._pool.shutdown(wait=False)
 
 
+class Lane(StrEnum):
+    """The two batches of a `LaneBatch`."""
+
+    MAIN = "main"
+    EXPRESS = "express"
+
+
+@dataclass(frozen=True)
+class LaneLoad:
+    """What a `LaneBatch`'s lanes hold and how long their steps took: what its owner's policy
+    chooses the next step's lane from (`service.scheduling.policy.next_lane`)."""
+
+    main: int  # sentences in the main lane
+    express: int  # sentences in the express lane
+    express_s: float  # the express steps' time since the main lane's last step
+    main_s: float  # the main lane's last step
+
+
 class LaneBatch(Generic[T]):
-    """Two batches stepped in turns, as one: the sentences `route` sends to `express` (short
-    interactive requests) take small steps of their own between the main batch's steps, for as
-    long as `turn(express seconds since the main step, the main step's seconds)` allows while
-    both have work. A sentence behind a full batch of beams then finishes in a few steps of one
-    row, each a fraction of a main step, instead of taking one main step per token. Rows stay
-    independent (a sentence decodes as it would alone in either batch); only the order of the
-    work changes. The same interface as `RunningBatch` (one owner thread)."""
+    """Two batches stepped in turns, as one: sentences sent to `express` (short interactive
+    requests) take small steps of their own between the main batch's steps. A sentence behind a
+    full batch of beams then finishes in a few steps of one row, each a fraction of a main step,
+    instead of taking one main step per token. Rows stay independent (a sentence decodes as it
+    would alone in either batch); only the order of the work changes. The same interface as
+    `RunningBatch` (one owner thread).
+
+    The batch executes; its owner decides: which lane a joining sentence takes (`join_encoded`'s
+    `lanes`) and which lane steps (`step`'s `lane`), from the lanes' `load`, which the batch
+    times with `clock`. An owner that passes neither gives the decisions as functions instead:
+    `route(tag)` (True: express) and `turn(express seconds since the main step, the main step's
+    seconds)` (True: express steps while both have work)."""
 
     def __init__(
         self,
         main: DecoderBatch[T],
         express: DecoderBatch[T],
-        route: Callable[[T], bool],
-        turn: Callable[[float, float], bool],
+        route: Callable[[T], bool] | None = None,
+        turn: Callable[[float, float], bool] | None = None,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.main, self.express, self.route, self.turn, self.clock = main, express, route, turn, clock
@@ -693,6 +717,10 @@ class LaneBatch(Generic[T]):
     def blocks(self) -> list[Block[T]]:
         return [*self.main.blocks, *self.express.blocks]
 
+    @property
+    def load(self) -> LaneLoad:
+        return LaneLoad(len(self.main.blocks), len(self.express.blocks), self._express_s, self._main_s)
+
     def encode(self, sources: Sequence[Sequence[int]]) -> list[Encoded]:
         return self.main.encode(sources)
 
@@ -700,10 +728,19 @@ class LaneBatch(Generic[T]):
         if sources:
             self.join_encoded(self.encode(sources), searches, tags)
 
-    def join_encoded(self, encoded: Sequence[Encoded], searches: Sequence[Search], tags: Sequence[T]) -> None:
-        lane = [self.route(t) for t in tags]
-        for batch, chosen in ((self.express, True), (self.main, False)):
-            idx = [i for i, x in enumerate(lane) if x is chosen]
+    def join_encoded(
+        self,
+        encoded: Sequence[Encoded],
+        searches: Sequence[Search],
+        tags: Sequence[T],
+        lanes: Sequence[Lane] | None = None,
+    ) -> None:
+        """Adds sentences to the lanes `lanes` names, one each (none: `route`'s, else the main lane)."""
+        if lanes is None:
+            route = self.route
+            lanes = [Lane.EXPRESS if route is not None and route(t) else Lane.MAIN for t in tags]
+        for batch, chosen in ((self.express, Lane.EXPRESS), (self.main, Lane.MAIN)):
+            idx = [i for i, x in enumerate(lanes) if x is chosen]
             if idx:
                 batch.join_encoded([encoded[i] for i in idx], [searches[i] for i in idx], [tags[i] for i in idx])
 
@@ -714,8 +751,14 @@ class LaneBatch(Generic[T]):
         self.main.settle()
         self.express.settle()
 
-    def step(self) -> list[tuple[T, list[Hypothesis]]]:
-        express = bool(self.express.blocks) and (not self.main.blocks or self.turn(self._express_s, self._main_s))
+    def step(self, lane: Lane | None = None) -> list[tuple[T, list[Hypothesis]]]:
+        """One step of the lane `lane` (none: as `turn` says); a lane with no sentences steps nothing."""
+        if lane is None:
+            if self.turn is None:
+                raise ValueError("a lane batch without `turn` steps the lane its owner names")
+            express = bool(self.express.blocks) and (not self.main.blocks or self.turn(self._express_s, self._main_s))
+            lane = Lane.EXPRESS if express else Lane.MAIN
+        express = lane is Lane.EXPRESS
         batch = self.express if express else self.main
         if express:  # the express step has the cores: the main batch's shards stand still meanwhile
             self.main.settle()

@@ -1,24 +1,29 @@
-"""The translator engine: encoder once per batch, then cached decoder steps, usable without the service.
+"""The sequence-to-sequence engine: encoder once per batch, then cached decoder steps, usable
+without the service. It decodes sources (token ids, each with its own search); texts become
+sources and outputs texts through a plug-in (`seq2seq.Preparation`): `translation` (lines,
+sentences, spans, languages) or `whole_text` (text-to-text).
 
 engine = load_translator(entry, LoadOptions(variant="int8"))
 engine.translate(["Open file"], DecodeParams(beam_size=4))
+engine.generate(engine.whole_text, ["Open file"], DecodeParams(beam_size=4))
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import TypeVar
 
 import numpy as np
 
-from service.contract import spans
 from service.contract.graphs import IO_CONTRACT_VERSION, READABLE_IO_CONTRACTS, pad
 from service.contract.manifest import Framing, Manifest, ManifestError
-from service.engine import languages, runtime, text
+from service.engine import runtime
 from service.engine.decoding import DecodeParams, Hypothesis, Search
 from service.engine.running import LaneBatch, RunningBatch, ShardedBatch
+from service.engine.seq2seq import Generated, P, Preparation, SourceOptions, WholeText
 from service.engine.tokenizer import TextCodec
+from service.engine.translation import Sentences, Translation
 from service.errors import InvalidInput
 from service.store import StoreEntry, read_pinned
 
@@ -26,27 +31,10 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """Texts as the sentences the model translates: one source per sentence, in text order."""
-
-    layouts: list[text.Layout]
-    sources: list[list[int]]
-    owner: list[int]  # the text of each source
-
-
-@dataclass(frozen=True)
 class AttentionMap:
     source_tokens: list[str]
     target_tokens: list[str]
     weights: np.ndarray  # (layers, heads, target, source)
-
-
-@dataclass(frozen=True)
-class Translation:
-    text: str
-    score: float  # length-penalised sequence log-probability
-    logprob: float
-    finish_reason: Literal["eos", "length"]  # "length": cut at max_new_tokens
 
 
 class TranslatorEngine:
@@ -71,75 +59,38 @@ class TranslatorEngine:
         self.bos_id = st.get("decoder_start_id", st["bos_id"])  # the first step's input
         self.max_new_tokens = manifest.max_new_tokens
         self.generation = manifest.generation
-        self.language = manifest.source_language or "en"
-        # A model trained on masked text has one token per placeholder; an older one gets raw spans.
-        self.protects_spans = codec.has_tokens(spans.PLACEHOLDERS)
-        self.verbatim = manifest.span_rules >= 2  # identifiers, code and names masked as in its training
+        # the plug-ins that turn its texts into sources and back (`seq2seq.Preparation`)
+        self.translation = Translation(manifest, codec)
+        self.whole_text = WholeText(codec, manifest.targets.get("", ()))
+        self.verbatim = self.translation.verbatim
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """Source ids of whole texts (no line or sentence splitting: see `prepare`)."""
         return self.codec.encode(texts)
 
+    # -- the translation plug-in's, for callers that use the engine alone (benchmarks, tests) --------
+
     def languages(self) -> tuple[list[str], list[str]]:
-        """The source and target languages this model translates between (codes as it names them)."""
-        m = self.manifest
-        sources = [k for k in m.sources if k] or [m.source_language or ""]
-        targets = [k for k in m.targets if k] or [m.target_language or ""]
-        return [s for s in sources if s], [t for t in targets if t]
+        return self.translation.languages()
 
     def source_framing(self, language: str | None) -> tuple[str, Framing | None]:
-        """The language sentences are split by and the ids around a source, for a requested source language."""
-        m = self.manifest
-        if not [k for k in m.sources if k]:
-            languages.check("source", language, [m.source_language] if m.source_language else [])
-            return self.language, None
-        code = languages.resolve("source", language or m.source_language, list(m.sources))
-        return code.split("_")[0].split("-")[0], m.sources[code]
+        return self.translation.source_framing(language)
 
     def forced_prefix(self, language: str | None) -> tuple[int, ...]:
-        """The tokens a translation into `language` starts with (a multilingual model's language token)."""
-        m = self.manifest
-        if not [k for k in m.targets if k]:
-            languages.check("target", language, [m.target_language] if m.target_language else [])
-            return tuple(m.targets.get("", ()))
-        return tuple(m.targets[languages.resolve("target", language or m.target_language, list(m.targets))])
+        return self.translation.forced_prefix(language)
 
-    def prepare(self, texts: Sequence[str], source_language: str | None = None) -> Prepared:
-        """Texts as sentences to translate: lines and sentences split, spans masked, ids encoded."""
-        language, framing = self.source_framing(source_language)
-        layouts = [
-            text.split(t, language, self.protects_spans, self.codec.alphabet, self.codec.words, self.verbatim)
-            for t in texts
-        ]
-        owner = [i for i, layout in enumerate(layouts) for _ in layout.segments]
-        names = [
-            f"texts[{i}] sentence {j + 1}" for i, layout in enumerate(layouts) for j in range(len(layout.segments))
-        ]
-        sentences = [seg.text for layout in layouts for seg in layout.segments]
-        return Prepared(layouts, self.codec.encode(sentences, names, framing), owner)
+    def prepare(self, texts: Sequence[str], source_language: str | None = None) -> Sentences:
+        """Texts as sentences to translate: lines and sentences split, spans masked, ids encoded
+        (`Translation.split`: the target language's tokens are `forced_prefix`'s)."""
+        return self.translation.split(texts, source_language)
 
     def assemble(
-        self, prepared: Prepared, hyps: Sequence[Sequence[Hypothesis]], length_penalty: float
-    ) -> list[list[Translation]]:
-        """Per text, its n-best translations: the k-th combines each sentence's k-th hypothesis (or
-        its last, when a sentence has fewer); score = summed log-prob / summed length**penalty."""
-        per_text: list[list[Sequence[Hypothesis]]] = [[] for _ in prepared.layouts]
-        for i, row in zip(prepared.owner, hyps, strict=True):
-            per_text[i].append(row)
-        out = []
-        for layout, rows in zip(prepared.layouts, per_text, strict=True):
-            n = max((len(r) for r in rows), default=1)
-            ranked = []
-            for k in range(n):
-                chosen = [r[min(k, len(r) - 1)] for r in rows]
-                logprob = sum(h.logprob for h in chosen)
-                length = sum(len(h.tokens) + h.finished for h in chosen)
-                score = logprob / length**length_penalty if length else logprob
-                reason: Literal["eos", "length"] = "eos" if all(h.finished for h in chosen) else "length"
-                words = text.join(layout, [self.codec.decode(h.tokens) for h in chosen])
-                ranked.append(Translation(words, score, logprob, reason))
-            out.append(sorted(ranked, key=lambda t: -t.score))
-        return out
+        self, prepared: Sentences, hyps: Sequence[Sequence[Hypothesis]], length_penalty: float
+    ) -> list[list[Generated]]:
+        """Per text, its n-best translations (`Translation.assemble`)."""
+        return self.translation.assemble(prepared, hyps, length_penalty)
+
+    # -- sources in, hypotheses out --------------------------------------------------------------
 
     def default_params(self) -> DecodeParams:
         """What a request that sets nothing decodes with: the model's own generation defaults."""
@@ -205,12 +156,13 @@ class TranslatorEngine:
 
     def new_lanes(
         self,
-        route: Callable[[T], bool],
-        turn: Callable[[float, float], bool],
+        route: Callable[[T], bool] | None = None,
+        turn: Callable[[float, float], bool] | None = None,
         timer: Callable[[str, float], None] | None = None,
     ) -> LaneBatch[T]:
         """`new_batch` with an express batch beside it (`LaneBatch`), on the decoder that uses every
-        thread: its steps are small, one sentence's latency is what they are for."""
+        thread: its steps are small, one sentence's latency is what they are for. Its owner names
+        each sentence's lane and each step's, or gives `route` and `turn` to decide them."""
         return LaneBatch(self.new_batch(timer), RunningBatch(self.rt, self.pad_id, timer), route, turn)
 
     def translate(
@@ -219,13 +171,22 @@ class TranslatorEngine:
         params: DecodeParams | None = None,
         source_language: str | None = None,
         target_language: str | None = None,
-    ) -> list[list[Translation]]:
+    ) -> list[list[Generated]]:
         """Texts in, n-best translations out, exactly as the service answers (same sentence layout)."""
+        return self.generate(self.translation, texts, params, SourceOptions(source_language, target_language))
+
+    def generate(
+        self,
+        preparation: Preparation[P],
+        texts: Sequence[str],
+        params: DecodeParams | None = None,
+        options: SourceOptions | None = None,
+    ) -> list[list[Generated]]:
+        """Texts in, n-best outputs out through a plug-in (`translation`, `whole_text`), as the service answers."""
         params = params or self.default_params()
-        prepared = self.prepare(texts, source_language)
-        forced = self.forced_prefix(target_language)
-        searches = [self.search(params, forced=forced) for _ in prepared.sources]
-        return self.assemble(prepared, self.run(prepared.sources, searches), params.length_penalty)
+        prepared = preparation.prepare(texts, options or SourceOptions())
+        searches = [self.search(params, forced=prepared.forced) for _ in prepared.sources]
+        return preparation.assemble(prepared, self.run(prepared.sources, searches), params.length_penalty)
 
     def attention(self, source: Sequence[int], hyp: Hypothesis) -> AttentionMap:
         """Cross-attention of one decoded sentence: the hypothesis is fed again, one cached step

@@ -16,22 +16,22 @@ The rules:
   next are encoded in the same run;
 - a request whose deadline passed, or that was cancelled, leaves;
 - with an express share set, the sentences of small greedy requests run in a batch of their own
-  (`takes_express`), stepped between the main batch's steps for up to that share of the time
-  while both have work (`express_turn`): a short request behind beams then waits for a few small
-  steps instead of one main step per token.
+  (`takes_express`: the plan's `lanes`), stepped between the main batch's steps for up to that
+  share of the time while both have work (`next_lane`, from the lanes' load the batch measured,
+  asked once the step's sentences have joined and left): a short request behind beams then waits
+  for a few small steps instead of one main step per token.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from service.engine.decoding import Hypothesis, Search
-from service.engine.running import Encoded
-
-Outcome = list[list[Hypothesis]] | BaseException
+from service.engine.decoding import Search
+from service.engine.running import Encoded, Lane, LaneLoad
+from service.scheduling.progress import NoSink, Sink
 
 
 class CancelReason(StrEnum):
@@ -72,19 +72,15 @@ class StepLimits:
         return self.max_rows - max(1, self.max_rows // 8)
 
 
-def _nobody(outcome: Outcome) -> None:
-    """A job nobody waits for (built by a test)."""
-
-
 @dataclass(eq=False)
 class Job:
-    """One request's sentences, answered together through `reply` (from any thread)."""
+    """One request's sentences; its progress goes to `sink` (`service.scheduling.progress`)."""
 
     deadline: float
     enqueued: float
-    reply: Callable[[Outcome], None] = _nobody
+    sink: Sink = field(default_factory=NoSink)
+    tokens: bool = False  # publish each token its greedy and sampled rows choose
     sentences: list[Sentence] = field(default_factory=list)
-    results: list[list[Hypothesis]] = field(default_factory=list)
     remaining: int = 0
     admitted: int = 0  # sentences taken from the queue so far (in order)
     cancelled: CancelReason | None = None
@@ -117,6 +113,7 @@ class Plan:
     evict: list[Job]  # leave now: cancelled, or past their deadline (not cancelled yet)
     waiting: list[Job]  # the queue afterwards, in round-robin order
     admitted: dict[Job, int]  # the jobs whose cursor moved: sentences taken from the queue so far
+    lanes: list[Lane] = field(default_factory=list)  # the lane each admitted sentence joins
 
 
 def plan(waiting: Sequence[Job], jobs: Iterable[Job], running: Usage, limits: StepLimits, now: float) -> Plan:
@@ -128,7 +125,8 @@ def plan(waiting: Sequence[Job], jobs: Iterable[Job], running: Usage, limits: St
     encode = [s for s in admit if s.encoded is None]
     if encode:
         encode += _ahead(queue, cursor, gone, limits.encode_ahead)
-    return Plan(admit, encode, evict, list(queue), cursor)
+    lanes = [Lane.EXPRESS if takes_express(s, limits) else Lane.MAIN for s in admit]
+    return Plan(admit, encode, evict, list(queue), cursor, lanes)
 
 
 def _select(
@@ -215,3 +213,12 @@ def express_turn(express_s: float, main_s: float, share: float) -> bool:
     (`main_s`, its last duration) taking the rest. The main batch keeps at least 1 - share of the
     time however many short requests arrive; a short request waits for at most one main step."""
     return express_s < share / (1.0 - share) * main_s
+
+
+def next_lane(load: LaneLoad, limits: StepLimits) -> Lane:
+    """The lane that steps next: the express lane while it has work and the main lane has none,
+    or while its steps since the main lane's last one stay within the express share
+    (`express_turn`); else the main lane."""
+    if load.express and (not load.main or express_turn(load.express_s, load.main_s, limits.express_share)):
+        return Lane.EXPRESS
+    return Lane.MAIN

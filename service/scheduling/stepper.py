@@ -4,17 +4,19 @@ at every decoder step. Knows nothing about HTTP.
 One thread per translator loops: ask the policy (`policy.plan`) which waiting sentences join and
 which requests leave, drop what was cancelled or expired, encode the sentences that join (one
 encoder run, which also encodes some of those likely to join next), run one decoder step for
-every active row, deliver the sentences that finished. Greedy, beam and sampled sentences with
-any parameters share the same steps; each sentence's `Search` keeps it independent of its
-neighbours. The batch may be any `DecoderBatch` (one running batch, or shards on threads).
+every active row (of the lane the policy chose, `policy.next_lane`, when the batch has lanes),
+publish what the step produced (`progress`: the tokens of watched rows, the sentences that
+finished). Greedy, beam and sampled sentences with any parameters share the same steps; each
+sentence's `Search` keeps it independent of its neighbours. The batch may be any `DecoderBatch`
+(one running batch, shards on threads, or two lanes of them: `LaneBatch`).
 
 Admission (`Admission`, as the classifier's batcher) refuses a request at once (`QueueFull`,
 429) when the queued work would overflow `max_queue` sentences or could not finish before the
 request's deadline at the throughput measured while the batch is at least half full (rows over
 the time of every step and encoder run, the express lane's included); work is estimated in
-row-steps (rows x expected tokens). A request whose client left (its awaiting task is
-cancelled), whose deadline passed, or that is still running at shutdown leaves the batch at the
-next step.
+row-steps (rows x expected tokens). A request whose reader left (its awaiting task is
+cancelled, or it closed its stream), whose deadline passed, or that is still running at
+shutdown leaves the batch at the next step.
 """
 
 from __future__ import annotations
@@ -24,16 +26,17 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Protocol
 
 from service.engine.decoding import Hypothesis, Search
-from service.engine.running import DecoderBatch, StepError
+from service.engine.running import DecoderBatch, LaneBatch, StepError
 from service.errors import DeadlineExceeded, InputTooLong, InvalidInput, NotReady, ShuttingDown
 from service.priority import lower_priority
 from service.scheduling import policy
 from service.scheduling.admission import Admission, LoadedSpan, estimate_work
-from service.scheduling.policy import CancelReason, Job, Outcome, Sentence, StepLimits, Usage
+from service.scheduling.policy import CancelReason, Job, Sentence, StepLimits, Usage
+from service.scheduling.progress import Channel, Event, Finished, Tokens
 
 __all__ = ["CancelReason", "Job", "Sentence", "StepLimits", "StepObserver", "StepScheduler"]
 
@@ -74,6 +77,8 @@ class StepScheduler:
         self._stop = False
         self._thread: threading.Thread | None = None
         self.steps = 0  # decoder steps run (for tests and logs)
+        self._watched: dict[Sentence, list[int]] = {}  # the scheduler thread's: admitted sentences whose
+        # tokens are published, and how many of each row's were
         self._span = LoadedSpan(limits.max_rows)
 
     # -- event-loop side ---------------------------------------------------------------------
@@ -89,24 +94,42 @@ class StepScheduler:
             self._thread.start()
 
     async def submit(self, items: Sequence[tuple[Sequence[int], Search]], deadline: float) -> list[list[Hypothesis]]:
-        """Hypotheses per item (source ids with EOS, its search) once every item is done."""
+        """Hypotheses per item (source ids with EOS, its search) once every item is done: the
+        `Finished` events of `stream`, the same events a stream reads."""
+        results: list[list[Hypothesis]] = [[] for _ in items]
+        async for events in self.stream(items, deadline):
+            for event in events:
+                if isinstance(event, Finished):
+                    results[event.source] = event.hypotheses
+        return results
+
+    async def stream(
+        self, items: Sequence[tuple[Sequence[int], Search]], deadline: float, tokens: bool = False
+    ) -> AsyncGenerator[list[Event], None]:
+        """The items' events as they come, step by step (`tokens`: also each token their greedy
+        and sampled rows choose, `progress.Tokens`; else only each item's `Finished`, all at the
+        end), until every item has finished. A reader that stops reading (cancelled, or it closes
+        the stream: `contextlib.aclosing`) takes its sentences out of the batch at the next step."""
         if self._thread is None:
             raise NotReady(f"model {self.name} is not started")
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         if deadline <= now:
             raise DeadlineExceeded("the request deadline passed before it was queued")
-        future: asyncio.Future[list[list[Hypothesis]]] = loop.create_future()
-        job = Job(deadline, now, _replier(loop, future))
+        channel = Channel(loop, live=tokens)
+        job = Job(deadline, now, channel, tokens)
         for i, (ids, search) in enumerate(items):
             work = estimate_work(len(ids), search.width, search.limit)
             reserve = search.width * (len(ids) + search.limit)
             job.sentences.append(Sentence(job, i, ids, search, work, reserve))
-        job.results = [s.search.hypotheses() if s.search.done else [] for s in job.sentences]
-        job.remaining = sum(not s.search.done for s in job.sentences)
+            if tokens:
+                search.watch()
+        answered: list[Event] = [Finished(s.index, s.search.hypotheses()) for s in job.sentences if s.search.done]
+        job.remaining = len(items) - len(answered)
         job.work = sum(s.work for s in job.sentences if not s.search.done)
         if not job.remaining:
-            return job.results
+            yield answered
+            return
         with self._cv:
             self._admit_job(job, now)
             self._jobs.add(job)
@@ -115,22 +138,23 @@ class StepScheduler:
             depth = self._depth()
         self.observer.queue_depth(depth)
         # The deadline holds here too, even while the scheduler thread is inside a long step: it
-        # fails the future itself (no wait_for and shield: two futures and a callback less per
-        # request). The answer settles only a future not yet done.
-        timer = loop.call_later(job.deadline - time.monotonic(), _expire, future)
+        # ends the channel itself. The scheduler's answer after that is ignored.
+        timer = loop.call_later(job.deadline - time.monotonic(), channel.fail, _Expired())
+        ended = False
         try:
-            return await future
+            if answered:
+                yield answered
+            while events := await channel.read():
+                yield events
+            ended = True
         except _Expired:
             self._cancel(job, CancelReason.DEADLINE)
             where = "while queued" if job.admitted == 0 else "while running"
             raise DeadlineExceeded(f"the request deadline passed {where}") from None
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
-                future.exception()  # answered as the client left: read, no "never retrieved" noise
-            self._cancel(job, CancelReason.DISCONNECT)
-            raise
         finally:
             timer.cancel()
+            if not ended:  # its reader went away (cancelled, closed) or it failed: nothing left to do
+                self._cancel(job, CancelReason.DISCONNECT)
 
     def _cancel(self, job: Job, reason: CancelReason) -> None:
         """Marks a job that nobody waits for any more; its sentences leave at the next step."""
@@ -208,6 +232,7 @@ class StepScheduler:
             self._apply(plan)
         self._forget(batch.drop(lambda s: s.job.cancelled is None))
         admitted = plan.admit
+        lanes = batch if isinstance(batch, LaneBatch) else None  # the policy chooses its lanes
         t0 = time.perf_counter()
         try:
             if admitted:
@@ -220,9 +245,15 @@ class StepScheduler:
                     assert s.encoded is not None
                     encoded.append(s.encoded)
                     s.encoded = None  # the batch holds its copy now
-                batch.join_encoded(encoded, [s.search for s in admitted], admitted)
+                    if s.search.chosen is not None:
+                        self._watched[s] = [0] * len(s.search.chosen)
+                searches = [s.search for s in admitted]
+                if lanes is not None:
+                    lanes.join_encoded(encoded, searches, admitted, plan.lanes)
+                else:
+                    batch.join_encoded(encoded, searches, admitted)
             loaded = batch.rows * 2 >= self.limits.max_rows
-            finished = batch.step()
+            finished = batch.step() if lanes is None else lanes.step(policy.next_lane(lanes.load, self.limits))
             rows = batch.stepped_rows
         except Exception as exc:  # a failing step fails the sentences it held, nothing else
             log.exception("stepper %s: decoder step failed", self.name)
@@ -243,8 +274,20 @@ class StepScheduler:
             self.steps += 1
         for s, hyps in finished:
             self._finish(s, hyps)
+        if self._watched:
+            self._publish_tokens()
         self.observer.active(len(batch.blocks), batch.rows)
         return True
+
+    def _publish_tokens(self) -> None:
+        """Each watched row's tokens since its last event, one publication per job (the batch's
+        shards may have stepped on their own threads: their rows' lists only grow)."""
+        by_job: dict[Job, list[Event]] = {}
+        for s, shown in self._watched.items():
+            if events := _new_tokens(s, shown):
+                by_job.setdefault(s.job, []).extend(events)
+        for job, events in by_job.items():
+            job.sink.publish(events)
 
     def _apply(self, plan: policy.Plan) -> None:
         """Takes the policy's decision into the queue (under the lock)."""
@@ -257,6 +300,8 @@ class StepScheduler:
 
     def _forget(self, gone: Sequence[Sentence]) -> None:
         """Accounts for sentences that left without finishing, and answers their jobs."""
+        for s in gone:
+            self._watched.pop(s, None)
         with self._cv:
             jobs = {s.job for s in gone}
             for job in list(self._jobs):  # waiting sentences of cancelled jobs leave too
@@ -276,63 +321,58 @@ class StepScheduler:
                 reason = job.cancelled or CancelReason.ERROR
                 by_reason[reason] = by_reason.get(reason, 0) + left
                 if job.cancelled == CancelReason.DEADLINE:
-                    job.reply(DeadlineExceeded("the request deadline passed before its translation finished"))
+                    job.sink.close(DeadlineExceeded("the request deadline passed before its translation finished"))
                 elif job.cancelled == CancelReason.SHUTDOWN:
-                    job.reply(ShuttingDown(f"model {self.name} shut down before this request finished"))
+                    job.sink.close(ShuttingDown(f"model {self.name} shut down before this request finished"))
             depth = self._depth()
         for reason, n in by_reason.items():
             self.observer.cancelled(reason.value, n)
         self.observer.queue_depth(depth)
 
     def _finish(self, s: Sentence, hyps: list[Hypothesis]) -> None:
+        """Publishes a finished sentence (after its last tokens); the job's last ends its channel."""
         job = s.job
         self.observer.generated(len(hyps[0].tokens) + int(hyps[0].finished) if hyps else 0)
+        shown = self._watched.pop(s, None)
         with self._cv:
             if job not in self._jobs:
                 return
-            job.results[s.index] = hyps
             job.remaining -= 1
             self._sentences -= 1
             self._work -= s.work
-            if job.remaining == 0:
+            last = job.remaining == 0
+            if last:
                 self._jobs.discard(job)
-                job.reply(job.results)
+        job.sink.publish([*(_new_tokens(s, shown) if shown is not None else ()), Finished(s.index, hyps)])
+        if last:
+            job.sink.close()
 
     def _fail_jobs(self, jobs: set[Job], exc: Exception) -> None:
+        for s in [s for s in self._watched if s.job in jobs]:
+            del self._watched[s]
         with self._cv:
             for job in jobs:
                 if job.cancelled is None:
                     job.cancelled = CancelReason.ERROR
-                job.reply(exc)
+                job.sink.close(exc)
 
     def _depth(self) -> int:
         """Sentences waiting to be admitted (under the lock)."""
         return sum(len(j.sentences) - j.admitted for j in self._waiting)
 
 
-def _replier(
-    loop: asyncio.AbstractEventLoop, future: asyncio.Future[list[list[Hypothesis]]]
-) -> Callable[[Outcome], None]:
-    """A job's answer, settled on the event loop that waits for it (from any thread)."""
-
-    def settle(outcome: Outcome) -> None:
-        if future.done():
-            return
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
-
-    def reply(outcome: Outcome) -> None:
-        loop.call_soon_threadsafe(settle, outcome)
-
-    return reply
+def _new_tokens(s: Sentence, shown: list[int]) -> list[Event]:
+    """A watched sentence's tokens chosen since `shown` (per row: how many were published), which it moves on."""
+    chosen = s.search.chosen
+    assert chosen is not None
+    out: list[Event] = []
+    for row, ids in enumerate(chosen):
+        n = len(ids)  # read once: a shard's thread may append meanwhile
+        if n > shown[row]:
+            out.append(Tokens(s.index, row, tuple(ids[shown[row] : n])))
+            shown[row] = n
+    return out
 
 
 class _Expired(Exception):
     """A job's deadline passed while its caller waited."""
-
-
-def _expire(future: asyncio.Future[list[list[Hypothesis]]]) -> None:
-    if not future.done():
-        future.set_exception(_Expired())

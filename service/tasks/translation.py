@@ -6,11 +6,10 @@ Sentences run on the model's step scheduler.
 from __future__ import annotations
 
 import asyncio
-import functools
 import hashlib
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -19,14 +18,11 @@ from pydantic import Field, model_validator
 
 from service.contract.manifest import Generation
 from service.engine.decoding import MAX_BEAM_SIZE, DecodeParams, Hypothesis
-from service.engine.running import DecoderBatch
-from service.engine.runtime import LoadOptions
-from service.engine.translator import Prepared, TranslatorEngine, load_translator
-from service.engine.translator import Translation as EngineTranslation
+from service.engine.seq2seq import Generated, Preparation, Prepared
+from service.engine.translation import Sentences
+from service.engine.translator import TranslatorEngine
 from service.errors import InvalidInput
 from service.priority import lower_priority
-from service.scheduling import policy
-from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
 from service.store import StoreEntry
 from service.tasks.base import (
     INTEGRAL,
@@ -38,11 +34,11 @@ from service.tasks.base import (
     OutputTensor,
     ResponseModel,
     StrictModel,
-    Task,
     TaskContext,
     TensorSpec,
     Work,
 )
+from service.tasks.seq2seq import Seq2SeqTask
 
 MAX_NEW_TOKENS = 256  # the request bound; each model's own limit (manifest) may be lower
 
@@ -208,11 +204,11 @@ class Translated:
     """A translation's result: per text its hypotheses, best first, and on request the best
     hypothesis's cross-attention per sentence (one text)."""
 
-    rows: list[list[EngineTranslation]]
+    rows: list[list[Generated]]
     attention: list[CrossAttention] | None = None
 
 
-class TranslationTask(Task[TranslateRequest, Translated]):
+class TranslationTask(Seq2SeqTask[TranslateRequest, Translated]):
     name = "translation"
     rest_path = "/translate"
     summary = "Translate texts with greedy, beam-search or sampled decoding"
@@ -223,42 +219,16 @@ class TranslationTask(Task[TranslateRequest, Translated]):
     Response = TranslateResponse
 
     def __init__(self, entry: StoreEntry, engine: TranslatorEngine, context: TaskContext) -> None:
-        super().__init__(entry, engine.variant)
-        self.engine = engine
+        super().__init__(entry, engine, context)
         self.attention_worker = ThreadPoolExecutor(1, f"attention-{entry.name}", lower_priority)
-        s, obs = context.settings, context.metrics
-        limits = StepLimits(
-            s.step_max_rows,
-            s.step_max_cache_tokens,
-            s.max_queue,
-            express_share=s.step_express_share,
-            express_work=s.step_express_work,
-        )
 
-        def make_batch() -> DecoderBatch[Sentence]:
-            if not limits.express_share:
-                return engine.new_batch(timer=obs.compute_time)
-            turn = functools.partial(policy.express_turn, share=limits.express_share)
-            return engine.new_lanes(lambda sent: policy.takes_express(sent, limits), turn, obs.compute_time)
-
-        self.queue = StepScheduler(entry.name, make_batch, limits, obs)
-
-    @classmethod
-    def load(cls, entry: StoreEntry, options: LoadOptions, context: TaskContext) -> TranslationTask:
-        engine = load_translator(entry, options)
-        engine.warmup()
-        return cls(entry, engine, context)
-
-    def start(self) -> None:
-        self.queue.start()
+    @staticmethod
+    def plug_in(engine: TranslatorEngine) -> Preparation[Sentences]:
+        return engine.translation
 
     async def close(self, timeout: float) -> None:
-        await self.queue.close(timeout)
+        await super().close(timeout)
         self.attention_worker.shutdown(wait=False, cancel_futures=True)
-
-    @property
-    def in_flight(self) -> int:
-        return self.queue.in_flight
 
     def describe(self) -> Mapping[str, object]:
         m = self.manifest
@@ -274,23 +244,6 @@ class TranslationTask(Task[TranslateRequest, Translated]):
 
     def outputs(self) -> list[TensorSpec]:
         return [TensorSpec("translation", "BYTES", [-1])]
-
-    async def _decode(
-        self, texts: Sequence[str], options: DecodeOptions, deadline: float
-    ) -> tuple[Prepared, list[list[Hypothesis]], float]:
-        """The texts' sentences, their hypotheses (lines and sentences decoded side by side) and the
-        length penalty they were scored with."""
-        self.queue.refuse_if_busy(deadline)
-        engine = self.engine
-        prepared = engine.prepare(texts, options.source_language)
-        forced = engine.forced_prefix(options.target_language)
-        limit, defaults = engine.max_new_tokens, engine.generation
-        first = options.params(limit, 0, defaults)  # the options hold for this model even when no text has a sentence
-        items = [  # the same parameters for every sentence, but for sampling's seeds
-            (seq, engine.search(options.params(limit, k, defaults) if k and first.sample else first, forced=forced))
-            for k, seq in enumerate(prepared.sources)
-        ]
-        return prepared, (await self.queue.submit(items, deadline) if items else []), first.length_penalty
 
     async def _attention(self, prepared: Prepared, hyps: list[list[Hypothesis]]) -> list[CrossAttention]:
         """Replays each sentence's best hypothesis for its attention, off the scheduler's thread."""
@@ -308,11 +261,10 @@ class TranslationTask(Task[TranslateRequest, Translated]):
         return await asyncio.get_running_loop().run_in_executor(self.attention_worker, maps)
 
     async def run(self, work: Work) -> Translated:
-        options = work.options
-        assert isinstance(options, DecodeOptions)
-        prepared, hyps, penalty = await self._decode(work.texts, options, work.deadline)
-        attention = await self._attention(prepared, hyps) if work.attention else None
-        return Translated(self.engine.assemble(prepared, hyps, penalty), attention)
+        assert isinstance(work.options, DecodeOptions)
+        done = await self.answer(work)
+        attention = await self._attention(done.prepared, done.hypotheses) if work.attention else None
+        return Translated(done.outputs, attention)
 
     def tensors(self, result: Translated) -> list[OutputTensor]:
         return [OutputTensor("translation", "BYTES", [len(result.rows)], [row[0].text for row in result.rows])]

@@ -1,0 +1,83 @@
+"""A sequence-to-sequence model's texts as sources and its outputs as texts again: a plug-in.
+
+The engine and the step scheduler see sources only (token ids, each with its decode parameters)
+and give back each source's hypotheses. What a source is, and how the outputs make a text, is a
+`Preparation`'s: `prepare(texts, options)` gives the sources with what `assemble` needs to put
+the texts together again (`Prepared`); `assemble(prepared, hypotheses, length_penalty)` gives,
+per text, its n-best outputs. Translation (`service.engine.translation.Translation`) cuts lines
+and sentences, masks protected spans and frames each sentence with its language's tokens; a
+text-to-text model (a summarizer) reads each text whole (`WholeText`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeVar
+
+from service.engine.decoding import Hypothesis
+from service.engine.tokenizer import TextCodec
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """What a request says about its sources besides decoding (a plug-in reads what it knows)."""
+
+    source_language: str | None = None
+    target_language: str | None = None
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Texts as sources: one token-id list per source, in text order; `owner[i]` the text of source i;
+    `forced` the tokens every output starts with (a target-language token). A plug-in extends it
+    with what its `assemble` needs."""
+
+    sources: list[list[int]]
+    owner: list[int]
+    forced: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Generated:
+    """One output of one text."""
+
+    text: str
+    score: float  # length-penalised sequence log-probability
+    logprob: float
+    finish_reason: Literal["eos", "length"]  # "length": cut at max_new_tokens
+
+
+P = TypeVar("P", bound=Prepared)
+
+
+class Preparation(Protocol[P]):
+    """A plug-in: texts to sources, sources' hypotheses to texts."""
+
+    def prepare(self, texts: Sequence[str], options: SourceOptions) -> P:
+        """The texts' sources and what `assemble` needs; raises InvalidInput / InputTooLong."""
+
+    def assemble(
+        self, prepared: P, hyps: Sequence[Sequence[Hypothesis]], length_penalty: float
+    ) -> list[list[Generated]]:
+        """Per text, its n-best outputs, best first, from each source's hypotheses (best first)."""
+
+
+class WholeText:
+    """Text-to-text: each text is one source, read whole (no lines, sentences or masks), framed
+    as the model frames any source; its hypotheses are its outputs."""
+
+    def __init__(self, codec: TextCodec, forced: Sequence[int] = ()) -> None:
+        self.codec, self.forced = codec, tuple(forced)
+
+    def prepare(self, texts: Sequence[str], options: SourceOptions) -> Prepared:
+        names = [f"texts[{i}]" for i in range(len(texts))]
+        return Prepared(self.codec.encode(texts, names), list(range(len(texts))), self.forced)
+
+    def assemble(
+        self, prepared: Prepared, hyps: Sequence[Sequence[Hypothesis]], length_penalty: float
+    ) -> list[list[Generated]]:
+        """The hypotheses as they are: each was scored alone with `length_penalty` already."""
+        return [
+            [Generated(self.codec.decode(h.tokens), h.score, h.logprob, h.finish_reason) for h in row] for row in hyps
+        ]

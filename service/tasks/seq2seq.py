@@ -1,0 +1,164 @@
+"""The sequence-to-sequence task: any encoder-decoder model served by the step scheduler.
+
+A request's texts become sources through the task's plug-in (`service.engine.seq2seq.Preparation`:
+translation splits sentences, masks spans and adds language tokens; text-to-text reads each text
+whole), each source gets its search (the request's decode parameters; a sampled source its own
+seed), and the step scheduler decodes them, publishing progress as it goes
+(`service.scheduling.progress`). `stream(work)` yields that progress and, last, the answer the
+plug-in assembles (`Done`); `run(work)` is that last event: a one-shot answer and a stream read
+the same events. Knows nothing about sentences, spans or languages (it hands the request's
+languages to the plug-in unread), nor about any protocol.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import abstractmethod
+from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
+
+from service.contract.manifest import Generation
+from service.engine.decoding import DecodeParams, Hypothesis, Search
+from service.engine.running import DecoderBatch
+from service.engine.runtime import LoadOptions
+from service.engine.seq2seq import Generated, Preparation, Prepared, SourceOptions
+from service.engine.translator import TranslatorEngine, load_translator
+from service.scheduling.progress import Finished, Tokens
+from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
+from service.store import StoreEntry
+from service.tasks.base import Q, R, Task, TaskContext, Work
+
+
+class Decoding(Protocol):
+    """A request's options as this task reads them (the task's `Options`)."""
+
+    @property
+    def source_language(self) -> str | None: ...
+
+    @property
+    def target_language(self) -> str | None: ...
+
+    def params(self, model_limit: int, sentence: int, defaults: Generation | None = None) -> DecodeParams: ...
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Tokens one row of a source chose (`progress.Tokens`), and the text that row reads so far
+    (decoded on the reader's side, not the scheduler's; a translated sentence's with its spans
+    still masked: they are restored in the answer)."""
+
+    text: int  # the input text the source belongs to
+    source: int
+    row: int
+    ids: tuple[int, ...]
+    so_far: str
+
+
+@dataclass(frozen=True)
+class Done:
+    """A request's last event: its sources, each source's hypotheses, and per text its n-best outputs."""
+
+    prepared: Prepared
+    hypotheses: list[list[Hypothesis]]
+    outputs: list[list[Generated]]
+
+
+Progress = Piece | Finished | Done
+
+
+class Seq2SeqTask(Task[Q, R]):
+    """One sequence-to-sequence model version and its step scheduler; `preparation`, its plug-in."""
+
+    def __init__(self, entry: StoreEntry, engine: TranslatorEngine, context: TaskContext) -> None:
+        super().__init__(entry, engine.variant)
+        self.engine = engine
+        self.preparation = self.plug_in(engine)
+        s, obs = context.settings, context.metrics
+        limits = StepLimits(
+            s.step_max_rows,
+            s.step_max_cache_tokens,
+            s.max_queue,
+            express_share=s.step_express_share,
+            express_work=s.step_express_work,
+        )
+
+        def make_batch() -> DecoderBatch[Sentence]:
+            if not limits.express_share:
+                return engine.new_batch(timer=obs.compute_time)
+            return engine.new_lanes(timer=obs.compute_time)  # the scheduler's policy names the lanes
+
+        self.queue = StepScheduler(entry.name, make_batch, limits, obs)
+
+    @classmethod
+    def load(cls, entry: StoreEntry, options: LoadOptions, context: TaskContext) -> Seq2SeqTask:
+        engine = load_translator(entry, options)
+        engine.warmup()
+        return cls(entry, engine, context)
+
+    @staticmethod
+    @abstractmethod
+    def plug_in(engine: TranslatorEngine) -> Preparation[Any]:
+        """How this task's texts become the engine's sources and its outputs texts again."""
+
+    def start(self) -> None:
+        self.queue.start()
+
+    async def close(self, timeout: float) -> None:
+        await self.queue.close(timeout)
+
+    @property
+    def in_flight(self) -> int:
+        return self.queue.in_flight
+
+    def sources(self, texts: Sequence[str], options: Decoding) -> tuple[Prepared, list[Search], DecodeParams]:
+        """The texts' sources (the plug-in's), each one's search, and the request's parameters:
+        the same for every source, but for sampling's seeds (each source draws from its own
+        generator)."""
+        engine = self.engine
+        prepared = self.preparation.prepare(texts, SourceOptions(options.source_language, options.target_language))
+        limit, defaults = engine.max_new_tokens, engine.generation
+        first = options.params(limit, 0, defaults)  # the options hold for this model even with no source
+        searches = [
+            engine.search(options.params(limit, k, defaults) if k and first.sample else first, forced=prepared.forced)
+            for k in range(len(prepared.sources))
+        ]
+        return prepared, searches, first
+
+    async def stream(self, work: Work, tokens: bool = False) -> AsyncGenerator[Progress, None]:
+        """The work's progress: with `tokens`, each token its greedy and sampled rows choose
+        (`Piece`); each source's `Finished`; last, `Done` with the answer. A reader that stops
+        reading (cancelled, or closing the stream: `contextlib.aclosing`) frees its rows at the
+        next step."""
+        self.queue.refuse_if_busy(work.deadline)
+        prepared, searches, first = self.sources(work.texts, cast(Decoding, work.options))
+        items = list(zip(prepared.sources, searches, strict=True))
+        hyps: list[list[Hypothesis]] = [[] for _ in items]
+        codec = self.engine.codec
+        so_far: dict[tuple[int, int], list[int]] = {}
+        if items:
+            # closed with this stream (its reader left): the scheduler's frees the rows at once, not when collected
+            async with contextlib.aclosing(self.queue.stream(items, work.deadline, tokens)) as progress:
+                async for events in progress:
+                    for event in events:
+                        if isinstance(event, Tokens):
+                            row = so_far.setdefault((event.source, event.row), [])
+                            row += event.ids
+                            owner = prepared.owner[event.source]
+                            yield Piece(owner, event.source, event.row, event.ids, codec.decode(row))
+                        else:
+                            hyps[event.source] = event.hypotheses
+                            yield event
+        outputs = self.preparation.assemble(prepared, hyps, first.length_penalty)
+        yield Done(prepared, hyps, outputs)
+
+    async def answer(self, work: Work) -> Done:
+        """The work's answer: the last event of its `stream`."""
+        async with contextlib.aclosing(self.stream(work)) as progress:
+            async for event in progress:
+                if isinstance(event, Done):
+                    return event
+        raise AssertionError("a stream ends with its answer")
+
+    async def run(self, work: Work) -> Any:
+        return (await self.answer(work)).outputs
