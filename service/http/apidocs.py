@@ -19,9 +19,9 @@ from fastapi.openapi.docs import get_swagger_ui_oauth2_redirect_html
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from service.http.dispatch import Call
 from service.http.errors import NotFound
 from service.http.page import STATIC
+from service.http.scope import Call, Handler
 from service.http.table import Route
 
 PACKAGE = "fastapi_offline"  # its static/ folder: swagger-ui-bundle.js, swagger-ui.css, redoc.standalone.js
@@ -113,8 +113,13 @@ def routes(title: str, enabled: bool = True) -> list[Route]:
     pages = {"/docs": swagger_page(title).encode(), "/redoc": redoc_page(title).encode()}
     media = ASSETS | OWN
 
-    async def page(call: Call) -> ASGIApp:
-        return _answer(pages[call.route.path], "text/html; charset=utf-8", None, call)
+    def page(path: str) -> Handler:
+        content = pages[path]
+
+        async def answer(call: Call) -> ASGIApp:
+            return _answer(content, "text/html; charset=utf-8", None, call)
+
+        return answer
 
     async def assets(call: Call) -> ASGIApp:
         name = call.params["name"]
@@ -127,8 +132,8 @@ def routes(title: str, enabled: bool = True) -> list[Route]:
         return get_swagger_ui_oauth2_redirect_html()  # Swagger UI's OAuth2 return page, as FastAPI serves it
 
     return [
-        Route("/docs", ("GET",), page, "swagger_ui", documented=False),
+        Route("/docs", ("GET",), page("/docs"), "swagger_ui", documented=False),
         Route("/docs/oauth2-redirect", ("GET",), swagger_redirect, "swagger_ui_redirect", documented=False),
         Route("/docs/assets/{name}", ("GET",), assets, "docs_asset", documented=False),
-        Route("/redoc", ("GET",), page, "redoc", documented=False),
+        Route("/redoc", ("GET",), page("/redoc"), "redoc", documented=False),
     ]
