@@ -10,6 +10,7 @@ repository extension lists, loads and unloads models. Errors: ``{"error": ...}``
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 from collections.abc import Iterator, Mapping
@@ -26,7 +27,7 @@ from service.http import binary, schemas
 from service.http.auth import audit
 from service.http.dispatch import Call, json_answer
 from service.http.errors import AsciiJSONResponse
-from service.http.table import Auth, Protocol, Route
+from service.http.table import Auth, Protocol, Route, ServedModel
 from service.serving import Snapshot, VersionState, VersionView
 from service.store import StoreEntry
 from service.tasks.base import OutputTensor, Task, Work
@@ -318,6 +319,16 @@ def _audited(call: Call, action: str, model: str) -> Iterator[None]:
     audit(call.scope, f"model control: {action} {model}", action=action, model=model, outcome="done")
 
 
+def infer_doc(components: Mapping[str, Any], model: ServedModel) -> dict[str, Any]:
+    """One model's infer body in the document: `outputs` names only that model's outputs (another
+    name is a 422), which the body every model shares cannot say."""
+    body = copy.deepcopy(components[schemas.OipInferRequest.__name__])
+    requested = copy.deepcopy(components[schemas.OipRequestedOutput.__name__])
+    requested["properties"]["name"] = {"type": "string", "enum": list(dict(model[3]).get("outputs", ()))}
+    body["properties"]["outputs"] = {"anyOf": [{"type": "array", "items": requested}, {"type": "null"}]}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}
+
+
 def routes() -> list[Route]:
     meta, infer_errors = schemas.OipModelMetadata, (404, 413, 422, 429, 503, 504)
     oip = Protocol.OIP
@@ -379,6 +390,7 @@ def routes() -> list[Route]:
                 metric=INFER_METRIC,
                 binary=True,
                 names_served_model=True,
+                doc_model=infer_doc,
             )
             for path, name in (
                 ("/v2/models/{name}/infer", "infer"),
