@@ -20,7 +20,7 @@ from tritonclient.utils import InferenceServerException
 
 from bench.engines import newest
 from service.engine.classifier import load_classifier
-from service.http.libretranslate import NO_KEY
+from service.http.libretranslate import NO_KEY, undetected
 from service.store import scan
 from tests.test_service_e2e import Server, run_server
 from tests.tiny import expected_label, expected_translation
@@ -235,3 +235,11 @@ def test_keys_are_required_where_they_must_be(keyed_server: Server, expected: di
         client.infer("tiny-mt", [text_input(True)])
     result = client.infer("tiny-mt", [text_input(True)], headers={"Authorization": f"Bearer {KEY}"})
     assert strings(result.as_numpy("translation")) == expected["translations"]
+
+
+def test_undetected_names_the_one_source_else_english() -> None:
+    assert undetected({"en": {"de"}, "de": set()}) == {"confidence": 0.0, "language": "en"}
+    assert undetected({"fr": {"de"}, "de": set()})["language"] == "fr"
+    assert undetected({"fr": {"de"}, "es": {"de"}, "en": {"de"}})["language"] == "en"
+    assert undetected({"fr": {"de"}, "es": {"de"}})["language"] == "es"
+    assert undetected({})["language"] == "en"  # nothing served (every translator unloaded): no 500

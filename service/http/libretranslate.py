@@ -277,8 +277,8 @@ def undetected(pairs: Mapping[str, set[str]]) -> dict[str, Any]:
     """`{"confidence": 0.0, "language": ...}`: the only language the translators read, else English
     (LibreTranslate's own fallback), else the first they read."""
     sources = sorted(c for c, targets in pairs.items() if targets)
-    language = sources[0] if len(sources) == 1 or "en" not in sources else "en"
-    return {"confidence": 0.0, "language": language if sources else "en"}
+    language = sources[0] if len(sources) == 1 or (sources and "en" not in sources) else "en"
+    return {"confidence": 0.0, "language": language}
 
 
 def detected(asked: object, source: str, texts: int, batch: bool) -> dict[str, Any]:
