@@ -170,8 +170,8 @@ class Settings(BaseSettings):
     )
     # request limits
     max_body_bytes: int = Field(default=1 << 20, ge=1024, description="request body size (413 above)")
-    max_texts: int = Field(default=64, ge=1, le=4096, description="texts per request (413 above)")
-    max_text_chars: int = Field(default=2000, ge=1, description="characters per text (413 above)")
+    max_texts: int = Field(default=64, ge=1, le=4096, description="texts per request (422 above)")
+    max_text_chars: int = Field(default=2000, ge=1, description="characters per text (422 above)")
     # documents (POST /translate_file, LibreTranslate's translate_file): docs/documents.md
     max_file_bytes: int = Field(default=2 << 20, ge=1024, description="an uploaded file's request body (413 above)")
     max_file_segments: int = Field(

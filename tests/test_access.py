@@ -107,7 +107,8 @@ def test_admin_inference_and_metrics_keys_apart(tiny_store: Path, tmp_path: Path
 
 @pytest.mark.slow
 @pytest.mark.parametrize("given", ["param", "header"])
-def test_libretranslate_takes_either_key_and_refuses_with_403(tiny_store: Path, tmp_path: Path, given: str) -> None:
+def test_libretranslate_takes_either_key_and_refuses_as_it_does(tiny_store: Path, tmp_path: Path, given: str) -> None:
+    """LibreTranslate's refusals: a wrong key 403, none where one is needed 400; its listing is open."""
     with (
         run_server(tiny_store, tmp_path / "server.log", api_keys=INFER, admin_keys=ADMIN) as server,
         httpx.Client(base_url=server.url) as c,
@@ -123,3 +124,6 @@ def test_libretranslate_takes_either_key_and_refuses_with_403(tiny_store: Path, 
         assert translate(ADMIN).status_code == 200 and translate(INFER).status_code == 200
         r = translate("wrong")
         assert r.status_code == 403 and r.json() == {"error": "Invalid API key"}
+        r = c.post("/libretranslate/translate", data=body)
+        assert r.status_code == 400 and r.json() == {"error": "Please contact the server operator to get an API key"}
+        assert c.get("/libretranslate/languages").status_code == 200

@@ -75,7 +75,8 @@ def test_text_limits_are_in_the_document_with_their_status(tmp_path: Path) -> No
     schemas = doc["components"]["schemas"]
     for texts in (schemas["PredictRequest"]["properties"]["texts"], schemas["OipTensor"]["properties"]["data"]):
         assert texts["maxItems"] == 3 and texts["items"]["maxLength"] == 10
-        assert "413" in texts["description"]  # not the 422 a field out of range gets
+        # the document's limits are a 422, as any field out of range; the model's tokens a 413
+        assert "10 characters: 422" in texts["description"] and "tokens: 413" in texts["description"]
 
 
 def test_libretranslate_languages_say_which_pairs_are_served() -> None:

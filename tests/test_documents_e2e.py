@@ -179,7 +179,10 @@ def test_keys_apply_and_a_file_past_its_deadline_is_a_504(tiny_store: Path, tmp_
         fields = {"source": "en", "target": "de"}
         lt = "/libretranslate/translate_file"
         assert upload(c, "a.po", CATALOG.encode()).status_code == 401
-        assert c.post(lt, files={"file": ("a.po", CATALOG.encode())}, data=fields).status_code == 403
+        no_key = c.post(lt, files={"file": ("a.po", CATALOG.encode())}, data=fields)
+        assert no_key.status_code == 400 and "API key" in no_key.json()["error"]  # as LibreTranslate answers
+        wrong = c.post(lt, files={"file": ("a.po", CATALOG.encode())}, data=fields | {"api_key": "wrong"})
+        assert wrong.status_code == 403 and wrong.json() == {"error": "Invalid API key"}
         keyed = c.post(lt, files={"file": ("a.po", CATALOG.encode())}, data=fields | {"api_key": key})
         assert keyed.status_code == 200, keyed.text
         t0 = time.monotonic()

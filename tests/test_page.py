@@ -160,11 +160,11 @@ def test_an_api_error_is_shown(server: Server, browser: WebDriver, tmp_path: Pat
         by_id(browser, f"{box}-submit").click()
         wait_for(browser, f"the {box} error", lambda d, box=box: by_id(d, f"{box}-error").is_displayed())
         shown = by_id(browser, f"{box}-error").text
-        assert "413" in shown and f"at most {MAX_TEXT_CHARS}" in shown, shown
+        assert "422" in shown and f"at most {MAX_TEXT_CHARS}" in shown, shown
     screenshot(browser, tmp_path, "page-error.png", 1280)
     browser.set_window_size(1280, 900)
     # The browser itself reports the failed requests; nothing else may go wrong.
-    assert [m for m in severe(browser) if "status of 413" not in m] == []
+    assert [m for m in severe(browser) if "status of 422" not in m] == []
 
 
 def test_static_routes_send_only_known_files_under_a_strict_policy(server: Server) -> None:

@@ -330,8 +330,9 @@ async def test_invalid_fields_name_the_field_and_range(client: httpx.AsyncClient
 
 async def test_limits_say_the_limit(client: httpx.AsyncClient) -> None:
     error_of(await client.post("/translate", json={"texts": ["cat " * 40]}), 413, "input_too_long", "at most 23")
-    error_of(await client.post("/predict", json={"texts": ["x" * 2001]}), 413, "input_too_long", "2000")
-    error_of(await client.post("/predict", json={"texts": ["a"] * 65}), 413, "payload_too_large", "64")
+    # what the document states (characters, texts) is a 422 as any field out of range; tokens 413
+    error_of(await client.post("/predict", json={"texts": ["x" * 2001]}), 422, "invalid_input", "2000")
+    error_of(await client.post("/predict", json={"texts": ["a"] * 65}), 422, "invalid_input", "64")
     big = json.dumps({"texts": ["a" * 1000] * 1100}).encode()
     error_of(
         await client.post("/predict", content=big, headers={"content-type": "application/json"}),
@@ -484,7 +485,9 @@ async def test_libretranslate_document_lists_what_translate_takes(client: httpx.
     allow is refused, and a non-string api_key is refused rather than ignored."""
     op = (await client.get("/openapi.json")).json()["paths"]["/libretranslate/translate"]["post"]
     body = op["requestBody"]["content"]["application/json"]["schema"]
-    assert body == op["requestBody"]["content"]["application/x-www-form-urlencoded"]["schema"]
+    form = op["requestBody"]["content"]["application/x-www-form-urlencoded"]["schema"]
+    assert form["properties"]["q"]["anyOf"][1]["items"].pop("minLength") == 1  # an empty form field is missing
+    assert body == form
     props = body["properties"]
     assert props["source"]["enum"] == ["auto", "en"] and props["target"]["enum"] == ["de"] and "anyOf" not in body
     one, many = props["q"]["anyOf"]
@@ -692,3 +695,29 @@ async def test_json_nested_deeper_than_the_parser_goes_is_a_400_everywhere(clien
     r = await client.post("/libretranslate/translate", content=deep, headers=json_type)
     assert r.status_code == 400 and "neither JSON nor form" in r.json()["error"], r.text
     assert (await client.post("/predict", json={"texts": ["still serving"]})).status_code == 200
+
+
+async def test_document_states_what_each_model_and_route_refuses(client: httpx.AsyncClient) -> None:
+    """OIP infer is listed per served model with that model's output names, a tensor's shape is
+    [N] or [N, 1], LibreTranslate's file languages are the served ones and never empty, and the
+    file routes name their formats: each refusal the schema states is answered."""
+    doc = (await client.get("/openapi.json")).json()
+    paths = doc["paths"]
+    assert "/v2/models/{name}/infer" not in paths
+    for model, outputs in (("tiny-mt", ["translation"]), ("tiny-clf", ["label", "probabilities"])):
+        for path in (f"/v2/models/{model}/infer", f"/v2/models/{model}/versions/{{version}}/infer"):
+            body = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+            assert body["properties"]["outputs"]["anyOf"][0]["items"]["properties"]["name"]["enum"] == outputs
+    other = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a"]}], "outputs": [{"name": ""}]}
+    assert (await client.post("/v2/models/tiny-mt/infer", json=other)).status_code == 422
+    shape = doc["components"]["schemas"]["OipTensor"]["properties"]["shape"]
+    assert shape["prefixItems"][1] == {"const": 1}
+    lt = paths["/libretranslate/translate_file"]["post"]["requestBody"]["content"]["multipart/form-data"]
+    props = lt["schema"]["properties"]
+    assert props["source"]["enum"] == ["auto", "en"] and props["target"]["enum"] == ["de"]
+    assert props["source"]["minLength"] == props["target"]["minLength"] == 1
+    assert "text/x-gettext-translation" in lt["encoding"]["file"]["contentType"]
+    assert ".po" in props["file"]["description"]
+    files = {"file": ("a.po", b'msgid "a"\nmsgstr ""\n')}
+    r = await client.post("/libretranslate/translate_file", files=files, data={"source": "", "target": "de"})
+    assert r.status_code == 400 and r.json() == {"error": "Invalid request: missing source parameter"}

@@ -8,10 +8,11 @@ on (`SERVE_MODEL_CONTROL=explicit`, the default once admin keys are set), and th
 key: an inference key never opens it, and with inference keys but no admin keys it stays closed.
 
 No key or an unknown one is a 401, a valid key of another role a 403 (LibreTranslate's routes
-answer 403 for both, as its clients expect). Keys are compared in constant time and never
-logged: a key is named by its id (`name:key` in the settings names it; else `key-` and 8 hex
-digits of its sha256). Every refusal and every model-control action is logged once on the audit
-logger with the request id, key id and client address, and refusals are counted by reason.
+answer as LibreTranslate: 400 for none, 403 for a wrong one; `libretranslate.check_key`).
+Keys are compared in constant time and never logged: a key is named by its id (`name:key` in the
+settings names it; else `key-` and 8 hex digits of its sha256). Every refusal and every
+model-control action is logged once on the audit logger with the request id, key id and client
+address, and refusals are counted by reason.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ download URL. docs/documents.md has the rules and limits.
 from __future__ import annotations
 
 import asyncio
+import copy
 import re
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -28,11 +29,11 @@ from service.errors import InvalidDocument, InvalidInput
 from service.http.dispatch import json_answer
 from service.http.downloads import Downloads, safe_filename
 from service.http.errors import NotFound
-from service.http.libretranslate import check_key, source_of, translator
+from service.http.libretranslate import check_key, language_choices, served_pairs, source_of, translator
 from service.http.pipeline import Codec, Decoded, Run
 from service.http.scope import Call
 from service.http.state import scope_state
-from service.http.table import Auth, Protocol, Route
+from service.http.table import Auth, Protocol, Route, Served
 from service.serving import ModelSet
 from service.settings import Settings
 from service.tasks.base import Task, Work
@@ -194,8 +195,10 @@ class LtFileCodec(FileCodec[KeptFileRequest]):
         upload = await read_upload(call)
         check_key(call, upload.fields)
         source, target = upload.fields.get("source"), upload.fields.get("target")
-        if not source or not target:
-            raise InvalidInput("Invalid request: missing source or target parameter")
+        if not source:
+            raise InvalidInput("Invalid request: missing source parameter")
+        if not target:
+            raise InvalidInput("Invalid request: missing target parameter")
         fmt = _format(upload)
         parsed, unique = await _parsed(upload, fmt, settings)
         downloads = scope_state(call.scope).downloads
@@ -260,16 +263,37 @@ async def lt_download_file(call: Call) -> ASGIApp:
 
 
 def _body(fields: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    schema = {"type": "object", "required": ["file", *required], "properties": fields}
-    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
+    """A multipart body; its `file` part's media types are the formats read (the file name's
+    extension picks the format, its description lists them)."""
+    schema = {"type": "object", "required": ["file", *required], "properties": copy.deepcopy(fields)}
+    types = ", ".join(dict.fromkeys(f.media_type.split(";")[0] for f in registry.FORMATS))
+    content = {"schema": schema, "encoding": {"file": {"contentType": types}}}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": content}}}
 
 
 TRANSLATE_FILE_DOC = """The uploaded file translated, in the answer's body (`X-Translated-Entries`,
     `X-Kept-Entries`, `X-Failed-Entries`: what became of its entries)."""
 LT_TRANSLATE_FILE_DOC = """LibreTranslate's file translation: the translated file is kept for a while and its URL
     answered as `translatedFileUrl`."""
-FILE = {"type": "string", "format": "binary", "description": "the document; its extension names the format"}
+FILE = {
+    "type": "string",
+    "format": "binary",
+    "description": "the document, in a format its file name's extension names: " + ", ".join(registry.extensions()),
+}
 FILE_ERRORS = (400, 404, 413, 422, 429, 503, 504)
+LT_FIELDS: dict[str, Any] = {
+    "file": FILE,
+    "source": {"type": "string", "minLength": 1, "description": "a language code, or auto"},
+    "target": {"type": "string", "minLength": 1, "description": "a language code"},
+    "api_key": {"type": "string"},
+}
+
+
+def lt_file_doc(settings: Settings, served: Served) -> dict[str, Any]:
+    """LibreTranslate's file body with `source` and `target` among the served languages."""
+    doc = _body(LT_FIELDS, ["source", "target"])
+    language_choices(doc["requestBody"]["content"]["multipart/form-data"]["schema"], served_pairs(served))
+    return doc
 
 
 def routes() -> list[Route]:
@@ -281,12 +305,6 @@ def routes() -> list[Route]:
         "fuzzy": {"type": "string", "enum": ["true", "false"], "description": "translate fuzzy entries again"},
         "source_language": {"type": "string", "description": "a multilingual model's source language"},
         "target_language": {"type": "string", "description": "a multilingual model's target language"},
-    }
-    lt_fields = {
-        "file": FILE,
-        "source": {"type": "string"},
-        "target": {"type": "string"},
-        "api_key": {"type": "string"},
     }
     return [
         Route(
@@ -316,7 +334,7 @@ def routes() -> list[Route]:
             errors=(400, 429, 503, 504),
             metric="/libretranslate/translate_file",
             upload=True,
-            doc_extra=_body(lt_fields, ["source", "target"]),
+            doc_served=lt_file_doc,
         ),
         Route(
             "/libretranslate/download_file/{name}",

@@ -4,10 +4,13 @@
 Parameters come as JSON, form-encoded or in the query string (`q` a string or a list, `source`,
 `target`, `format` text | html, `alternatives`, `api_key`). Language pairs are those the served
 translators declare in their manifests. Errors use LibreTranslate's shape and codes:
-``{"error": ...}`` with 400 (bad or unsupported request), 403 (API key), 429 (busy, with
-Retry-After), 503 (not ready, shutting down), 504 (deadline passed), 500.
-There is no language detector here, so `/detect` answers that detection is disabled and
-`source: "auto"` means the one source language a translator of the target language knows.
+``{"error": ...}`` with 400 (bad or unsupported request, a key missing where one is needed), 403
+(a wrong key), 429 (busy, with Retry-After), 503 (not ready, shutting down), 504 (deadline
+passed), 500. As in LibreTranslate's `app.py`, only translate, translate_file and detect take a
+key; the languages, settings, health and suggest routes are open.
+There is no language detector here: `source: "auto"` means the one source language a translator
+of the target language knows, and `/detect` answers LibreTranslate's "could not detect" (confidence
+0) for that language. docs/serving.md has the route table, LibreTranslate's behaviour beside ours.
 """
 
 from __future__ import annotations
@@ -48,13 +51,37 @@ TRANSLATE_BODY: dict[str, Any] = {
         "source": {"type": "string", "minLength": 1, "description": "a language code, or auto"},
         "target": {"type": "string", "minLength": 1, "description": "a language code"},
         "format": {"type": "string", "enum": ["text", "html"], "default": "text"},
-        "alternatives": {"type": "integer", "minimum": 0, "maximum": MAX_ALTERNATIVES, "default": 0},
+        "alternatives": {
+            "type": "integer",
+            "maximum": MAX_ALTERNATIVES,
+            "default": 0,
+            "description": "alternative translations wanted (a negative number is 0, as LibreTranslate takes it)",
+        },
         "api_key": {"type": "string"},
     },
 }
 """The translate body as JSON or form fields; parsed by hand (`_params`), as LibreTranslate takes it.
 The document gives it with the settings' limits and the served languages (`translate_doc`)."""
 AUTO = "auto"  # "the one source language that translates into the target": there is no detector here
+NO_KEY = "Please contact the server operator to get an API key"  # LibreTranslate's 400 for a key it needs
+
+
+DETECT_BODY: dict[str, Any] = {
+    "type": "object",
+    "required": ["q"],
+    "properties": {
+        "q": {
+            "anyOf": [{"type": "string", "minLength": 1}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]
+        },
+        "api_key": {"type": "string"},
+    },
+}
+DETECT_DOC: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/json": {"schema": DETECT_BODY}, FORM: {"schema": None}},  # set below
+    }
+}
 
 
 def _offered(sources: Iterable[object], targets: Iterable[object]) -> list[tuple[str, str]]:
@@ -79,13 +106,21 @@ def _sources(pairs: Iterable[tuple[str, str]]) -> dict[str, frozenset[str]]:
 def translate_body(pairs: Iterable[tuple[str, str]], max_texts: int, max_chars: int) -> dict[str, Any]:
     """The translate body's schema: `q` within the text limits, `source` and `target` among the
     served languages, and (when not every source takes every target) which targets each source
-    takes. Without it a client reading the document could send `"source": "xx"` and get a 400."""
+    takes (`language_choices`)."""
     body = copy.deepcopy(TRANSLATE_BODY)
     props = body["properties"]
     one, many = props["q"]["anyOf"]
     one["maxLength"] = max_chars
-    schemas.text_limits(many, max_texts, max_chars, status=400)
+    schemas.text_limits(many, max_texts, max_chars, invalid=400, big=400)
     props["q"]["description"] = many.pop("description")  # it says the string's limit too
+    return language_choices(body, pairs)
+
+
+def language_choices(body: dict[str, Any], pairs: Iterable[tuple[str, str]]) -> dict[str, Any]:
+    """`body` (a schema with `source` and `target` properties) with both among the served
+    languages and, when not every source takes every target, which targets each source takes.
+    Without it a client reading the document could send `"source": "xx"` and get a 400."""
+    props = body["properties"]
     choices = _sources(pairs)
     if not choices:  # no translator serves: any code is answered 400
         return body
@@ -102,14 +137,30 @@ def translate_body(pairs: Iterable[tuple[str, str]], max_texts: int, max_chars: 
     return body
 
 
-def translate_doc(settings: Settings, served: Served) -> dict[str, Any]:
-    """The translate operation's body for these settings and served models (`Route.doc_served`)."""
+def served_pairs(served: Served) -> list[tuple[str, str]]:
+    """The language pairs of the served translators, as the document knows them."""
     pairs = []
     for _, _, _, lists in served:
         choices = dict(lists)
         pairs += _offered(choices.get("source_languages", ()), choices.get("target_languages", ()))
-    body = translate_body(pairs, settings.max_texts, settings.max_text_chars)
-    content = {"application/json": {"schema": body}, FORM: {"schema": body}}
+    return pairs
+
+
+def form_body(body: dict[str, Any]) -> dict[str, Any]:
+    """The form's translate body: an empty form field is a missing one, as LibreTranslate reads it
+    (`q=` is "missing q"), so a form's texts are never empty, a JSON list's may be."""
+    form = copy.deepcopy(body)
+    form["properties"]["q"]["anyOf"][1]["items"]["minLength"] = 1
+    return form
+
+
+DETECT_DOC["requestBody"]["content"][FORM]["schema"] = form_body(DETECT_BODY)
+
+
+def translate_doc(settings: Settings, served: Served) -> dict[str, Any]:
+    """The translate operation's body for these settings and served models (`Route.doc_served`)."""
+    body = translate_body(served_pairs(served), settings.max_texts, settings.max_text_chars)
+    content = {"application/json": {"schema": body}, FORM: {"schema": form_body(body)}}
     return {"requestBody": {"required": True, "content": content}}
 
 
@@ -122,6 +173,8 @@ def _params(call: Call) -> dict[str, Any]:
     if kind == FORM:
         form = parse_qs(call.body.decode("utf-8", "replace"), keep_blank_values=True)
         out |= {k: v[0] if len(v) == 1 else v for k, v in form.items()}
+        if len(form.get("q", ())) > 1 and "" in form["q"]:  # an empty field is a missing one
+            raise InvalidInput("Invalid request: missing q parameter (an empty q field)")
         return out
     try:
         data = schemas.load_json(call.body)
@@ -130,13 +183,15 @@ def _params(call: Call) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise InvalidInput("Invalid request: the JSON body must be an object")
     n = data.get("alternatives", 0)
-    if isinstance(n, bool) or not isinstance(n, int):  # a form's "2" is text; JSON's must be a number
-        raise InvalidInput("Invalid request: alternatives must be an integer")
+    integral = isinstance(n, int) or (isinstance(n, float) and n.is_integer())  # 2.0 is 2; NaN, inf are not
+    if isinstance(n, bool) or not integral:  # a form's "2" is text; JSON's must be a number
+        raise InvalidInput("Invalid request: alternatives parameter is not a number")
     return out | data
 
 
 def check_key(call: Call, params: Mapping[str, Any]) -> None:
-    """LibreTranslate's key: its `api_key` parameter, else the bearer header; 403 for any refusal."""
+    """LibreTranslate's key: its `api_key` parameter, else the bearer header. As LibreTranslate
+    answers: a wrong key 403 "Invalid API key", none where one is needed 400 (`NO_KEY`)."""
     route = route_of(call.scope)
     if route is None or route.auth is not Auth.PARAM:
         return
@@ -146,6 +201,8 @@ def check_key(call: Call, params: Mapping[str, Any]) -> None:
     key, verdict = state.keys.check(Auth.PARAM, given)
     if verdict is not None:
         refused(call.scope, state.metrics, verdict, key)
+        if verdict.reason == "missing_key":
+            raise InvalidInput(NO_KEY)
         raise Forbidden("Invalid API key" if verdict.error is Unauthorized else verdict.message)
     if key is not None:
         call.scope[KEY_ID] = key.id
@@ -179,8 +236,8 @@ def _pairs(call: Call) -> dict[str, set[str]]:
 
 
 async def languages(call: Call) -> ASGIApp:
-    """The languages the served translators read, each with the languages it translates into."""
-    check_key(call, _params(call))
+    """The languages the served translators read, each with the languages it translates into
+    (open, as LibreTranslate's: a client lists them before it has a key)."""
     body = [
         {"code": code, "name": LANGUAGE_NAMES.get(code, code), "targets": sorted(targets)}
         for code, targets in sorted(_pairs(call).items())
@@ -213,8 +270,50 @@ async def frontend_settings(call: Call) -> ASGIApp:
 
 
 async def detect(call: Call) -> ASGIApp:
-    check_key(call, _params(call))
-    raise Forbidden("Language detection is disabled on this server: no language detector is installed")
+    """LibreTranslate's answer when it cannot detect (confidence 0), naming the language
+    `source: "auto"` would read: there is no language detector here."""
+    params = _params(call)
+    check_key(call, params)
+    q = params.get("q")
+    if not q:
+        raise InvalidInput("Invalid request: missing q parameter")
+    if not isinstance(q, str | list) or not all(isinstance(t, str) for t in q):
+        raise InvalidInput("Invalid request: q must be a string or a list of strings")
+    if not isinstance(params.get("api_key", ""), str):
+        raise InvalidInput("Invalid request: api_key must be a string")
+    return json_answer([undetected(_pairs(call))])
+
+
+def undetected(pairs: Mapping[str, set[str]]) -> dict[str, Any]:
+    """`{"confidence": 0.0, "language": ...}`: the only language the translators read, else English
+    (LibreTranslate's own fallback), else the first they read."""
+    sources = sorted(c for c, targets in pairs.items() if targets)
+    language = sources[0] if len(sources) == 1 or (sources and "en" not in sources) else "en"
+    return {"confidence": 0.0, "language": language}
+
+
+def detected(asked: object, source: str, texts: int, batch: bool) -> dict[str, Any]:
+    """`detectedLanguage`, which LibreTranslate adds for `source: "auto"` (one per text for a list):
+    the language `auto` resolved to, with confidence 0, for it was chosen, not detected."""
+    if asked != AUTO:
+        return {}
+    one = {"confidence": 0.0, "language": source}
+    return {"detectedLanguage": [dict(one) for _ in range(texts)] if batch else one}
+
+
+async def health(call: Call) -> ASGIApp:
+    """LibreTranslate's health check: the server answers (readiness is `/readyz`)."""
+    return json_answer({"status": "ok"})
+
+
+async def suggest(call: Call) -> ASGIApp:
+    """As a LibreTranslate server with suggestions off (`"suggestions": false` in its settings)."""
+    raise Forbidden("Suggestions are disabled on this server.")
+
+
+def unique(options: list[str]) -> list[str]:
+    """The alternatives as LibreTranslate gives them: each once, never the translation itself."""
+    return [t for i, t in enumerate(options) if i and t != options[0] and t not in options[1:i]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,22 +391,24 @@ class TranslateCodec(Codec[TranslateParams, Translated, Translated | None]):
         if request.one:
             out: dict[str, Any] = {"translatedText": results[0][0]}
             if request.alternatives:
-                out["alternatives"] = results[0][1:]
+                out["alternatives"] = unique(results[0])
         else:
             out = {"translatedText": [r[0] for r in results]}
             if request.alternatives:
-                out["alternatives"] = [r[1:] for r in results]
-        return json_answer(out)
+                out["alternatives"] = [unique(r) for r in results]
+        source = source_of(task, request.source, request.target)
+        return json_answer(out | detected(request.source, source, len(request.units), not request.one))
 
 
 def _alternatives(value: object) -> int:
+    """LibreTranslate's reading: a number, a negative one taken as 0, at most the limit."""
     try:
         n = int(value)  # type: ignore[call-overload]
     except (TypeError, ValueError):
-        raise InvalidInput("Invalid request: alternatives must be an integer") from None
-    if not 0 <= n <= MAX_ALTERNATIVES:
-        raise InvalidInput(f"Invalid request: alternatives must be between 0 and {MAX_ALTERNATIVES}")
-    return n
+        raise InvalidInput("Invalid request: alternatives parameter is not a number") from None
+    if n > MAX_ALTERNATIVES:
+        raise InvalidInput(f"Invalid request: alternatives parameter must be <= {MAX_ALTERNATIVES}")
+    return max(0, n)
 
 
 def translator(models: ModelSet, source: str, target: str) -> tuple[Task, str]:
@@ -323,7 +424,10 @@ def translator(models: ModelSet, source: str, target: str) -> tuple[Task, str]:
     for task, pairs in offered:
         if (source, target) in pairs:
             return task, source
-    raise InvalidInput(f"{target} is not supported")
+    if not any(target in pair for _, pairs in offered for pair in pairs):
+        raise InvalidInput(f"{target} is not supported")
+    into, src = LANGUAGE_NAMES.get(target, target), LANGUAGE_NAMES.get(source, source)
+    raise InvalidInput(f"{into} ({target}) is not available as a target language from {src} ({source})")
 
 
 def source_of(task: Task, source: str, target: str) -> str:
@@ -352,16 +456,26 @@ def routes() -> list[Route]:
         ),
         Route(
             "/libretranslate/languages",
-            ("GET", "POST"),
+            ("GET",),
             languages,
             "libretranslate_languages",
             lt,
             summary="Languages",
             description=languages.__doc__ or "",
-            auth=param,
-            forms=True,
         ),
         Route("/libretranslate/frontend/settings", ("GET",), frontend_settings, "libretranslate_frontend_settings", lt),
+        Route("/libretranslate/health", ("GET",), health, "libretranslate_health", lt, summary="Health", probe=True),
+        Route(
+            "/libretranslate/suggest",
+            ("POST",),
+            suggest,
+            "libretranslate_suggest",
+            lt,
+            summary="Suggest",
+            description=suggest.__doc__ or "",
+            errors=(403,),
+            forms=True,
+        ),
         Route(
             "/libretranslate/detect",
             ("POST",),
@@ -369,8 +483,10 @@ def routes() -> list[Route]:
             "libretranslate_detect",
             lt,
             summary="Detect",
+            description=detect.__doc__ or "",
             auth=param,
-            errors=(403,),
+            errors=(400,),
             forms=True,
+            doc_extra=DETECT_DOC,
         ),
     ]

@@ -10,6 +10,7 @@ repository extension lists, loads and unloads models. Errors: ``{"error": ...}``
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -29,7 +30,7 @@ from service.http.errors import AsciiJSONResponse
 from service.http.pipeline import Codec, Decoded, Run
 from service.http.scope import Call
 from service.http.state import scope_state
-from service.http.table import Auth, Protocol, Route
+from service.http.table import Auth, Protocol, Route, ServedModel
 from service.serving import ModelSet, Snapshot, VersionState, VersionView
 from service.settings import Settings
 from service.store import StoreEntry
@@ -364,6 +365,16 @@ def _audited(call: Call, action: str, model: str) -> Iterator[None]:
 INFER = InferCodec()
 
 
+def infer_doc(components: Mapping[str, Any], model: ServedModel) -> dict[str, Any]:
+    """One model's infer body in the document: `outputs` names only that model's outputs (another
+    name is a 422), which the body every model shares cannot say."""
+    body = copy.deepcopy(components[schemas.OipInferRequest.__name__])
+    requested = copy.deepcopy(components[schemas.OipRequestedOutput.__name__])
+    requested["properties"]["name"] = {"type": "string", "enum": list(dict(model[3]).get("outputs", ()))}
+    body["properties"]["outputs"] = {"anyOf": [{"type": "array", "items": requested}, {"type": "null"}]}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}
+
+
 def routes() -> list[Route]:
     meta, infer_errors = schemas.OipModelMetadata, (404, 413, 422, 429, 503, 504)
     oip = Protocol.OIP
@@ -425,6 +436,7 @@ def routes() -> list[Route]:
                 metric=INFER_METRIC,
                 binary=True,
                 names_served_model=True,
+                doc_model=infer_doc,
             )
             for path, name in (
                 ("/v2/models/{name}/infer", "infer"),

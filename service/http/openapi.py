@@ -10,6 +10,7 @@ being served are written in at serving time, and the document is rebuilt when th
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -33,9 +34,9 @@ WHY = {
     404: "unknown model, version or file",
     408: "the request body did not arrive in time",
     409: "the store holds no version of the model that can be loaded (the message says why)",
-    413: "body, number of texts, characters or tokens above their limit",
+    413: "the body, a text's tokens, or a client's characters per request or minute above their limit",
     415: "Content-Type is neither JSON nor absent",
-    422: "invalid field: the message names it and its allowed values",
+    422: "invalid field, or more texts or characters than the document allows: the message names it and the limit",
     429: "busy: the queued work would not finish in time, or the client is over a per-minute limit (see Retry-After)",
     503: "not ready, loading, unloaded, shutting down, or too many requests in flight (see Retry-After)",
     504: "the request's deadline passed",
@@ -78,7 +79,8 @@ def document(routes: tuple[Route, ...], settings: Settings, served: Served) -> d
             op = _operation(r, method, access, names, [name for name, _, _, _ in served])
             if r.doc_served is not None:
                 op |= r.doc_served(settings, served)
-            paths.setdefault(r.path, {})[method.lower()] = op
+            for path, one in _per_model(r, op, schemas, served):
+                paths.setdefault(path, {})[method.lower()] = one
     doc: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
@@ -92,6 +94,25 @@ def document(routes: tuple[Route, ...], settings: Settings, served: Served) -> d
     _limits(doc, settings)
     _models(doc, served)
     return doc
+
+
+def _per_model(
+    r: Route, op: dict[str, Any], schemas: dict[str, Any], served: Served
+) -> list[tuple[str, dict[str, Any]]]:
+    """The route's operations: one at its template, or (`Route.doc_model`) one per served model at
+    that model's own path, where the body can say what this model takes, which a request body
+    shared by every `{name}` cannot."""
+    if r.doc_model is None or not served:
+        return [(r.path, op)]
+    out = []
+    for model in served:
+        one = copy.deepcopy(op)
+        one["operationId"] = f"{op['operationId']}_{model[0]}"
+        params = [p for p in one.pop("parameters", []) if p["name"] != "name"]
+        if params:
+            one["parameters"] = params
+        out.append((r.path.replace("{name}", model[0]), one | dict(r.doc_model(schemas, model))))
+    return out
 
 
 def _param_schema(r: Route, param: str, served: list[str]) -> dict[str, Any]:
@@ -179,6 +200,7 @@ def served(models: ModelSet) -> Served:
             d = v.task.describe()
             limits = tuple(sorted((k, x) for k, x in d.items() if type(x) is int))
             lists = tuple(sorted((k, tuple(map(str, x))) for k, x in d.items() if isinstance(x, list) and x))
+            lists += (("outputs", tuple(t.name for t in v.task.outputs())),)  # its OIP outputs
             out.append((v.name, v.task.name, limits, lists))
     return tuple(sorted(out))
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import AfterValidator, Field, ValidationError
 
-from service.errors import InputTooLong, InvalidInput, InvalidJson, PayloadTooLarge, UnreadableBody
+from service.errors import InvalidInput, InvalidJson, UnreadableBody
 from service.tasks.base import INTEGRAL, ResponseModel, StrictModel
 from service.validation import describe_validation
 
@@ -46,12 +46,13 @@ def parse_json(body: bytes, validate: Callable[[Any], T], rules: Mapping[str, st
 
 
 def check_texts(texts: Sequence[str], max_texts: int, max_chars: int, field: str = "texts") -> None:
-    """Request-size limits from the settings, and text the tokenizer cannot take (lone surrogates)."""
+    """The settings' text limits, and text the tokenizer cannot take (lone surrogates): 422, as
+    any field out of the range the API document states (`text_limits`; LibreTranslate: 400)."""
     if len(texts) > max_texts:
-        raise PayloadTooLarge(f"{field} has {len(texts)} items; at most {max_texts} per request")
+        raise InvalidInput(f"{field} has {len(texts)} items; at most {max_texts} per request")
     for i, text in enumerate(texts):
         if len(text) > max_chars:
-            raise InputTooLong(f"{field}[{i}] has {len(text)} characters; at most {max_chars} per text")
+            raise InvalidInput(f"{field}[{i}] has {len(text)} characters; at most {max_chars} per text")
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -60,15 +61,17 @@ def check_texts(texts: Sequence[str], max_texts: int, max_chars: int, field: str
             ) from None
 
 
-def text_limits(schema: dict[str, Any], max_texts: int, max_chars: int, status: int = 413) -> None:
+def text_limits(schema: dict[str, Any], max_texts: int, max_chars: int, invalid: int = 422, big: int = 413) -> None:
     """The API document's form of `check_texts`' limits, on the JSON Schema of a list of texts.
 
-    Either limit is answered 413 (LibreTranslate: 400), not the 422 of a field out of range, and
-    the schema's description says so: a text over the model's token limit, which no schema can
-    state, is a 413 too, so a client that shortens or splits its input on 413 handles every limit."""
+    What the document states is checked as it states it: more texts or characters than it allows
+    is a 422 (LibreTranslate: 400), as any other field out of range, so a client that validates
+    against the document is never refused for size. What no schema can state, a text over the
+    model's tokens, is a 413 (docs/serving.md, "Errors"); the description says both."""
     schema["maxItems"] = max_texts
     schema.setdefault("items", {})["maxLength"] = max_chars
-    said = f"more than {max_texts} texts, or a text over {max_chars} characters or the model's tokens: {status}"
+    said = f"more than {max_texts} texts or a text over {max_chars} characters: {invalid}"
+    said += f"; a text over the model's tokens: {big}"
     schema["description"] = "; ".join(x for x in (schema.get("description", ""), said) if x)
 
 
@@ -101,6 +104,8 @@ def _json_tensor(schema: dict[str, Any]) -> None:
     """The document describes JSON bodies, where a tensor carries its data (binary: docs/serving.md)."""
     schema["required"] = [*schema.get("required", []), "data"]
     schema["properties"]["data"] = {"type": "array", "items": {"type": "string"}, "description": "one text per row"}
+    # [N] or [N, 1]; that N is the number of texts in `data` no schema can say (bench/schemathesis.toml)
+    schema["properties"]["shape"]["prefixItems"] = [{"type": "integer", "minimum": 0}, {"const": 1}]
 
 
 class OipTensor(StrictModel):
@@ -114,7 +119,7 @@ class OipTensor(StrictModel):
 
 
 class OipRequestedOutput(StrictModel):
-    name: str
+    name: str = Field(min_length=1, description="one of the model's outputs (its metadata lists them)")
     parameters: dict[str, Any] | None = None
 
 

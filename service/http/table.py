@@ -23,8 +23,11 @@ from service.settings import Settings
 
 # What the API document knows of the models being served, per model: its name, task, integer
 # limits (`max_new_tokens`) and the values a request field may take (`source_languages`).
-Served = tuple[tuple[str, str, tuple[tuple[str, int], ...], tuple[tuple[str, tuple[str, ...]], ...]], ...]
+ServedModel = tuple[str, str, tuple[tuple[str, int], ...], tuple[tuple[str, tuple[str, ...]], ...]]
+Served = tuple[ServedModel, ...]
 DocHook = Callable[[Settings, Served], Mapping[str, Any]]
+# one served model's operation: what its own path takes, given the document's component schemas
+ModelDocHook = Callable[[Mapping[str, Any], ServedModel], Mapping[str, Any]]
 
 
 class Protocol(enum.Enum):
@@ -69,7 +72,7 @@ class Access:
         keyed = {Auth.BEARER: self.inference, Auth.PARAM: self.inference, Auth.METRICS: self.metrics}
         if not keyed.get(auth, False):
             return set()
-        return {403} if auth is Auth.PARAM else {401, 403}
+        return {400, 403} if auth is Auth.PARAM else {401, 403}  # LibreTranslate: 400 for a missing key
 
 
 BODY_ERRORS = (400, 408, 413, 415, 422)
@@ -107,6 +110,9 @@ class Route:
     # merged after doc_extra, rebuilt with the document: what depends on the settings and the
     # served models (a hand-written body's limits and language codes)
     doc_served: DocHook | None = None
+    # set: the document lists the route once per served model, `{name}` filled in, merged with
+    # this (what that model takes: an OIP model's own output names); no model served: the template
+    doc_model: ModelDocHook | None = None
 
     @property
     def inference(self) -> bool:
