@@ -212,9 +212,9 @@ def express_job(job: Job, limits: StepLimits) -> bool:
 
 
 def expected_wait(jobs: Iterable[Job], job: Job, limits: StepLimits, rate: float) -> float:
-    """Seconds until `job` would be answered if it joined the unanswered `jobs` now, as this policy
-    serves them, at `rate` row-steps a second (the loaded batch's); admission compares it with the
-    deadline. The larger of two bounds:
+    """How long `job` would wait for its answer if it joined the unanswered `jobs` now, as this
+    policy serves them, at `rate` row-steps a second (the loaded batch's): the seconds admission
+    weighs against `admit_share` of the time left to its deadline. The larger of two bounds:
     - work: what runs in its lane (`express_job`) before its last sentence ends. Turns are
       round-robin, so of another request's waiting sentences only as many count as it has (in
       turn order); sentences already admitted count whole (at their request's mean cost), and its
@@ -222,6 +222,8 @@ def expected_wait(jobs: Iterable[Job], job: Job, limits: StepLimits, rate: float
       request larger than every other counts its lane's whole queue, as first come first served;
     - steps: a sentence takes one step per token, and while it runs each step holds the rows in
       flight (up to `max_rows`); in the express lane, at most one main step per express step.
+      This is about the time its longest sentence takes (whose length is a cautious guess
+      already), so it is weighed against the whole time left: scaled by `admit_share` here.
     """
     n, lane = len(job.sentences), express_job(job, limits)
     work, rows, other_lane = job.work, max(s.search.width for s in job.sentences), False
@@ -237,7 +239,7 @@ def expected_wait(jobs: Iterable[Job], job: Job, limits: StepLimits, rate: float
         work += running * k.work // len(k.sentences) + sum(s.work for s in waiting[:n])
     share = limits.express_share if lane and other_lane else 1.0
     steps = max(s.work // s.search.width for s in job.sentences)
-    return max(work / (rate * share), steps * min(rows, limits.max_rows) / rate)
+    return max(work / (rate * share), steps * min(rows, limits.max_rows) / rate * limits.admit_share)
 
 
 def express_turn(express_s: float, main_s: float, share: float) -> bool:
