@@ -49,8 +49,9 @@ class StepLimits:
     max_cache_tokens: int = 65536  # admitted rows x (source + max new tokens), reserved at admission
     max_queue: int = 512  # sentences waiting or running before 429
     starvation_s: float = 0.5  # a passed-over sentence is admitted first after waiting this long
-    admit_share: float = 0.3  # admit when the queued work fits in this share of the time left (greedy
-    # sentences overtake beams in the rows kept for them, so a beam may finish later than projected;
+    admit_share: float = 0.3  # admit when the work ahead of a request's answer (`expected_wait`) fits in
+    # this share of the time left (greedy sentences overtake beams in the rows kept for them, so a
+    # beam may finish later than projected;
     # with beam rows cheaper than greedy ones since IO contract 6, a row-step is a looser unit: at 0.35
     # the overload check's slowest admitted request took 3.4-4.3 s of its 5, at 0.3 3.0-3.7 s)
     encode_ahead: int = 16  # waiting sentences encoded with those joining, held until their turn
