@@ -16,9 +16,8 @@ answered before its deadline waiting its turn under the policy (`policy.expected
 sentences among the other requests' turns, in its lane, not the whole queue's work) at the
 throughput measured while the batch is at least half full (rows over the time of every step
 and encoder run, the express lane's included); work is estimated in row-steps (rows x expected
-tokens). A request whose reader left (its awaiting task is
-cancelled, or it closed its stream), whose deadline passed, or that is still running at
-shutdown leaves the batch at the next step.
+tokens). A request whose reader left (its awaiting task is cancelled, or it closed its stream),
+whose deadline passed, or that is still running at shutdown leaves the batch at the next step.
 """
 
 from __future__ import annotations
