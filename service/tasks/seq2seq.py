@@ -130,7 +130,7 @@ class Seq2SeqTask(Task[Q, R]):
         (`Piece`); each source's `Finished`; last, `Done` with the answer. A reader that stops
         reading (cancelled, or closing the stream: `contextlib.aclosing`) frees its rows at the
         next step."""
-        self.queue.refuse_if_busy(work.deadline)
+        self.queue.refuse_if_busy(work.deadline, len(work.texts))
         prepared, searches, first = self.sources(work.texts, cast(Decoding, work.options))
         items = list(zip(prepared.sources, searches, strict=True))
         hyps: list[list[Hypothesis]] = [[] for _ in items]
