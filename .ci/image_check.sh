@@ -110,8 +110,10 @@ inspect_image() {
     printf 'size=%s bytes (%s MB)\n' "$size" $((size / 1000000))
     [[ $user == 10001:10001 ]] || fail "image user is '$user', not 10001:10001"; passed
     [[ $cmd == '["transformer-serve"] ["serve"]' ]] || fail "not the exec form transformer-serve serve: $cmd"; passed
-    podman run --rm --network none --no-healthcheck "$IMAGE" serve --help | grep -q -- '--max-batch-size N' \
-        || fail "transformer-serve serve --help in the image"; passed
+    local help  # read whole: `grep -q` would close the pipe early and podman fail on it (pipefail)
+    help=$(podman run --rm --network none --no-healthcheck "$IMAGE" serve --help) ||
+        fail "transformer-serve serve --help in the image exited non-zero"
+    [[ $help == *"--max-batch-size N"* ]] || fail "transformer-serve serve --help in the image lists no flags"; passed
     [[ $health == *healthcheck.py* ]] || fail "image has no HEALTHCHECK"; passed
     podman run --rm --network none --no-healthcheck --entrypoint /bin/sh "$IMAGE" -c '
         for c in gcc cc c++ g++ clang make ld; do
