@@ -188,9 +188,13 @@ class ImportedTranslator(ImportedSpec):
         return steps.check_against_transformers(self.hf, self.model, folder, roles, self.probes, tol)
 
     def check_variant(self, variant: str, folder: Path, files: dict[str, dict[str, str]]) -> dict[str, object]:
-        """No tolerance against fp32 is measured for an imported translator's fp16 and int8 graphs:
-        the gate they pass is batch invariance (`check_batches`)."""
-        return {}
+        """A family that asks for it (T5) has its fp16 and int8 graphs checked against fp32, whole
+        (`steps.check_variant_against_fp32`): one that overflows or drifts is refused. For the others
+        no tolerance is measured: the gate they pass is batch invariance (`check_batches`)."""
+        if not self.family.variants_checked:
+            return {}
+        tol = validate.TOLERANCES[variant]
+        return steps.check_variant_against_fp32(self.hf, self.model, folder, files, variant, self.probes, tol)
 
     def check_batches(self, variant: str, folder: Path, roles: dict[str, str]) -> dict[str, object]:
         return validate.require_batch_invariance(variant, folder, roles, self.model, self.probes[:8], self.probe_steps)
