@@ -298,4 +298,4 @@ def test_nllb_without_language_tokens_is_refused(tmp_path: Path, bpe: bytes, nll
 
 
 def test_unsupported_model_type_is_refused(marian: Checkpoint) -> None:
-    assert "unsupported model family 't5'" in refused(marian.folder, transformers.T5Config())
+    assert "unsupported model family 'gpt2'" in refused(marian.folder, transformers.GPT2Config())
