@@ -115,16 +115,15 @@ class T5Step(nn.Module):
         self.enc_blocks, self.layers = hf.encoder.block, hf.decoder.block
         self.enc_norm, self.dec_norm = hf.encoder.final_layer_norm, hf.decoder.final_layer_norm
         self.heads, dk = c.num_heads, c.d_kv
-        enc_rel = self.enc_blocks[0].layer[0].SelfAttention
+        enc_rel = self.enc_blocks[0].layer[0].SelfAttention  # layer 0 holds each stack's bias
         dec_rel = self.layers[0].layer[0].SelfAttention
-        reach = enc_rel.relative_attention_max_distance
-        # encoder: key - query in -reach .. reach (constant beyond); decoder: query - key in 0 .. reach
-        self.register_buffer("enc_bias", _bucket_bias(enc_rel, torch.arange(-reach, reach + 1), True), persistent=False)
-        reach_dec = dec_rel.relative_attention_max_distance
-        self.reach, self.reach_dec = reach, reach_dec
-        self.register_buffer(
-            "dec_bias", _bucket_bias(dec_rel, -torch.arange(reach_dec + 1), False), persistent=False
-        )  # (reach + 1, H)
+        self.reach, self.reach_dec = enc_rel.relative_attention_max_distance, dec_rel.relative_attention_max_distance
+        # (distances, H), the bucket constant beyond `reach`: encoder key - query in -reach .. reach,
+        # decoder query - key in 0 .. reach (keys after the query are never attended)
+        enc_bias = _bucket_bias(enc_rel, torch.arange(-self.reach, self.reach + 1), bidirectional=True)
+        dec_bias = _bucket_bias(dec_rel, -torch.arange(self.reach_dec + 1), bidirectional=False)
+        self.register_buffer("enc_bias", enc_bias, persistent=False)
+        self.register_buffer("dec_bias", dec_bias, persistent=False)
         self.lm_head = hf.get_output_embeddings().weight
         self.output_scale = c.d_model**-0.5 if getattr(c, "scale_decoder_outputs", False) else 1.0
         vocab = self.lm_head.shape[0]
