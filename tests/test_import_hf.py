@@ -421,8 +421,9 @@ def _t5_changed(**changes: object):  # type: ignore[no-untyped-def]
         (_t5_changed(d_kv=12), "d_kv=12 (the fused decoder attention needs a multiple of 8)"),
         (_t5_changed(architectures=["T5EncoderModel"]), "only ...ForConditionalGeneration checkpoints"),
         (_t5_changed(is_decoder=True), "only encoder-decoder checkpoints"),
+        (_t5_changed(n_positions=6), "n_positions=6 leaves 5 source tokens: too few to translate"),
     ],
-    ids=["head-width", "encoder-only", "decoder-only"],
+    ids=["head-width", "encoder-only", "decoder-only", "positions"],
 )
 def test_a_t5_the_engine_cannot_serve_is_one_message_and_nothing_written(
     imported: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str], damage, message: str

@@ -168,8 +168,9 @@ class ImportedTranslator(ImportedSpec):
         self.model = build(hf, self.start, _suppressed(self.raw_generation), self.eos)
         room = self.model.config.max_len - max(len(f.prefix) + len(f.suffix) for f in tok.sources.values())
         if room < MIN_SOURCE_TOKENS:
+            limit = next(o for o in ("max_position_embeddings", "n_positions") if hasattr(config, o))  # T5's
             raise ImportProblem(
-                f"max_position_embeddings={config.max_position_embeddings} leaves {room} source tokens: "
+                f"{limit}={getattr(config, limit)} leaves {room} source tokens: "
                 f"too few to translate (at least {MIN_SOURCE_TOKENS})"
             )
         self.probes = self.framed(_probe_sources(self.model.config.vocab_size, set(tok.special_ids), 8, room))
