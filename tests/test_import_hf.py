@@ -201,6 +201,30 @@ def test_rows_of_three_target_languages_decode_as_alone(imported: dict[str, tupl
     assert {h[0].tokens[0] for h in alone} == {engine.forced_prefix(lang)[0] for lang in languages}
 
 
+@pytest.mark.parametrize("name", ["t5", "flan_t5", "mt5"])
+def test_t5_rows_joining_a_running_batch_decode_as_alone(imported: dict[str, tuple[Path, Path]], name: str) -> None:
+    """T5's relative position bias is each row's own: rows that join every other step, greedy beside
+    beams of 4, stand at different positions in every decoder call and answer as decoded alone."""
+    _, store = imported[name]
+    engine = engine_of(store, name)
+    prepared = engine.prepare(SENTENCES * 2, None)
+    rows = [(src, [1, 4][i % 2]) for i, src in enumerate(prepared.sources)]
+    alone = [engine.run([src], [engine.search(DecodeParams(beam_size=b, max_new_tokens=16))])[0] for src, b in rows]
+    batch = engine.new_batch()
+    order = np.random.default_rng(2).permutation(len(rows)).tolist()
+    got: dict[int, object] = {}
+    step = 0
+    while order or batch.blocks:
+        if order and (step % 2 == 0 or not batch.blocks):
+            i = order.pop()
+            batch.join([rows[i][0]], [engine.search(DecodeParams(beam_size=rows[i][1], max_new_tokens=16))], [i])
+        for i, hyps in batch.step():
+            got[i] = hyps
+        step += 1
+    assert [got[i] for i in range(len(rows))] == alone
+    assert len({len(h[0].tokens) for h in alone}) > 1  # sentences end at different steps
+
+
 @pytest.fixture(scope="module")
 def classifier_checkpoint(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random BERT sentiment classifier with its own label names."""
