@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.onnx import symbolic_helper
 
 KV = tuple[Tensor, Tensor]
 
@@ -33,6 +34,7 @@ class _CachedAttention(torch.autograd.Function):
         positions: Tensor,
         heads: int,
         scale: float,
+        bias: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor]:
         r, slots, d_k = cache_k.shape[0], cache_k.shape[2], cache_k.shape[3]
         rows = torch.arange(r)
@@ -41,6 +43,8 @@ class _CachedAttention(torch.autograd.Function):
         present_v[rows, :, positions] = v.reshape(r, heads, d_k)
         q_heads = q.reshape(r, heads, 1, d_k)
         scores = (q_heads @ present_k.transpose(-2, -1)) * scale  # (R, H, 1, slots)
+        if bias is not None:
+            scores = scores + bias  # (R, H, 1, slots): T5's relative position bias
         unused = torch.arange(slots)[None, :] > positions[:, None]  # (R, slots): after the row's token
         scores = scores.masked_fill(unused[:, None, None, :], float("-inf"))
         out = torch.softmax(scores, dim=-1) @ present_v  # (R, H, 1, d_k)
@@ -57,11 +61,15 @@ class _CachedAttention(torch.autograd.Function):
         positions: torch.Value,
         heads: int,
         scale: float,
+        bias: torch.Value | None = None,
     ) -> tuple[torch.Value, torch.Value, torch.Value]:
         int32 = 6  # TensorProto.INT32
         seqlens = g.op("Cast", positions, to_i=int32)  # per row: total length - 1 = the token's slot
         slots = g.op("Gather", g.op("Shape", cache_k), g.op("Constant", value_t=torch.tensor(2)), axis_i=0)
         total = g.op("Cast", slots, to_i=int32)  # every slot may be attended (seqlens decide which)
+        # an additive bias is the op's attention_bias input, after cos/sin caches and position ids (absent)
+        none = symbolic_helper._optional_input_placeholder_tensor
+        biased = [] if bias is None or symbolic_helper._is_none(bias) else [none(g), none(g), none(g), bias]
         out, present_k, present_v = g.op(
             f"{CONTRIB_DOMAIN}::GroupQueryAttention",
             q,
@@ -71,6 +79,7 @@ class _CachedAttention(torch.autograd.Function):
             cache_v,
             seqlens,
             total,
+            *biased,
             num_heads_i=heads,
             kv_num_heads_i=heads,
             scale_f=scale,
@@ -83,13 +92,14 @@ class _CachedAttention(torch.autograd.Function):
 
 
 def cached_attention(
-    q: Tensor, k: Tensor, v: Tensor, cache: KV, positions: Tensor, heads: int, scale: float
+    q: Tensor, k: Tensor, v: Tensor, cache: KV, positions: Tensor, heads: int, scale: float, bias: Tensor | None = None
 ) -> tuple[Tensor, KV]:
     """One new token per row over its cache: q, k, v (R, 1, H*d_k) (un-scaled queries), cache
     (R, H, slots, d_k) each with the row's earlier keys in slots 0 .. position-1, positions (R,).
     Returns the attended values (R, 1, H*d_k) and the cache with each row's new key and value in
-    slot `position` (`softmax(scale * q kᵀ) v` over slots 0 .. position)."""
-    out, present_k, present_v = _CachedAttention.apply(q, k, v, cache[0], cache[1], positions, heads, scale)
+    slot `position` (`softmax(scale * q kᵀ + bias) v` over slots 0 .. position; `bias` (R, H, 1, slots)
+    or none, T5's relative position bias: the op's `attention_bias` input)."""
+    out, present_k, present_v = _CachedAttention.apply(q, k, v, cache[0], cache[1], positions, heads, scale, bias)
     return out, (present_k, present_v)
 
 
@@ -100,11 +110,12 @@ def fused_self_attention(
     positions: Tensor,
     heads: int,
     scale: float,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, KV]:
     """The decoder step's self-attention of x (R, 1, D) through `cached_attention`: queries, keys
     and values from one matmul over the three projections side by side (one larger GEMM in the
     graph). Returns the attended values (R, 1, D), before the output projection, and the cache."""
     weight = torch.cat([p.weight for p in projections])
-    bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.out_features) for p in projections])
-    q, k, v = F.linear(x, weight, bias).split(projections[0].out_features, dim=-1)  # (R, 1, D) each
-    return cached_attention(q, k, v, cache, positions, heads, scale)
+    linear_bias = torch.cat([p.bias if p.bias is not None else torch.zeros(p.out_features) for p in projections])
+    q, k, v = F.linear(x, weight, linear_bias).split(projections[0].out_features, dim=-1)  # (R, 1, D) each
+    return cached_attention(q, k, v, cache, positions, heads, scale, bias)

@@ -32,6 +32,11 @@ class StepDims(Protocol):
     @property
     def d_model(self) -> int: ...
     @property
+    def d_k(self) -> int:
+        """Each attention head's width (d_model / n_heads, except where T5's d_kv says otherwise)."""
+        ...
+
+    @property
     def vocab_size(self) -> int: ...
 
 
@@ -133,7 +138,7 @@ def translator_io(model: StepModel) -> dict[str, GraphSpec]:
     """The encoder's and the decoder step's documented IO contract, from what any translator states
     of itself (`config` and its decoder `layers`): the bundled one and an imported one alike."""
     c = model.config
-    n, h, dk = len(model.layers), c.n_heads, c.d_model // c.n_heads
+    n, h, dk = len(model.layers), c.n_heads, c.d_k
 
     def kv(names: list[str], length: str | int, rows: str = "batch") -> list[TensorSpec]:
         return [TensorSpec(name=name, dtype="float32", shape=[rows, h, length, dk]) for name in names]

@@ -36,6 +36,11 @@ class EncoderConfig:
     max_len: int = 256
     pad_id: int = 0
 
+    @property
+    def d_k(self) -> int:
+        """Each attention head's width."""
+        return self.d_model // self.n_heads
+
 
 @dataclass
 class ClassifierConfig(EncoderConfig):

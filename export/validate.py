@@ -78,7 +78,7 @@ def ort_greedy(
     `gate_limit`, which depends on the sentence alone, never on the batch)."""
     c = model.config
     limits = [gate_limit(len(s), max_new) if proportional else max_new for s in src]
-    n, h, dk = len(model.layers), c.n_heads, c.d_model // c.n_heads
+    n, h, dk = len(model.layers), c.n_heads, c.d_k
     eos = c.eos_id
     junk = np.random.default_rng(0)
     pending = list(range(len(src)))

@@ -21,6 +21,7 @@ import torch
 import transformers
 from sentencepiece import sentencepiece_model_pb2
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+from torch import nn
 from transformers.models.m2m_100.tokenization_m2m_100 import FAIRSEQ_LANGUAGE_CODES as M2M_CODES
 from transformers.models.nllb.tokenization_nllb import FAIRSEQ_LANGUAGE_CODES as NLLB_CODES
 
@@ -242,6 +243,58 @@ def from_spm(
     return folder, hf
 
 
+def t5_files(tmp_path_factory: pytest.TempPathFactory, name: str, shipped_json: bool) -> Path:
+    """google-t5's files: spiece.model (<pad> 0, </s> 1, <unk> 2) and 10 sentinels <extra_id_N> after
+    the pieces; `shipped_json`: saved again by transformers with its tokenizer.json (mT5, Flan-T5)."""
+    folder = tmp_path_factory.mktemp(name)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus(1200, 1)),
+        model_writer=model,
+        vocab_size=400,
+        model_type="unigram",
+        character_coverage=1.0,
+        num_threads=1,
+        minloglevel=2,
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+    )
+    (folder / "spiece.model").write_bytes(model.getvalue())
+    config = {"tokenizer_class": "T5Tokenizer", "extra_ids": 10, "model_max_length": 512}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    if shipped_json:
+        transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True).save_pretrained(folder)
+    return folder
+
+
+def _t5_config(kind: type[transformers.PretrainedConfig], folder: Path, **options: object) -> Checkpoint:
+    size = len(transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True))
+    # the embedding a few rows past the tokenizer, as google's (32128 rows for 32100 ids)
+    config = kind(vocab_size=size + 4, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0, **options)
+    return Checkpoint(folder, config)
+
+
+@pytest.fixture(scope="session")
+def t5(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    """T5 1.0 (t5-small): ReLU feed-forward, tied head scaled by d_model ** -0.5; spiece.model only."""
+    return _t5_config(transformers.T5Config, t5_files(tmp_path_factory, "t5", False), feed_forward_proj="relu")
+
+
+@pytest.fixture(scope="session")
+def flan_t5(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    """T5 1.1 / Flan-T5: gated-GELU feed-forward, a head of its own, unscaled."""
+    folder = t5_files(tmp_path_factory, "flan-t5", True)
+    return _t5_config(transformers.T5Config, folder, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="session")
+def mt5(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    folder = t5_files(tmp_path_factory, "mt5", True)
+    return _t5_config(transformers.MT5Config, folder, feed_forward_proj="gated-gelu", tie_word_embeddings=False)
+
+
 @pytest.fixture(scope="session")
 def mbart50(tmp_path_factory: pytest.TempPathFactory, unigram: bytes) -> Checkpoint:
     folder, hf = from_spm(tmp_path_factory, "mbart50", unigram, "MBart50Tokenizer")
@@ -334,11 +387,24 @@ SMALL = {
     "attention_dropout": 0.0,
     "activation_dropout": 0.0,
 }
+T5_SMALL = {  # 4 heads of 8 over d_model 40: heads x d_kv is not d_model, as in Flan-T5 small
+    "d_model": 40,
+    "d_kv": 8,
+    "d_ff": 48,
+    "num_layers": 2,
+    "num_decoder_layers": 2,
+    "num_heads": 4,
+    "relative_attention_num_buckets": 8,
+    "relative_attention_max_distance": 20,  # sources and steps of the checks reach past it
+    "dropout_rate": 0.0,
+}
 MODELS = {
     "marian": transformers.MarianMTModel,
     "bart": transformers.BartForConditionalGeneration,
     "mbart": transformers.MBartForConditionalGeneration,
     "m2m_100": transformers.M2M100ForConditionalGeneration,
+    "t5": transformers.T5ForConditionalGeneration,
+    "mt5": transformers.MT5ForConditionalGeneration,
 }
 
 
@@ -353,20 +419,15 @@ def build(
     """A save_pretrained folder: the tokenizer's files, a tiny random model over its vocabulary."""
     shutil.copytree(tokenizer.folder, folder)
     base = tokenizer.config
-    config = base.__class__(**{**base.to_diff_dict(), **SMALL, **config_options})
+    t5 = base.model_type in ("t5", "mt5")
+    config = base.__class__(**{**base.to_diff_dict(), **(T5_SMALL if t5 else SMALL), **config_options})
     config.decoder_start_token_id = base.decoder_start_token_id if base.decoder_start_token_id is not None else 2
     torch.manual_seed(seed)
     model = MODELS[config.model_type](config).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # well away from the initialisation, so no check passes by luck
-            p.add_(torch.randn_like(p) * 0.3)
-        # EOS made likelier, so sentences end at varied lengths and beam search's stopping rules matter
-        eos, output = config.eos_token_id, model.get_output_embeddings().weight
-        if hasattr(model, "final_logits_bias"):
-            model.final_logits_bias.normal_()
-            model.final_logits_bias[0, eos] += eos_bias
-        else:  # M2M100: through the decoder's final layer norm, along the EOS row of the output projection
-            model.get_decoder().layer_norm.bias.add_(eos_bias * output[eos] / output[eos].dot(output[eos]))
+    if t5:
+        _t5_weights(model, eos_bias, tied=getattr(base, "scale_decoder_outputs", False))
+    else:
+        _bart_weights(model, eos_bias)
     model.save_pretrained(folder)
     transformers.GenerationConfig(
         decoder_start_token_id=config.decoder_start_token_id,
@@ -377,6 +438,37 @@ def build(
     return folder
 
 
+def _t5_weights(model: nn.Module, eos_bias: float, tied: bool) -> None:
+    """Weights away from the initialisation (0.2: the gated feed-forward's products grow fast enough
+    at 0.3 that fp32's rounding alone moves a log-probability past 1e-4); an untied head of its own
+    (T5 1.1, mT5) at the scale T5 1.0 gives its tied one. T5 has no logits bias: EOS is made likelier
+    along the mean direction of the decoder's last hidden states."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.2)
+        head = model.get_output_embeddings()
+        if not tied:
+            head.weight = nn.Parameter((head.weight + 0.3 * torch.randn_like(head.weight)) * model.config.d_model**-0.5)
+        ids = torch.randint(3, model.config.vocab_size - 20, (16, 12), generator=torch.Generator().manual_seed(0))
+        hidden = model(input_ids=ids, decoder_input_ids=ids, output_hidden_states=True).decoder_hidden_states[-1]
+        mean = (hidden * (model.config.d_model**-0.5 if tied else 1.0)).mean((0, 1))
+        head.weight[model.config.eos_token_id] += eos_bias * mean / mean.dot(mean)
+
+
+def _bart_weights(model: nn.Module, eos_bias: float) -> None:
+    config = model.config
+    with torch.no_grad():
+        for p in model.parameters():  # well away from the initialisation, so no check passes by luck
+            p.add_(torch.randn_like(p) * 0.3)
+        # EOS made likelier, so sentences end at varied lengths and beam search's stopping rules matter
+        eos, output = config.eos_token_id, model.get_output_embeddings().weight
+        if hasattr(model, "final_logits_bias"):
+            model.final_logits_bias.normal_()
+            model.final_logits_bias[0, eos] += eos_bias
+        else:  # M2M100: through the decoder's final layer norm, along the EOS row of the output projection
+            model.get_decoder().layer_norm.bias.add_(eos_bias * output[eos] / output[eos].dot(output[eos]))
+
+
 FAMILY_CASES = {
     # fixture, generation config (as checkpoints of the family ship it), target language
     "marian": ("marian", {"num_beams": 4, "max_length": 20, "bad_words_ids": [[None]], "forced_eos_token_id": 0}, None),
@@ -384,4 +476,7 @@ FAMILY_CASES = {
     "nllb": ("nllb", {"num_beams": 4, "max_length": 20, "length_penalty": 2.0}, "fra_Latn"),
     "m2m": ("m2m", {"num_beams": 4, "max_length": 20, "early_stopping": True}, "fr"),  # fairseq's tokenizer, converted
     "mbart50": ("mbart50", {"num_beams": 4, "max_length": 20, "early_stopping": "never"}, "de_DE"),
+    "t5": ("t5", {"num_beams": 4, "max_length": 20, "early_stopping": True}, None),
+    "flan_t5": ("flan_t5", {"num_beams": 4, "max_length": 20, "length_penalty": 2.0}, None),
+    "mt5": ("mt5", {"num_beams": 4, "max_length": 20}, None),
 }

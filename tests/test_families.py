@@ -24,8 +24,9 @@ def test_one_entry_per_model_type_and_task() -> None:
 def test_a_family_is_found_by_its_model_type() -> None:
     assert family_of(transformers.MarianConfig()).task == "translation"
     assert family_of(transformers.XLMRobertaConfig()).task == "classification"
-    with pytest.raises(ImportProblem, match="unsupported model family 't5' \\(supported: bart, bert, "):
-        family_of(transformers.T5Config())
+    assert family_of(transformers.T5Config()).task == family_of(transformers.MT5Config()).task == "translation"
+    with pytest.raises(ImportProblem, match="unsupported model family 'gpt2' \\(supported: bart, bert, "):
+        family_of(transformers.GPT2Config())
 
 
 def test_two_tasks_of_one_model_type_are_told_apart_by_architectures(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -207,6 +207,24 @@ def test_monolingual(name: str, first: str, last: str, forced: str | None, reque
     assert_decodes_like(hf, imported, "", random_ids(len(hf), 5))
 
 
+@pytest.mark.parametrize("name", ["t5", "mt5"])  # spiece.model alone; tokenizer.json shipped beside it
+def test_t5_sentencepiece_with_its_sentinels(name: str, request: pytest.FixtureRequest) -> None:
+    checkpoint: Checkpoint = request.getfixturevalue(name)
+    hf = checkpoint.hf()
+    imported = import_tokenizer(checkpoint.folder, checkpoint.config)
+
+    assert imported.tokenizer.post_processor is None
+    assert (imported.sources[""].prefix, imported.sources[""].suffix) == ((), (hf.eos_token_id,))
+    assert imported.targets == {"": ()}  # labels carry no prefix: the decoder starts from the pad id alone
+    sentinels = [hf.convert_tokens_to_ids(f"<extra_id_{i}>") for i in range(10)]
+    assert sentinels == list(range(len(hf) - 1, len(hf) - 11, -1))  # after the pieces, the first one last
+    assert set(sentinels) <= set(imported.special_ids)
+    masked = "Hello <extra_id_0> world <extra_id_9>."
+    assert imported.tokenizer.encode(masked).ids == hf(masked, add_special_tokens=False)["input_ids"]
+    assert_encodes_like(hf, imported, "")
+    assert_decodes_like(hf, imported, "", random_ids(len(hf), 6))
+
+
 @pytest.mark.parametrize("name", ["marian", "bert", "roberta"])
 def test_decoding_cleans_up_as_transformers_does(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> None:
     """clean_up_tokenization_spaces (true in many checkpoints): transformers then drops the space before
@@ -280,4 +298,4 @@ def test_nllb_without_language_tokens_is_refused(tmp_path: Path, bpe: bytes, nll
 
 
 def test_unsupported_model_type_is_refused(marian: Checkpoint) -> None:
-    assert "unsupported model family 't5'" in refused(marian.folder, transformers.T5Config())
+    assert "unsupported model family 'gpt2'" in refused(marian.folder, transformers.GPT2Config())

@@ -26,6 +26,7 @@ from export.hf import ImportProblem
 from export.hf.families import family_of
 from export.import_hf import ImportOptions, import_checkpoint, main
 from export.specs.imported import default_target
+from export.validate import ExportError
 from service.contract import graphs
 from service.engine.decoding import DecodeParams
 from service.engine.translator import TranslatorEngine, load_translator
@@ -198,6 +199,30 @@ def test_rows_of_three_target_languages_decode_as_alone(imported: dict[str, tupl
         step += 1
     assert [got[i] for i in range(len(rows))] == alone
     assert {h[0].tokens[0] for h in alone} == {engine.forced_prefix(lang)[0] for lang in languages}
+
+
+@pytest.mark.parametrize("name", ["t5", "flan_t5", "mt5"])
+def test_t5_rows_joining_a_running_batch_decode_as_alone(imported: dict[str, tuple[Path, Path]], name: str) -> None:
+    """T5's relative position bias is each row's own: rows that join every other step, greedy beside
+    beams of 4, stand at different positions in every decoder call and answer as decoded alone."""
+    _, store = imported[name]
+    engine = engine_of(store, name)
+    prepared = engine.prepare(SENTENCES * 2, None)
+    rows = [(src, [1, 4][i % 2]) for i, src in enumerate(prepared.sources)]
+    alone = [engine.run([src], [engine.search(DecodeParams(beam_size=b, max_new_tokens=16))])[0] for src, b in rows]
+    batch = engine.new_batch()
+    order = np.random.default_rng(2).permutation(len(rows)).tolist()
+    got: dict[int, object] = {}
+    step = 0
+    while order or batch.blocks:
+        if order and (step % 2 == 0 or not batch.blocks):
+            i = order.pop()
+            batch.join([rows[i][0]], [engine.search(DecodeParams(beam_size=rows[i][1], max_new_tokens=16))], [i])
+        for i, hyps in batch.step():
+            got[i] = hyps
+        step += 1
+    assert [got[i] for i in range(len(rows))] == alone
+    assert len({len(h[0].tokens) for h in alone}) > 1  # sentences end at different steps
 
 
 @pytest.fixture(scope="module")
@@ -404,3 +429,58 @@ def test_the_default_target_is_the_forced_language_else_the_only_one() -> None:
     many = {"de_DE": (5,), "fr_XX": (6,)}
     assert default_target({"forced_bos_token_id": 6}, many) == "fr_XX" and default_target({}, many) is None
     assert default_target({}, {"": ()}) is None  # a model of one pair names no language
+
+
+def _t5_changed(**changes: object):  # type: ignore[no-untyped-def]
+    def change(folder: Path) -> None:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+    return change
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (_t5_changed(d_kv=12), "d_kv=12 (the fused decoder attention needs a multiple of 8)"),
+        (_t5_changed(architectures=["T5EncoderModel"]), "only ...ForConditionalGeneration checkpoints"),
+        (_t5_changed(is_decoder=True), "only encoder-decoder checkpoints"),
+        (_t5_changed(n_positions=6), "n_positions=6 leaves 5 source tokens: too few to translate"),
+    ],
+    ids=["head-width", "encoder-only", "decoder-only", "positions"],
+)
+def test_a_t5_the_engine_cannot_serve_is_one_message_and_nothing_written(
+    imported: dict[str, tuple[Path, Path]], tmp_path: Path, capsys: pytest.CaptureFixture[str], damage, message: str
+) -> None:
+    folder = shutil.copytree(imported["flan_t5"][0], tmp_path / "ckpt")
+    damage(folder)
+    store = tmp_path / "store"
+    assert main([str(folder), "--name", "broken", "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("import failed:") and message in err[0], err
+    assert not store.exists() or list(store.rglob("*")) == []
+
+
+def test_t5_variants_are_checked_against_fp32_and_one_that_overflows_is_refused(
+    imported: dict[str, tuple[Path, Path]], tmp_path: Path
+) -> None:
+    """Flan-T5's fp16 graphs are published with their distance from fp32. T5 1.1's fp16 overflow,
+    made here by scaling the encoder's feed-forward output past fp16's range (the norm after it
+    brings fp32 back): fp16 is refused and nothing written; fp32 alone still imports."""
+    folder, _ = imported["flan_t5"]
+    options = ImportOptions(name="flan", variants=("fp32", "fp16"))
+    version = import_checkpoint(folder, tmp_path / "store", options, log=lambda _: None)
+    metrics = json.loads((version / "manifest.json").read_text())["metrics"]
+    assert 0 < metrics["fp16_max_abs_diff"] <= 5e-2
+
+    hot = shutil.copytree(folder, tmp_path / "hot")
+    model = transformers.AutoModelForSeq2SeqLM.from_pretrained(hot, local_files_only=True)
+    with torch.no_grad():
+        for block in model.encoder.block:
+            block.layer[1].DenseReluDense.wo.weight.mul_(3e4)
+    model.save_pretrained(hot)
+    store = tmp_path / "hot-store"
+    with pytest.raises(ExportError, match="fp16: an activation reaches .* past fp16's largest value 65504"):
+        import_checkpoint(hot, store, ImportOptions(name="hot", variants=("fp32", "fp16")), log=lambda _: None)
+    assert not store.exists() or list(store.rglob("*")) == []
+    assert import_checkpoint(hot, store, ImportOptions(name="hot"), log=lambda _: None).is_dir()

@@ -23,7 +23,7 @@ from typing import Literal
 import transformers
 from torch import nn
 
-from export.hf import ImportProblem, classifiers, seq2seq
+from export.hf import ImportProblem, classifiers, seq2seq, t5
 from export.hf import tokenizer as tok
 from export.hf.classifiers import ClassifierLayout
 from export.hf.seq2seq import Layout
@@ -47,6 +47,9 @@ class Family:
     tokenization: Tokenization
     # tokenizer class prefix declared in tokenizer_config.json -> the tokenization it needs instead
     tokenizer_variants: dict[str, Tokenization] = field(default_factory=dict)
+    # a translator's fp16 and int8 graphs checked against fp32 before they are published (T5: fp16
+    # overflows in T5 1.1's feed-forward); the other families' pass the batch-invariance gate only
+    variants_checked: bool = False
 
     def tokenization_for(self, folder: Path) -> Tokenization:
         """The tokenization of the checkpoint in `folder`: a variant its declared tokenizer class names."""
@@ -69,6 +72,16 @@ def _bart_layout(model_type: str, layout: Layout, tokenization: Tokenization, **
     check = partial(seq2seq.check_supported, layout=layout)
     build = partial(seq2seq.Seq2Seq, layout=layout)
     return Family(model_type, "translation", seq2seq.architecture, check, build, tokenization, variants)
+
+
+def _t5(model_type: str) -> Family:
+    """A T5-layout translator (`export.hf.t5`): T5 1.0 and 1.1, Flan-T5 (model type t5), mT5. Its
+    SentencePiece vocabulary (spiece.model, sentinels <extra_id_N>) is converted by transformers'
+    own T5 tokenizer when no tokenizer.json is shipped; labels carry no prefix (targets: none)."""
+    tokenization = Tokenization(model_type, (("tokenizer.json",), ("spiece.model",)), tok.label_prefix_targets)
+    return Family(
+        model_type, "translation", t5.architecture, t5.check_supported, t5.T5Step, tokenization, variants_checked=True
+    )
 
 
 def _classifier(model_type: str, layout: ClassifierLayout, files: tuple[tuple[str, ...], ...]) -> Family:
@@ -116,6 +129,8 @@ FAMILIES: tuple[Family, ...] = (
         ),
         Nllb=Tokenization("nllb", tok.SPM_OR_JSON, tok.label_prefix_targets, languages=tok.nllb_languages),
     ),
+    _t5("t5"),
+    _t5("mt5"),
     _classifier("bert", ClassifierLayout(classifiers.bert, "BertForSequenceClassification"), _WORDPIECE_FILES),
     _classifier(
         "distilbert",

@@ -59,6 +59,11 @@ class StepConfig:
     pad_id: int
     max_len: int  # positions the model has
 
+    @property
+    def d_k(self) -> int:
+        """Each attention head's width."""
+        return self.d_model // self.n_heads
+
 
 def check_supported(config: object, layout: Layout) -> None:
     """ImportProblem naming what of `config` this module cannot reproduce."""

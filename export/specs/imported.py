@@ -168,8 +168,9 @@ class ImportedTranslator(ImportedSpec):
         self.model = build(hf, self.start, _suppressed(self.raw_generation), self.eos)
         room = self.model.config.max_len - max(len(f.prefix) + len(f.suffix) for f in tok.sources.values())
         if room < MIN_SOURCE_TOKENS:
+            limit = next(o for o in ("max_position_embeddings", "n_positions") if hasattr(config, o))  # T5's
             raise ImportProblem(
-                f"max_position_embeddings={config.max_position_embeddings} leaves {room} source tokens: "
+                f"{limit}={getattr(config, limit)} leaves {room} source tokens: "
                 f"too few to translate (at least {MIN_SOURCE_TOKENS})"
             )
         self.probes = self.framed(_probe_sources(self.model.config.vocab_size, set(tok.special_ids), 8, room))
@@ -188,9 +189,13 @@ class ImportedTranslator(ImportedSpec):
         return steps.check_against_transformers(self.hf, self.model, folder, roles, self.probes, tol)
 
     def check_variant(self, variant: str, folder: Path, files: dict[str, dict[str, str]]) -> dict[str, object]:
-        """No tolerance against fp32 is measured for an imported translator's fp16 and int8 graphs:
-        the gate they pass is batch invariance (`check_batches`)."""
-        return {}
+        """A family that asks for it (T5) has its fp16 and int8 graphs checked against fp32, whole
+        (`steps.check_variant_against_fp32`): one that overflows or drifts is refused. For the others
+        no tolerance is measured: the gate they pass is batch invariance (`check_batches`)."""
+        if not self.family.variants_checked:
+            return {}
+        tol = validate.TOLERANCES[variant]
+        return steps.check_variant_against_fp32(self.hf, self.model, folder, files, variant, self.probes, tol)
 
     def check_batches(self, variant: str, folder: Path, roles: dict[str, str]) -> dict[str, object]:
         return validate.require_batch_invariance(variant, folder, roles, self.model, self.probes[:8], self.probe_steps)
