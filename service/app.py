@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service import priority
+from service import priority, tracing
 from service.http import apidocs, files, libretranslate, oip, openapi, page, rest
 from service.http.auth import ApiKeys, KeyRing
 from service.http.dispatch import Endpoint, Router
@@ -78,6 +78,7 @@ def create_app(settings: Settings) -> ServiceApp:
     models = ModelSet(settings, metrics, executor)
     downloads = Downloads(settings.download_ttl_s)
     state = AppState(settings, metrics, models, KeyRing.of(settings), client_limits(settings, metrics), downloads)
+    state.tracing = tracing.start(metrics)  # None unless the OTEL_* variables name a collector
     tasks = registry.tasks()
 
     @contextlib.asynccontextmanager
@@ -93,6 +94,8 @@ def create_app(settings: Settings) -> ServiceApp:
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
             await state.models.close(settings.drain_timeout_s)
+            if state.tracing is not None:
+                await state.tracing.close(min(tracing.FLUSH_S, settings.drain_timeout_s) or 0.1)
             executor.shutdown(wait=False, cancel_futures=True)
             downloads.close()
             gc.unfreeze()  # the models closed: their objects may be collected like any other

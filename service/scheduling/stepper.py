@@ -33,7 +33,7 @@ from service.errors import DeadlineExceeded, InputTooLong, InvalidInput, NotRead
 from service.priority import lower_priority
 from service.scheduling import policy
 from service.scheduling.admission import Admission, LoadedSpan, estimate_work
-from service.scheduling.policy import CancelReason, Job, Outcome, Sentence, StepLimits, Usage
+from service.scheduling.policy import CancelReason, Job, Mark, Outcome, Sentence, StepLimits, Usage
 
 __all__ = ["CancelReason", "Job", "Sentence", "StepLimits", "StepObserver", "StepScheduler"]
 
@@ -88,8 +88,11 @@ class StepScheduler:
             self._thread = threading.Thread(target=self._run, name=f"stepper-{self.name}", daemon=True)
             self._thread.start()
 
-    async def submit(self, items: Sequence[tuple[Sequence[int], Search]], deadline: float) -> list[list[Hypothesis]]:
-        """Hypotheses per item (source ids with EOS, its search) once every item is done."""
+    async def submit(
+        self, items: Sequence[tuple[Sequence[int], Search]], deadline: float, seen: list[Job] | None = None
+    ) -> list[list[Hypothesis]]:
+        """Hypotheses per item (source ids with EOS, its search) once every item is done; the job
+        is added to `seen`, if given (a trace reads its sentences' marks)."""
         if self._thread is None:
             raise NotReady(f"model {self.name} is not started")
         loop = asyncio.get_running_loop()
@@ -103,6 +106,8 @@ class StepScheduler:
             reserve = search.width * (len(ids) + search.limit)
             job.sentences.append(Sentence(job, i, ids, search, work, reserve))
         job.results = [s.search.hypotheses() if s.search.done else [] for s in job.sentences]
+        if seen is not None:
+            seen.append(job)
         job.remaining = sum(not s.search.done for s in job.sentences)
         job.work = sum(s.work for s in job.sentences if not s.search.done)
         if not job.remaining:
@@ -213,14 +218,20 @@ class StepScheduler:
             if admitted:
                 self.observer.batch_started(len(admitted), [now - s.job.enqueued for s in admitted])
                 if plan.encode:
-                    for s, enc in zip(plan.encode, batch.encode([s.ids for s in plan.encode]), strict=True):
-                        s.encoded = enc
+                    e0 = time.time_ns()
+                    encodings = batch.encode([s.ids for s in plan.encode])
+                    ran = (e0, time.time_ns())
+                    for s, enc in zip(plan.encode, encodings, strict=True):
+                        s.encoded, s.encoder = enc, ran
                 encoded = []
                 for s in admitted:
                     assert s.encoded is not None
                     encoded.append(s.encoded)
                     s.encoded = None  # the batch holds its copy now
                 batch.join_encoded(encoded, [s.search for s in admitted], admitted)
+                joined = Mark(time.time_ns(), batch.rows, self.steps)
+                for s in admitted:
+                    s.joined = joined
             loaded = batch.rows * 2 >= self.limits.max_rows
             finished = batch.step()
             rows = batch.stepped_rows
@@ -241,7 +252,9 @@ class StepScheduler:
             if measured:
                 self.admission.measure(*measured)
             self.steps += 1
+        left = Mark(time.time_ns(), rows, self.steps)
         for s, hyps in finished:
+            s.left = left
             self._finish(s, hyps)
         self.observer.active(len(batch.blocks), batch.rows)
         return True

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from service.contract.manifest import Generation
-from service.engine.decoding import MAX_BEAM_SIZE, DecodeParams, Hypothesis
+from service.engine.decoding import MAX_BEAM_SIZE, DecodeParams, Hypothesis, Search
 from service.engine.running import DecoderBatch
 from service.engine.runtime import LoadOptions
 from service.engine.translator import Prepared, TranslatorEngine, load_translator
@@ -26,7 +26,7 @@ from service.engine.translator import Translation as EngineTranslation
 from service.errors import InvalidInput
 from service.priority import lower_priority
 from service.scheduling import policy
-from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
+from service.scheduling.stepper import Job, Sentence, StepLimits, StepScheduler
 from service.store import StoreEntry
 from service.tasks.base import (
     INTEGRAL,
@@ -43,7 +43,9 @@ from service.tasks.base import (
     TensorSpec,
     Work,
 )
+from service.tracing import Trace
 
+Items = list[tuple[Sequence[int], Search]]  # a request's sentences: source ids and search, as the scheduler takes them
 MAX_NEW_TOKENS = 256  # the request bound; each model's own limit (manifest) may be lower
 
 
@@ -280,17 +282,22 @@ class TranslationTask(Task[TranslateRequest, Translated]):
     ) -> tuple[Prepared, list[list[Hypothesis]], float]:
         """The texts' sentences, their hypotheses (lines and sentences decoded side by side) and the
         length penalty they were scored with."""
+        prepared, items, penalty = self._prepare(texts, options, deadline)
+        return prepared, (await self.queue.submit(items, deadline) if items else []), penalty
+
+    def _prepare(self, texts: Sequence[str], options: DecodeOptions, deadline: float) -> tuple[Prepared, Items, float]:
+        """The texts' sentences, each sentence's source ids and search, and the length penalty."""
         self.queue.refuse_if_busy(deadline)
         engine = self.engine
         prepared = engine.prepare(texts, options.source_language)
         forced = engine.forced_prefix(options.target_language)
         limit, defaults = engine.max_new_tokens, engine.generation
         first = options.params(limit, 0, defaults)  # the options hold for this model even when no text has a sentence
-        items = [  # the same parameters for every sentence, but for sampling's seeds
+        items: Items = [  # the same parameters for every sentence, but for sampling's seeds
             (seq, engine.search(options.params(limit, k, defaults) if k and first.sample else first, forced=forced))
             for k, seq in enumerate(prepared.sources)
         ]
-        return prepared, (await self.queue.submit(items, deadline) if items else []), first.length_penalty
+        return prepared, items, first.length_penalty
 
     async def _attention(self, prepared: Prepared, hyps: list[list[Hypothesis]]) -> list[CrossAttention]:
         """Replays each sentence's best hypothesis for its attention, off the scheduler's thread."""
@@ -313,6 +320,37 @@ class TranslationTask(Task[TranslateRequest, Translated]):
         prepared, hyps, penalty = await self._decode(work.texts, options, work.deadline)
         attention = await self._attention(prepared, hyps) if work.attention else None
         return Translated(self.engine.assemble(prepared, hyps, penalty), attention)
+
+    async def run_traced(self, work: Work, trace: Trace) -> Translated:
+        """`run`, with its parts as children of the request's span: tokenize, queue (submitted to
+        the encoder run), encoder, decode (first join to last leave: steps, rows, lane), assembly."""
+        options = work.options
+        assert isinstance(options, DecodeOptions)
+        t0 = time.time_ns()
+        prepared, items, penalty = self._prepare(work.texts, options, work.deadline)
+        t1 = time.time_ns()
+        tokens_in = sum(len(ids) for ids, _ in items)
+        trace.child(
+            "tokenize", t0, t1, {"transformer_serve.sentences": len(items), "gen_ai.usage.input_tokens": tokens_in}
+        )
+        trace.set({"transformer_serve.texts": len(work.texts), "gen_ai.usage.input_tokens": tokens_in})
+        jobs: list[Job] = []
+        try:
+            hyps = await self.queue.submit(items, work.deadline, jobs) if items else []
+        finally:
+            for job in jobs:
+                trace_job(trace, job, t1, time.time_ns(), policy.takes_express(job.sentences[0], self.queue.limits))
+        attention = await self._attention(prepared, hyps) if work.attention else None
+        t2 = time.time_ns()
+        rows = self.engine.assemble(prepared, hyps, penalty)
+        trace.child("assembly", t2, time.time_ns(), {"transformer_serve.texts": len(rows)})
+        trace.set(
+            {
+                "gen_ai.usage.output_tokens": sum(len(h[0].tokens) + int(h[0].finished) for h in hyps if h),
+                "gen_ai.response.finish_reasons": sorted({row[0].finish_reason for row in rows if row}),
+            }
+        )
+        return Translated(rows, attention)
 
     def tensors(self, result: Translated) -> list[OutputTensor]:
         return [OutputTensor("translation", "BYTES", [len(result.rows)], [row[0].text for row in result.rows])]
@@ -340,3 +378,35 @@ class TranslationTask(Task[TranslateRequest, Translated]):
 def finite(x: float) -> float:
     """JSON has no -inf: a hypothesis with an impossible token gets the lowest finite score."""
     return x if math.isfinite(x) else -1e30
+
+
+def trace_job(trace: Trace, job: Job, submitted_ns: int, end_ns: int, express: bool) -> None:
+    """A job's queue, encoder and decode spans from the marks its sentences left in the scheduler."""
+    joined = [s.joined for s in job.sentences if s.joined is not None]
+    left = [s.left for s in job.sentences if s.left is not None]
+    encoder = sorted({s.encoder for s in job.sentences if s.encoder is not None})
+    first = min(joined, default=None)
+    queued_until = first.at_ns if first is not None else end_ns
+    if encoder:
+        queued_until = min(queued_until, encoder[0][0])
+    trace.child("queue", submitted_ns, queued_until, {"transformer_serve.sentences": len(job.sentences)})
+    if encoder:
+        trace.child(
+            "encoder", encoder[0][0], max(e[1] for e in encoder), {"transformer_serve.encoder_runs": len(encoder)}
+        )
+    if first is None:
+        return
+    last = max(left, default=None)
+    trace.child(
+        "decode",
+        first.at_ns,
+        last.at_ns if last is not None and len(left) == len(joined) else end_ns,
+        {
+            "transformer_serve.sentences": len(joined),
+            "transformer_serve.sentences_finished": len(left),
+            "transformer_serve.steps": (last.step if last is not None else first.step) - first.step,
+            "transformer_serve.rows_at_join": first.rows,
+            "transformer_serve.rows_at_leave": last.rows if last is not None else 0,
+            "transformer_serve.lane": "express" if express else "main",
+        },
+    )
