@@ -115,7 +115,10 @@ class Metrics:
         else:
             children[1].observe(seconds)
 
-    def render(self, accept: str = "") -> tuple[bytes, str]:
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    def exposition(self, accept: str) -> tuple[bytes, str]:
         """The exposition and its content type: OpenMetrics (with the latency exemplars: trace ids)
         when the scraper accepts it, else Prometheus text."""
         if "application/openmetrics-text" in accept:

@@ -49,7 +49,7 @@ async def readyz(call: Call) -> ASGIApp:
 async def metrics(call: Call) -> ASGIApp:
     """Prometheus text, or OpenMetrics (with exemplars) for a scraper whose Accept asks for it."""
     accept = next((v.decode("latin-1") for k, v in call.scope.get("headers", ()) if k == b"accept"), "")
-    body, media_type = scope_state(call.scope).metrics.render(accept)
+    body, media_type = scope_state(call.scope).metrics.exposition(accept)
     return Response(body, media_type=media_type)
 
 
