@@ -243,10 +243,20 @@ def test_spans_of_every_kind_of_request_reach_the_collector(tiny_store: Path, tm
         assert document.attributes["transformer_serve.document.segments"] >= 2
         assert document.attributes["transformer_serve.document.distinct_segments"] == 2
 
-        # a request without a traceparent starts its own trace; a refused one carries the event
+        # a request without a traceparent starts its own trace; an error is an event on its span
+        before = {s.trace_id for s in received.spans}
         r = c.post("/translate", json={"texts": ["A dog runs."], "max_new_tokens": 10_000})
         assert r.status_code == 422
-        until("the refused request's span", lambda: any(s.events == ["error"] for s in received.spans), 30)
+        r = c.post("/translate", json={"texts": ["A dog runs. The red cat sleeps."] * 8, "timeout_ms": 1})
+        assert r.status_code == 504
+
+        def errors() -> dict[str, Span]:
+            return {s.events[0]: s for s in received.spans if s.kind == 2 and s.trace_id not in before and s.events}
+
+        until("the failed requests' spans", lambda: set(errors()) == {"error", "deadline"}, 30)
+        assert errors()["error"].attributes["http.response.status_code"] == 422
+        assert errors()["deadline"].attributes["http.response.status_code"] == 504
+        assert errors()["deadline"].attributes["error.type"] == "DeadlineExceeded"
 
         # the latency histogram carries trace ids as OpenMetrics exemplars
         exposition = c.get("/metrics", headers={"accept": "application/openmetrics-text; version=1.0.0"})
@@ -259,14 +269,22 @@ def test_spans_of_every_kind_of_request_reach_the_collector(tiny_store: Path, tm
 
 
 @pytest.mark.slow
-def test_spans_over_grpc(tiny_store: Path, tmp_path: Path) -> None:
-    with (
-        grpc_receiver() as (received, endpoint),
-        run_server(tiny_store, tmp_path / "server.log", env=otel_env(endpoint, "grpc")) as server,
-        httpx.Client(base_url=server.url, timeout=30) as c,
-    ):
-        span, children = traced(c, received, "/translate", json={"texts": ["A dog runs."]})
-        check_translation(span, children)
+def test_spans_over_grpc_and_flushed_at_shutdown(tiny_store: Path, tmp_path: Path) -> None:
+    """Over OTLP/gRPC; the spans wait in the queue (a batch every 10 min) until shutdown exports them."""
+    trace_id, parent, header = traceparent()
+    with grpc_receiver() as (received, endpoint):
+        env = otel_env(endpoint, "grpc", OTEL_BSP_SCHEDULE_DELAY="600000")
+        with (
+            run_server(tiny_store, tmp_path / "server.log", env=env) as server,
+            httpx.Client(base_url=server.url, timeout=30) as c,
+        ):
+            r = c.post("/translate", json={"texts": ["A dog runs."]}, headers={"traceparent": header})
+            assert r.status_code == 200
+            assert not received.trace(trace_id)  # not exported yet
+        spans = received.trace(trace_id)  # the server has exited: it flushed them
+    (span,) = [s for s in spans if s.kind == 2]
+    assert span.parent == parent and span.name == "POST /translate"
+    check_translation(span, [s for s in spans if s.parent == span.span_id])
 
 
 @pytest.mark.slow
