@@ -305,3 +305,20 @@ def test_a_collector_down_or_refusing_fails_no_request(collector: str, tiny_stor
                 assert c.post("/translate", json={"texts": ["A dog runs."], "decode": "greedy"}).status_code == 200
             until("lost spans counted", lambda: metric(c.get("/metrics").text, "traces_dropped_total") >= 8, 30)
     assert not received.spans
+
+
+@pytest.mark.slow
+def test_sampled_out_requests_are_not_traced(tiny_store: Path, tmp_path: Path) -> None:
+    """Tracing configured, the sampler taking none: no span, no exemplar, the answers the same."""
+    with http_receiver() as (received, endpoint):
+        env = otel_env(endpoint, OTEL_TRACES_SAMPLER="traceidratio", OTEL_TRACES_SAMPLER_ARG="0")
+        with (
+            run_server(tiny_store, tmp_path / "server.log", env=env) as server,
+            httpx.Client(base_url=server.url, timeout=30) as c,
+        ):
+            for path, body in (("/predict", {"texts": ["The red cat."]}), ("/translate", {"texts": ["A dog runs."]})):
+                assert c.post(path, json=body).status_code == 200
+            exposition = c.get("/metrics", headers={"accept": "application/openmetrics-text"}).text
+            assert metric(exposition, "inference_request_duration_seconds_count") == 2
+            assert "trace_id" not in exposition
+    assert not received.spans

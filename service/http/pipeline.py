@@ -110,6 +110,8 @@ async def traced(codec: Codec[Any, Any, Any], call: Call, tracer: Tracer) -> ASG
     template = route.path if route is not None else ""
     arrived = time.time_ns() - int((time.monotonic() - info.start) * 1e9)
     span = server_span(tracer, scope, method, template, info.request_id, arrived)
+    if not span.is_recording():  # sampled out: the request runs as untraced, its trace id no exemplar
+        return await _serve(codec, call, None)
     info.trace_id = format(span.get_span_context().trace_id, "032x")
     protocol = route.protocol if route is not None else Protocol.REST
     try:
