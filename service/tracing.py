@@ -18,22 +18,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import random
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanKind, Tracer
+from opentelemetry.trace import Span, SpanContext, SpanKind, TraceFlags, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
 from service.metrics import Metrics
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,7 @@ DEFAULT_SERVICE_NAME = "transformer-serve"
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 FLUSH_S = 5.0  # at shutdown, after the models' drain: the longest the queued spans' export is waited for
 DEFAULT_QUEUE = 2048  # spans waiting for export (the SDK's default)
+SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent and tracestate
 Attributes = Mapping[str, AttributeValue]
 
@@ -54,10 +58,14 @@ def configured(environ: Mapping[str, str]) -> bool:
 
 @dataclass
 class Tracing:
-    """The service's tracer and what shuts it down."""
+    """The service's tracer, what records a finished span (`Trace.child`), and what shuts it down."""
 
     tracer: Tracer
     provider: trace.TracerProvider
+    record: Callable[[ReadableSpan], None]  # the export queue's on_end
+    finished: type[ReadableSpan]  # the SDK's class (imported once tracing is on)
+    resource: Resource
+    scope: InstrumentationScope
 
     async def close(self, timeout_s: float) -> None:
         """Exports what is queued, waiting up to `timeout_s`: the export runs on a daemon thread
@@ -94,7 +102,8 @@ def start(metrics: Metrics, environ: Mapping[str, str] | None = None) -> Tracing
     if not configured(environ):
         return None
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     resource = Resource.create()  # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
     if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
@@ -102,10 +111,12 @@ def start(metrics: Metrics, environ: Mapping[str, str] | None = None) -> Tracing
     # the sampler: OTEL_TRACES_SAMPLER, _ARG; shut down by the lifespan (`close`), not at exit
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     bound = int(environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or DEFAULT_QUEUE)
-    provider.add_span_processor(_processor(_exporter(environ), metrics, bound))
+    processor = _processor(_exporter(environ), metrics, bound)
+    provider.add_span_processor(processor)
     protocol = _protocol(environ)
     log.info("tracing on: OTLP %s to %s", protocol, next(environ[n] for n in ENDPOINT_VARIABLES if environ.get(n)))
-    return Tracing(provider.get_tracer("service"), provider)
+    scope = InstrumentationScope("service")
+    return Tracing(provider.get_tracer(scope.name), provider, processor.on_end, ReadableSpan, resource, scope)
 
 
 def _protocol(environ: Mapping[str, str]) -> str:
@@ -213,31 +224,35 @@ def server_span(
 
 class Trace:
     """One request's span, to which its parts add children (with their own start and end times,
-    measured where the work ran) and events."""
+    measured where the work ran) and events.
 
-    def __init__(self, tracer: Tracer, span: Span) -> None:
-        self.tracer, self.span = tracer, span
-        self.context = trace.set_span_in_context(span)
+    The request's span is the SDK's (sampling, the caller's context); its children are built
+    finished (`ReadableSpan`) and handed to the export queue directly: a child costs a few
+    microseconds instead of a span's start, end and context (about 15 to 30 each)."""
 
-    def child(
-        self, name: str, start_ns: int, end_ns: int, attributes: Attributes | None = None, parent: Span | None = None
-    ) -> Span:
-        """A finished child span (of `parent`, or of the request's span)."""
-        context = self.context if parent is None else trace.set_span_in_context(parent)
-        span = self.tracer.start_span(name, context, SpanKind.INTERNAL, attributes, start_time=start_ns)
-        span.end(end_ns)
-        return span
+    def __init__(self, tracing: Tracing, span: Span) -> None:
+        self.tracing, self.span = tracing, span
+        self.parent = span.get_span_context()
 
-    def open(self, name: str, attributes: Attributes | None = None) -> Trace:
-        """A child span that starts now, as a `Trace` its own parts nest under (end it with `end`)."""
-        span = self.tracer.start_span(name, self.context, SpanKind.INTERNAL, attributes)
-        return Trace(self.tracer, span)
+    def child(self, name: str, start_ns: int, end_ns: int, attributes: Attributes | None = None) -> None:
+        """A finished child span of the request's span."""
+        t, parent = self.tracing, self.parent
+        context = SpanContext(parent.trace_id, random.getrandbits(64) or 1, False, SAMPLED, parent.trace_state)
+        t.record(
+            t.finished(
+                name,
+                context=context,
+                parent=parent,
+                resource=t.resource,
+                attributes=attributes,
+                start_time=start_ns,
+                end_time=end_ns,
+                instrumentation_scope=t.scope,
+            )
+        )
 
     def set(self, attributes: Attributes) -> None:
         self.span.set_attributes(attributes)
 
     def event(self, name: str, attributes: Attributes | None = None) -> None:
         self.span.add_event(name, attributes)
-
-    def end(self) -> None:
-        self.span.end()

@@ -34,7 +34,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from opentelemetry.trace import StatusCode, Tracer
+from opentelemetry.trace import StatusCode
 from opentelemetry.util.types import AttributeValue
 from starlette.types import ASGIApp
 
@@ -45,7 +45,7 @@ from service.http.table import Auth, Protocol, route_of
 from service.serving import ModelSet
 from service.settings import Settings
 from service.tasks.base import Task, Work
-from service.tracing import Trace, server_span
+from service.tracing import Trace, Tracing, server_span
 
 D = TypeVar("D")  # a protocol's decoded request
 R = TypeVar("R")  # the result of the task the codec is typed against
@@ -69,7 +69,7 @@ async def serve(codec: Codec[Any, Any, Any], call: Call) -> ASGIApp:
     tracing = scope_state(call.scope).tracing
     if tracing is None:
         return await _serve(codec, call, None)
-    return await traced(codec, call, tracing.tracer)
+    return await traced(codec, call, tracing)
 
 
 async def _serve(codec: Codec[Any, Any, Any], call: Call, trace: Trace | None) -> ASGIApp:
@@ -100,7 +100,7 @@ async def _serve(codec: Codec[Any, Any, Any], call: Call, trace: Trace | None) -
     return await codec.encode(decoded.request, task, done)
 
 
-async def traced(codec: Codec[Any, Any, Any], call: Call, tracer: Tracer) -> ASGIApp:
+async def traced(codec: Codec[Any, Any, Any], call: Call, tracing: Tracing) -> ASGIApp:
     """`_serve` in the request's SERVER span, named after its route (`POST /translate`), with the
     HTTP semantic conventions' attributes; it continues the caller's W3C trace context."""
     scope = call.scope
@@ -109,13 +109,13 @@ async def traced(codec: Codec[Any, Any, Any], call: Call, tracer: Tracer) -> ASG
     method = str(scope.get("method", ""))
     template = route.path if route is not None else ""
     arrived = time.time_ns() - int((time.monotonic() - info.start) * 1e9)
-    span = server_span(tracer, scope, method, template, info.request_id, arrived)
+    span = server_span(tracing.tracer, scope, method, template, info.request_id, arrived)
     if not span.is_recording():  # sampled out: the request runs as untraced, its trace id no exemplar
         return await _serve(codec, call, None)
     info.trace_id = format(span.get_span_context().trace_id, "032x")
     protocol = route.protocol if route is not None else Protocol.REST
     try:
-        answer = await _serve(codec, call, Trace(tracer, span))
+        answer = await _serve(codec, call, Trace(tracing, span))
     except ServiceError as exc:
         status = protocol.status(exc.status)
         span.add_event(_EVENTS.get(type(exc), "error"), {"reason": str(exc), "error.type": type(exc).__name__})
@@ -165,11 +165,11 @@ async def _execute_traced(codec: Codec[D, R, Out], request: D, task: Task[Any, R
             return await task.run_traced(w, trace)
 
         return await codec.execute(request, run, work)
-    span = trace.open("document", document)
+    start = time.time_ns()
     try:
         return await codec.execute(request, task.run, work)
     finally:
-        span.end()
+        trace.child("document", start, time.time_ns(), document)
 
 
 class Codec(ABC, Generic[D, R, Out]):
