@@ -20,13 +20,14 @@ import logging
 import os
 import random
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Span, SpanContext, SpanKind, TraceFlags, Tracer
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
@@ -34,8 +35,9 @@ from service.metrics import Metrics
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor
+    from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
     from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import Sampler
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_
 FLUSH_S = 5.0  # at shutdown, after the models' drain: the longest the queued spans' export is waited for
 DEFAULT_QUEUE = 2048  # spans waiting for export (the SDK's default)
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+UNSET = Status(StatusCode.UNSET)
 PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent and tracestate
 Attributes = Mapping[str, AttributeValue]
 
@@ -58,12 +61,13 @@ def configured(environ: Mapping[str, str]) -> bool:
 
 @dataclass
 class Tracing:
-    """The service's tracer, what records a finished span (`Trace.child`), and what shuts it down."""
+    """The sampler, what records a finished span (`Trace`), and what shuts it down."""
 
-    tracer: Tracer
     provider: trace.TracerProvider
+    sampler: Sampler  # OTEL_TRACES_SAMPLER, _ARG
     record: Callable[[ReadableSpan], None]  # the export queue's on_end
-    finished: type[ReadableSpan]  # the SDK's class (imported once tracing is on)
+    finished: type[ReadableSpan]  # the SDK's classes (imported once tracing is on)
+    event: Callable[[str, Attributes | None], Event]
     resource: Resource
     scope: InstrumentationScope
 
@@ -102,7 +106,7 @@ def start(metrics: Metrics, environ: Mapping[str, str] | None = None) -> Tracing
     if not configured(environ):
         return None
     from opentelemetry.sdk.resources import Resource
-    from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+    from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
     resource = Resource.create()  # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
@@ -116,7 +120,7 @@ def start(metrics: Metrics, environ: Mapping[str, str] | None = None) -> Tracing
     protocol = _protocol(environ)
     log.info("tracing on: OTLP %s to %s", protocol, next(environ[n] for n in ENDPOINT_VARIABLES if environ.get(n)))
     scope = InstrumentationScope("service")
-    return Tracing(provider.get_tracer(scope.name), provider, processor.on_end, ReadableSpan, resource, scope)
+    return Tracing(provider, provider.sampler, processor.on_end, ReadableSpan, Event, resource, scope)
 
 
 def _protocol(environ: Mapping[str, str]) -> str:
@@ -201,10 +205,20 @@ def incoming(headers: Sequence[tuple[bytes, bytes]]) -> Context | None:
 
 
 def server_span(
-    tracer: Tracer, scope: Mapping[str, Any], method: str, route: str, request_id: str, start_ns: int
-) -> Span:
+    tracing: Tracing, scope: Mapping[str, Any], method: str, route: str, request_id: str, start_ns: int
+) -> Trace | None:
     """A request's SERVER span, named after its route (`POST /translate`), with the HTTP semantic
-    conventions' attributes; it continues the caller's trace, if the request carries one."""
+    conventions' attributes, continuing the caller's trace if the request carries one; None when
+    the sampler leaves the request out."""
+    name = f"{method} {route}"
+    incoming_context = incoming(scope.get("headers", ()))
+    parent = trace.get_current_span(incoming_context).get_span_context() if incoming_context else None
+    if parent is not None and not parent.is_valid:
+        parent = None
+    trace_id = parent.trace_id if parent is not None else random.getrandbits(128)
+    sampled = tracing.sampler.should_sample(incoming_context, trace_id, name, SpanKind.SERVER)
+    if not sampled.decision.is_sampled():
+        return None
     attributes: dict[str, AttributeValue] = {
         "http.request.method": method,
         "http.route": route,
@@ -218,41 +232,94 @@ def server_span(
         attributes["client.address"], attributes["client.port"] = client[0], client[1]
     if server:
         attributes["server.address"], attributes["server.port"] = server[0], server[1]
-    context = incoming(scope.get("headers", ()))
-    return tracer.start_span(f"{method} {route}", context, SpanKind.SERVER, attributes, start_time=start_ns)
+    context = SpanContext(trace_id, _span_id(), False, SAMPLED, sampled.trace_state)
+    return Trace(tracing, name, context, parent, start_ns, attributes)
+
+
+def _span_id() -> int:
+    return random.getrandbits(64) or 1
 
 
 class Trace:
-    """One request's span, to which its parts add children (with their own start and end times,
-    measured where the work ran) and events.
+    """One request's SERVER span, to which its parts add children (with their own start and end
+    times, measured where the work ran) and events.
 
-    The request's span is the SDK's (sampling, the caller's context); its children are built
-    finished (`ReadableSpan`) and handed to the export queue directly: a child costs a few
-    microseconds instead of a span's start, end and context (about 15 to 30 each)."""
+    Spans are built finished (the SDK's `ReadableSpan`) and handed to the export queue at their
+    end: attributes are kept in a dict as they come, the sampler is asked once, at the start. The
+    SDK's own spans (start, attribute checks on every set, end) cost the event loop several times
+    as much (bench.ab_http --sink, docs/deployment.md#tracing)."""
 
-    def __init__(self, tracing: Tracing, span: Span) -> None:
-        self.tracing, self.span = tracing, span
-        self.parent = span.get_span_context()
+    def __init__(
+        self,
+        tracing: Tracing,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        start_ns: int,
+        attributes: dict[str, AttributeValue],
+    ) -> None:
+        self.tracing, self.name, self.context, self.parent = tracing, name, context, parent
+        self.start_ns, self.attributes = start_ns, attributes
+        self.events: list[Event] = []
+        self.error: str | None = None
+
+    @property
+    def trace_id(self) -> str:
+        """32 hex digits, as exemplars and trace viewers show it."""
+        return format(self.context.trace_id, "032x")
 
     def child(self, name: str, start_ns: int, end_ns: int, attributes: Attributes | None = None) -> None:
         """A finished child span of the request's span."""
-        t, parent = self.tracing, self.parent
-        context = SpanContext(parent.trace_id, random.getrandbits(64) or 1, False, SAMPLED, parent.trace_state)
-        t.record(
-            t.finished(
-                name,
-                context=context,
-                parent=parent,
-                resource=t.resource,
-                attributes=attributes,
-                start_time=start_ns,
-                end_time=end_ns,
-                instrumentation_scope=t.scope,
-            )
-        )
+        context = SpanContext(self.context.trace_id, _span_id(), False, SAMPLED, self.context.trace_state)
+        self._record(name, context, self.context, SpanKind.INTERNAL, start_ns, end_ns, attributes, ())
 
     def set(self, attributes: Attributes) -> None:
-        self.span.set_attributes(attributes)
+        self.attributes.update(attributes)
 
     def event(self, name: str, attributes: Attributes | None = None) -> None:
-        self.span.add_event(name, attributes)
+        self.events.append(self.tracing.event(name, attributes))
+
+    def fail(self, description: str) -> None:
+        """The request failed on the server's side (a 5xx): the span's status is an error."""
+        self.error = description
+
+    def end(self) -> None:
+        """Queues the request's span for export, ending now."""
+        self._record(
+            self.name,
+            self.context,
+            self.parent,
+            SpanKind.SERVER,
+            self.start_ns,
+            time.time_ns(),
+            self.attributes,
+            self.events,
+        )
+
+    def _record(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        start_ns: int,
+        end_ns: int,
+        attributes: Attributes | None,
+        events: Sequence[Event],
+    ) -> None:
+        t = self.tracing
+        failed = kind is SpanKind.SERVER and self.error is not None
+        span = t.finished(
+            name,
+            status=Status(StatusCode.ERROR, self.error) if failed else UNSET,
+            context=context,
+            parent=parent,
+            resource=t.resource,
+            attributes=attributes,
+            events=events,
+            kind=kind,
+            start_time=start_ns,
+            end_time=end_ns,
+            instrumentation_scope=t.scope,
+        )
+        t.record(span)

@@ -34,7 +34,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from opentelemetry.trace import StatusCode
 from opentelemetry.util.types import AttributeValue
 from starlette.types import ASGIApp
 
@@ -109,33 +108,33 @@ async def traced(codec: Codec[Any, Any, Any], call: Call, tracing: Tracing) -> A
     method = str(scope.get("method", ""))
     template = route.path if route is not None else ""
     arrived = time.time_ns() - int((time.monotonic() - info.start) * 1e9)
-    span = server_span(tracing.tracer, scope, method, template, info.request_id, arrived)
-    if not span.is_recording():  # sampled out: the request runs as untraced, its trace id no exemplar
+    trace = server_span(tracing, scope, method, template, info.request_id, arrived)
+    if trace is None:  # sampled out: the request runs as untraced, its trace id no exemplar
         return await _serve(codec, call, None)
-    info.trace_id = format(span.get_span_context().trace_id, "032x")
+    info.trace_id = trace.trace_id
     protocol = route.protocol if route is not None else Protocol.REST
     try:
-        answer = await _serve(codec, call, Trace(tracing, span))
+        answer = await _serve(codec, call, trace)
     except ServiceError as exc:
         status = protocol.status(exc.status)
-        span.add_event(_EVENTS.get(type(exc), "error"), {"reason": str(exc), "error.type": type(exc).__name__})
-        span.set_attributes({"http.response.status_code": status, "error.type": type(exc).__name__})
+        trace.event(_EVENTS.get(type(exc), "error"), {"reason": str(exc), "error.type": type(exc).__name__})
+        trace.set({"http.response.status_code": status, "error.type": type(exc).__name__})
         if status >= 500:
-            span.set_status(StatusCode.ERROR, str(exc))
+            trace.fail(str(exc))
         raise
     except asyncio.CancelledError:
-        span.add_event("cancelled", {"reason": "the client disconnected"})
-        span.set_attribute("error.type", "cancelled")
+        trace.event("cancelled", {"reason": "the client disconnected"})
+        trace.set({"error.type": "cancelled"})
         raise
     except Exception as exc:
-        span.record_exception(exc)
-        span.set_attributes({"http.response.status_code": 500, "error.type": type(exc).__name__})
-        span.set_status(StatusCode.ERROR, type(exc).__name__)
+        trace.event("exception", {"exception.type": type(exc).__name__, "exception.message": str(exc)})
+        trace.set({"http.response.status_code": 500, "error.type": type(exc).__name__})
+        trace.fail(type(exc).__name__)
         raise
     else:
-        span.set_attribute("http.response.status_code", 200)
+        trace.set({"http.response.status_code": 200})
     finally:
-        span.end()
+        trace.end()
     return answer
 
 
