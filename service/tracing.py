@@ -6,10 +6,10 @@ environment): `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOI
 `http/protobuf` (default) or `grpc`; `OTEL_SERVICE_NAME` (default `transformer-serve`),
 `OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`/`_ARG`, `OTEL_BSP_*` and `OTEL_EXPORTER_OTLP_*` (headers,
 timeout, compression) act as the SDK documents them. With no collector, `start` returns None and
-nothing here runs for a request: the pipeline checks `tracer is None` once.
+nothing here runs for a request: the pipeline checks `tracing is None` once.
 
-Never in the way: spans are ended on the event loop into a bounded queue; one SDK thread exports
-them in batches. A span that finds the queue full, or whose export failed (collector down, slow
+Never in the way: spans are built finished on the event loop (`Trace`) into a bounded queue; one
+SDK thread exports them in batches. A span that finds the queue full, or whose export failed (collector down, slow
 past its timeout, refusing), is dropped and counted in `traces_dropped_total`; no request waits.
 """
 
@@ -101,7 +101,7 @@ def _settle(future: asyncio.Future[None]) -> None:
 
 
 def start(metrics: Metrics, environ: Mapping[str, str] | None = None) -> Tracing | None:
-    """The tracer the SDK's variables configure, or None when they name no collector."""
+    """Tracing as the SDK's variables configure it, or None when they name no collector."""
     environ = os.environ if environ is None else environ
     if not configured(environ):
         return None

@@ -252,7 +252,7 @@ class StepScheduler:
             if measured:
                 self.admission.measure(*measured)
             self.steps += 1
-        left = Mark(time.time_ns(), rows, self.steps)
+        left = Mark(time.time_ns(), rows, self.steps) if finished else None
         for s, hyps in finished:
             s.left = left
             self._finish(s, hyps)
