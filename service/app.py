@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -93,9 +94,10 @@ def create_app(settings: Settings) -> ServiceApp:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+            drain_end = time.monotonic() + settings.drain_timeout_s
             await state.models.close(settings.drain_timeout_s)
-            if state.tracing is not None:
-                await state.tracing.close(min(tracing.FLUSH_S, settings.drain_timeout_s) or 0.1)
+            if state.tracing is not None:  # the spans queued so far, within what is left of the drain
+                await state.tracing.close(max(tracing.MIN_FLUSH_S, min(tracing.FLUSH_S, drain_end - time.monotonic())))
             executor.shutdown(wait=False, cancel_futures=True)
             downloads.close()
             gc.unfreeze()  # the models closed: their objects may be collected like any other

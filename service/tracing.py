@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 DEFAULT_SERVICE_NAME = "transformer-serve"
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 FLUSH_S = 5.0  # at shutdown, after the models' drain: the longest the queued spans' export is waited for
+MIN_FLUSH_S = 0.5  # ... even when the models' drain took all of SERVE_DRAIN_TIMEOUT_S
 DEFAULT_QUEUE = 2048  # spans waiting for export (the SDK's default)
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 UNSET = Status(StatusCode.UNSET)
