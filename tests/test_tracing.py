@@ -23,6 +23,8 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 
 from bench.serverproc import free_port
 from service.metrics import Metrics
+from service.scheduling.policy import Job, Mark, Sentence
+from service.tasks.translation import trace_job
 from service.tracing import configured, start
 from tests.helpers import metric, run_server, until
 
@@ -201,6 +203,56 @@ def test_tracing_is_off_without_a_collector() -> None:
     assert start(Metrics(), {}) is None
     with pytest.raises(ValueError, match="http/protobuf or grpc"):
         start(Metrics(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+
+
+class Children:
+    """Records what `trace_job` adds to a request's span."""
+
+    def __init__(self) -> None:
+        self.spans: list[tuple[str, int, int, dict[str, Any]]] = []
+
+    def child(self, name: str, start_ns: int, end_ns: int, attributes: dict[str, Any] | None = None) -> None:
+        self.spans.append((name, start_ns, end_ns, dict(attributes or {})))
+
+
+def test_a_jobs_spans_come_from_the_marks_its_sentences_left() -> None:
+    """Two sentences encoded in one run; one finished, the other cut (the deadline): the decode span
+    runs from the first join to the request's end, its steps those of the finished one."""
+    job = Job(deadline=0.0, enqueued=0.0)
+    done = Sentence(job, 0, [5, 2], None, 4, 8, encoder=(100, 110), joined=Mark(120, 3, 5), left=Mark(200, 4, 9))  # type: ignore[arg-type]
+    cut = Sentence(job, 1, [6, 2], None, 4, 8, encoder=(100, 110), joined=Mark(130, 4, 6))  # type: ignore[arg-type]
+    job.sentences = [done, cut]
+    children = Children()
+    trace_job(children, job, 90, 250, express=False)  # type: ignore[arg-type]
+    ts = "transformer_serve."
+    assert children.spans == [
+        ("queue", 90, 100, {ts + "sentences": 2}),
+        ("encoder", 100, 110, {ts + "encoder_runs": 1}),
+        (
+            "decode",
+            120,
+            250,
+            {
+                ts + "sentences": 2,
+                ts + "sentences_finished": 1,
+                ts + "steps": 4,
+                ts + "rows_at_join": 3,
+                ts + "rows_at_leave": 4,
+                ts + "lane": "main",
+            },
+        ),
+    ]
+    cut.left = Mark(220, 2, 10)  # both finished: the decode span ends as the last leaves
+    children = Children()
+    trace_job(children, job, 90, 250, express=True)  # type: ignore[arg-type]
+    name, start, end, decode = children.spans[-1]
+    assert (name, start, end, decode[ts + "steps"], decode[ts + "rows_at_leave"]) == ("decode", 120, 220, 5, 2)
+    assert decode[ts + "lane"] == "express"
+    waiting = Job(deadline=0.0, enqueued=0.0)  # never joined: the queue span alone, to the request's end
+    waiting.sentences = [Sentence(waiting, 0, [5, 2], None, 4, 8)]  # type: ignore[arg-type]
+    children = Children()
+    trace_job(children, waiting, 90, 250, express=False)  # type: ignore[arg-type]
+    assert children.spans == [("queue", 90, 250, {ts + "sentences": 1})]
 
 
 @pytest.mark.slow
