@@ -1,6 +1,7 @@
 """Paired A/B of the served throughput: this tree against a git revision, runs alternating.
 
     python -m bench.ab_http --base HEAD~1 [--path /predict] [--pairs 6] [--threads 1] [--setting KEY=VALUE ...]
+    python -m bench.ab_http --base HEAD --sink [--env OTEL_TRACES_SAMPLER=traceidratio --env OTEL_TRACES_SAMPLER_ARG=0]
 
 A tool for performance work, not a report. This VM's speed drifts by tens of percent within
 minutes, so two separate `bench.service_load` runs cannot tell a 10 % change from noise. Here the
@@ -8,10 +9,11 @@ revision `--base` (checked out into a temporary git worktree) and this tree each
 (`python -m service`, the bundled models), both started once and pinned to the same CPU; `wrk`
 (on the other CPU, 32 connections, one text per request) loads one of them at a time, A B then
 B A, short runs, so both see the same drift. `--setting` applies SERVE_* settings to this tree's
-server only (the same code under another setting). Prints each pair's B ÷ A and their median, and
-the server's CPU time per request (user + system, all its threads, from /proc) and the event loop's
-alone (its main thread): less swayed by a slow minute than the rate, as long as the server has its
-CPU to itself.
+server only (the same code under another setting), `--env` variables to its environment;
+`--sink` exports its traces to an OTLP/HTTP sink run here (tracing's cost: `--base HEAD`, B traced,
+A not). Prints each pair's B / A and their median, and the server's CPU time per request (user +
+system, all its threads, from /proc) and the event loop's alone (its main thread): less swayed by
+a slow minute than the rate, as long as the server has its CPU to itself.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from bench import serverproc
@@ -51,6 +55,25 @@ def cpu_seconds(pid: int, thread: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def otlp_sink() -> str:
+    """An OTLP/HTTP endpoint on loopback that takes every export and keeps nothing (a collector
+    that keeps up): tracing's cost in the server alone."""
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.ab_http", description=__doc__.split("\n")[0])
     p.add_argument("--base", required=True, help="git revision for A")
@@ -64,8 +87,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--client-cpus", default="1")
     p.add_argument("--threads", type=int, default=1, help="both servers' model threads (2: sharded translation)")
     p.add_argument("--setting", action="append", default=[], help="KEY=VALUE for B's server only")
+    p.add_argument("--env", action="append", default=[], help="KEY=VALUE: B's server's environment only (OTEL_*)")
+    p.add_argument("--sink", action="store_true", help="B exports its traces to an OTLP/HTTP sink run here")
     args = p.parse_args(argv)
     extra = dict(s.split("=", 1) for s in args.setting)
+    env = dict(s.split("=", 1) for s in args.env)
+    if args.sink:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp_sink()
     settings = BASE_SETTINGS | {"threads": str(args.threads)}
     if args.path == "/translate":
         bodies = translate_bodies("beam", SHORT)
@@ -76,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     logs = Path(tempfile.mkdtemp(prefix="ab-http-logs-"))
     with worktree(args.base) as base:
         a = serverproc.start(args.store, logs / "a.log", args.server_cpus, settings=settings, root=base)
-        b = serverproc.start(args.store, logs / "b.log", args.server_cpus, settings=settings | extra)
+        b = serverproc.start(args.store, logs / "b.log", args.server_cpus, settings=settings | extra, env=env)
         try:
             wait_ready(a)
             wait_ready(b)

@@ -15,13 +15,14 @@ import asyncio
 import contextlib
 import gc
 import logging
+import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service import priority
+from service import priority, tracing
 from service.http import apidocs, files, libretranslate, oip, openapi, page, rest
 from service.http.auth import ApiKeys, KeyRing
 from service.http.dispatch import Endpoint, Router
@@ -78,6 +79,7 @@ def create_app(settings: Settings) -> ServiceApp:
     models = ModelSet(settings, metrics, executor)
     downloads = Downloads(settings.download_ttl_s)
     state = AppState(settings, metrics, models, KeyRing.of(settings), client_limits(settings, metrics), downloads)
+    state.tracing = tracing.start(metrics)  # None unless the OTEL_* variables name a collector
     tasks = registry.tasks()
 
     @contextlib.asynccontextmanager
@@ -92,7 +94,10 @@ def create_app(settings: Settings) -> ServiceApp:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+            drain_end = time.monotonic() + settings.drain_timeout_s
             await state.models.close(settings.drain_timeout_s)
+            if state.tracing is not None:  # the spans queued so far, within what is left of the drain
+                await state.tracing.close(max(tracing.MIN_FLUSH_S, min(tracing.FLUSH_S, drain_end - time.monotonic())))
             executor.shutdown(wait=False, cancel_futures=True)
             downloads.close()
             gc.unfreeze()  # the models closed: their objects may be collected like any other

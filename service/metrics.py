@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.openmetrics import exposition as openmetrics
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -84,6 +85,11 @@ class Metrics:
             ["model", "reason"],
             registry=r,
         )
+        self.traces_dropped = Counter(
+            "traces_dropped",
+            "Trace spans not delivered: the export queue was full, or the collector failed or timed out",
+            registry=r,
+        )
         self.client_limited = Counter(
             "inference_client_limited",
             "Requests refused by a per-client limit (limit: requests, chars, request_chars); never labelled by client",
@@ -94,19 +100,30 @@ class Metrics:
             self.client_limited.labels(limit)
         self._answered: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
-    def answered(self, endpoint: str, model: str, status: int, seconds: float) -> None:
-        """Counts a request and observes its latency. The labelled children are kept: looking them
-        up costs more than updating them (labels() converts and locks every time), once a request."""
+    def answered(self, endpoint: str, model: str, status: int, seconds: float, trace_id: str = "") -> None:
+        """Counts a request and observes its latency, with its trace id as the exemplar when it was
+        traced. The labelled children are kept: looking them up costs more than updating them
+        (labels() converts and locks every time), once a request."""
         key = (endpoint, model, status)
         children = self._answered.get(key)
         if children is None:
             children = self.requests.labels(endpoint, model, str(status)), self.request_duration.labels(endpoint, model)
             self._answered[key] = children
         children[0].inc()
-        children[1].observe(seconds)
+        if trace_id:
+            children[1].observe(seconds, {"trace_id": trace_id})
+        else:
+            children[1].observe(seconds)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+    def exposition(self, accept: str) -> tuple[bytes, str]:
+        """The exposition and its content type: OpenMetrics (with the latency exemplars: trace ids)
+        when the scraper accepts it, else Prometheus text."""
+        if "application/openmetrics-text" in accept:
+            return openmetrics.generate_latest(self.registry), openmetrics.CONTENT_TYPE_LATEST
+        return generate_latest(self.registry), CONTENT_TYPE
 
     def observer(self, model: str) -> BatchMetrics:
         return BatchMetrics(self, model)

@@ -3,7 +3,8 @@
 `transformer-serve serve` (`python -m service`) builds one `Settings` from its flags over the environment
 (`service.flags`: one flag per field, generated from this declaration) and passes it to
 `create_app(settings)`; tests build their own with keyword arguments. Nothing reads the environment
-at import time.
+at import time. The one exception: the OpenTelemetry SDK reads its own standard `OTEL_*` variables
+(`service.tracing`; docs/deployment.md#tracing).
 """
 
 from __future__ import annotations

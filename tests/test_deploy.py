@@ -19,6 +19,7 @@ import yaml
 from bench import gpu_check
 from service.app import create_app
 from service.settings import Settings, unknown_variables
+from service.tracing import configured
 from tests.helpers import render
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -283,8 +284,24 @@ def test_settings_are_real_and_valid(rendered: dict[str, list[dict]], overlay: s
     docs = rendered[overlay]
     env = settings_env(docs, one(docs, "Deployment"))
     assert unknown_variables(env) == []
-    values = {k.removeprefix("SERVE_").lower(): v for k, v in env.items() if v != "<valueFrom>"}
+    values = {
+        k.removeprefix("SERVE_").lower(): v for k, v in env.items() if k.startswith("SERVE_") and v != "<valueFrom>"
+    }
     Settings(**{**values, "model_store": tmp_path})
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_tracing_is_configured_but_off(rendered: dict[str, list[dict]], overlay: str) -> None:
+    """The Deployment names the service and its pod to the OpenTelemetry SDK; tracing stays off until
+    the commented collector endpoint is set (service/tracing.py)."""
+    env = {v["name"]: v for v in container(one(rendered[overlay], "Deployment"))["env"]}
+    assert env["OTEL_SERVICE_NAME"]["value"] == "transformer-serve"
+    attributes = env["OTEL_RESOURCE_ATTRIBUTES"]["value"]
+    assert "k8s.pod.name=$(POD_NAME)" in attributes and "k8s.namespace.name=$(POD_NAMESPACE)" in attributes
+    names = list(env)  # a $(VAR) reference expands only to a variable defined before it
+    assert names.index("POD_NAME") < names.index("OTEL_RESOURCE_ATTRIBUTES")
+    assert not configured({k: v.get("value", "") for k, v in env.items()})
+    assert "# - name: OTEL_EXPORTER_OTLP_ENDPOINT" in (ROOT / "k8s" / "base" / "deployment.yaml").read_text()
 
 
 def test_overlays_differ_where_they_should(rendered: dict[str, list[dict]]) -> None:

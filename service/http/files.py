@@ -12,11 +12,13 @@ from __future__ import annotations
 import asyncio
 import copy
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
 
+from opentelemetry.util.types import AttributeValue
 from pydantic import ValidationError
 from starlette.datastructures import Headers, UploadFile
 from starlette.formparsers import MultiPartException, MultiPartParser
@@ -136,6 +138,14 @@ class FileCodec(Codec[F, Translated, list[str]], Generic[F]):
             return [row[0].text for row in (await run(replace(work, texts=texts))).rows]
 
         return await runner.translate_segments(request.parsed.segments, best, work.deadline, parallel=request.parallel)
+
+    def document_attributes(self, request: F) -> Mapping[str, AttributeValue]:
+        """The document's span: its segments, distinct segments and characters."""
+        return {
+            "transformer_serve.document.segments": len(request.parsed.segments),
+            "transformer_serve.document.distinct_segments": len(request.unique),
+            "transformer_serve.document.chars": sum(len(t) for t in request.unique),
+        }
 
     def languages(self, request: F, task: Task[Any, Translated]) -> tuple[str | None, str | None]:
         """The source and target languages the request names (None: the model's own)."""

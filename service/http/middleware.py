@@ -150,7 +150,7 @@ class RequestContext:
         duration = time.monotonic() - info.start
         route = route_of(scope)
         if route is not None and route.metric is not None:
-            self.metrics.answered(route.metric, info.model, status, duration)
+            self.metrics.answered(route.metric, info.model, status, duration, info.trace_id)
         if ACCESS.isEnabledFor(logging.INFO):
             ACCESS.info(
                 "%s %s %d",

@@ -15,6 +15,10 @@ in this order, for every protocol:
 6. the codec's work for that model (its options checked against it: 422);
 7. the run (the task's queue: 429, 504), then the codec's answer.
 
+With tracing on (`service.tracing`), `serve` wraps the same path in the request's SERVER span
+(`traced`): the task's traced run adds its parts as children; an error or a client gone is an event
+on it. With tracing off, the one check of `serve` is all that runs of it.
+
 A domain error raised anywhere is answered in the route's protocol by `dispatch.Endpoint`. A
 codec is the route's handler (`Route.handler`): the dispatcher calls `serve` through it, with no
 layer between. A route that runs a model declares a codec; tests/test_structure.py checks that
@@ -23,20 +27,24 @@ none runs a task or charges a client another way.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from opentelemetry.util.types import AttributeValue
 from starlette.types import ASGIApp
 
-from service.errors import ShuttingDown
+from service.errors import DeadlineExceeded, QueueFull, RateLimited, ServiceError, ShuttingDown
 from service.http.scope import Call, request_info
 from service.http.state import scope_state
-from service.http.table import Auth, route_of
+from service.http.table import Auth, Protocol, route_of
 from service.serving import ModelSet
 from service.settings import Settings
 from service.tasks.base import Task, Work
+from service.tracing import Trace, Tracing, server_span
 
 D = TypeVar("D")  # a protocol's decoded request
 R = TypeVar("R")  # the result of the task the codec is typed against
@@ -57,6 +65,13 @@ class Decoded(Generic[D]):
 
 async def serve(codec: Codec[Any, Any, Any], call: Call) -> ASGIApp:
     """The request's answer: the one pipeline (this module's docstring has the order)."""
+    tracing = scope_state(call.scope).tracing
+    if tracing is None:
+        return await _serve(codec, call, None)
+    return await traced(codec, call, tracing)
+
+
+async def _serve(codec: Codec[Any, Any, Any], call: Call, trace: Trace | None) -> ASGIApp:
     scope = call.scope
     state = scope_state(scope)
     if state.closing:
@@ -77,8 +92,83 @@ async def serve(codec: Codec[Any, Any, Any], call: Call) -> ASGIApp:
     task = codec.resolve(decoded.request, state.models)
     info.model = task.entry.name
     work = codec.work(decoded.request, task, deadline)
-    done = await codec.execute(decoded.request, task.run, work)
+    if trace is None:
+        done = await codec.execute(decoded.request, task.run, work)
+    else:
+        done = await _execute_traced(codec, decoded.request, task, work, trace)
     return await codec.encode(decoded.request, task, done)
+
+
+async def traced(codec: Codec[Any, Any, Any], call: Call, tracing: Tracing) -> ASGIApp:
+    """`_serve` in the request's SERVER span, named after its route (`POST /translate`), with the
+    HTTP semantic conventions' attributes; it continues the caller's W3C trace context."""
+    scope = call.scope
+    info = request_info(scope)
+    route = route_of(scope)
+    method = str(scope.get("method", ""))
+    template = route.path if route is not None else ""
+    arrived = time.time_ns() - int((time.monotonic() - info.start) * 1e9)
+    trace = server_span(tracing, scope, method, template, info.request_id, arrived)
+    if trace is None:  # sampled out: the request runs as untraced, its trace id no exemplar
+        return await _serve(codec, call, None)
+    info.trace_id = trace.trace_id
+    protocol = route.protocol if route is not None else Protocol.REST
+    try:
+        answer = await _serve(codec, call, trace)
+    except ServiceError as exc:
+        status = protocol.status(exc.status)
+        trace.event(_EVENTS.get(type(exc), "error"), {"reason": str(exc), "error.type": type(exc).__name__})
+        trace.set({"http.response.status_code": status, "error.type": type(exc).__name__})
+        if status >= 500:
+            trace.fail(str(exc))
+        raise
+    except asyncio.CancelledError:
+        trace.event("cancelled", {"reason": "the client disconnected"})
+        trace.set({"error.type": "cancelled"})
+        raise
+    except Exception as exc:
+        trace.event("exception", {"exception.type": type(exc).__name__, "exception.message": str(exc)})
+        trace.set({"http.response.status_code": 500, "error.type": type(exc).__name__})
+        trace.fail(type(exc).__name__)
+        raise
+    else:
+        trace.set({"http.response.status_code": 200})
+    finally:
+        trace.end()
+    return answer
+
+
+_EVENTS: dict[type[ServiceError], str] = {
+    DeadlineExceeded: "deadline",
+    QueueFull: "refused",
+    RateLimited: "refused",
+    ShuttingDown: "refused",
+}
+"""The span event of an error that ends a request (others: `error`)."""
+
+
+async def _execute_traced(codec: Codec[D, R, Out], request: D, task: Task[Any, R], work: Work, trace: Trace) -> Out:
+    """`codec.execute` with the task's traced run: the model named on the span, the run's parts its
+    children; a document's runs are one `document` span with its segment counts."""
+    trace.set(
+        {
+            "transformer_serve.model": task.entry.name,
+            "transformer_serve.model_version": task.entry.version,
+            "transformer_serve.task": task.name,
+        }
+    )
+    document = codec.document_attributes(request)
+    if document is None:
+
+        async def run(w: Work) -> R:
+            return await task.run_traced(w, trace)
+
+        return await codec.execute(request, run, work)
+    start = time.time_ns()
+    try:
+        return await codec.execute(request, task.run, work)
+    finally:
+        trace.child("document", start, time.time_ns(), document)
 
 
 class Codec(ABC, Generic[D, R, Out]):
@@ -106,6 +196,10 @@ class Codec(ABC, Generic[D, R, Out]):
     @abstractmethod
     async def execute(self, request: D, run: Run[R], work: Work) -> Out:
         """The work run: once (`await run(work)`), not at all (nothing to run), or in parts."""
+
+    def document_attributes(self, request: D) -> Mapping[str, AttributeValue] | None:
+        """A document's trace attributes (its segment counts), traced as one span; None: not a document."""
+        return None
 
     @abstractmethod
     async def encode(self, request: D, task: Task[Any, R], done: Out) -> ASGIApp:

@@ -47,7 +47,10 @@ async def readyz(call: Call) -> ASGIApp:
 
 
 async def metrics(call: Call) -> ASGIApp:
-    return Response(scope_state(call.scope).metrics.render(), media_type=CONTENT_TYPE)
+    """Prometheus text, or OpenMetrics (with exemplars) for a scraper whose Accept asks for it."""
+    accept = next((v.decode("latin-1") for k, v in call.scope.get("headers", ()) if k == b"accept"), "")
+    body, media_type = scope_state(call.scope).metrics.exposition(accept)
+    return Response(body, media_type=media_type)
 
 
 def model_info(v: VersionView) -> schemas.ModelInfo:

@@ -38,6 +38,7 @@ class RequestInfo:
     request_id: str
     start: float  # time.monotonic() when the request arrived: every deadline counts from here
     model: str = ""  # set once the model is resolved
+    trace_id: str = ""  # 32 hex digits, when the request is traced: the latency histogram's exemplar
 
 
 _ID_PREFIX, _ID_COUNTER = secrets.token_hex(8), itertools.count()

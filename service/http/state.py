@@ -14,6 +14,7 @@ from service.http.limits import ClientLimits
 from service.metrics import Metrics
 from service.serving import ModelSet
 from service.settings import Settings
+from service.tracing import Tracing
 
 
 @dataclass
@@ -27,6 +28,7 @@ class AppState:
     draining: bool = False  # set on SIGTERM: /readyz answers 503; requests are still served
     closing: bool = False  # set when the listener closes after the grace: new requests answer 503
     watcher: asyncio.Task[None] | None = None  # the store watcher, when SERVE_WATCH_INTERVAL_S > 0
+    tracing: Tracing | None = None  # OpenTelemetry traces, when the OTEL_* variables name a collector
 
     @property
     def ready(self) -> bool:

@@ -69,6 +69,17 @@ class _Pending(Generic[T, R]):
     enqueued: float  # time.monotonic()
     deadline: float | None
     started: bool = field(default=False)
+    ran: Ran | None = None  # its batch, once it ran
+
+
+@dataclass(frozen=True)
+class Ran:
+    """The batch an item ran in, for a trace: when the worker ran it, its items and padded size."""
+
+    start_ns: int  # time.time_ns()
+    end_ns: int
+    items: int
+    padded: int  # items x the longest item's size (tokens)
 
 
 @dataclass(frozen=True)
@@ -133,8 +144,11 @@ class DynamicBatcher(Generic[T, R]):
         """The result for one item; raises QueueFull, ShuttingDown, DeadlineExceeded or the batch's error."""
         return (await self.submit_many([item], deadline))[0]
 
-    async def submit_many(self, items: Sequence[T], deadline: float | None = None) -> list[R]:
-        """Results in input order for items admitted together (all or none: QueueFull).
+    async def submit_many(
+        self, items: Sequence[T], deadline: float | None = None, ran: list[Ran] | None = None
+    ) -> list[R]:
+        """Results in input order for items admitted together (all or none: QueueFull); the
+        batches they ran in are added to `ran`, if given (a trace reads them).
 
         The items may run in different batches, mixed with other callers' items. The first
         failure fails the call and withdraws its items that have not run yet.
@@ -163,7 +177,10 @@ class DynamicBatcher(Generic[T, R]):
         # the deadline fails the futures themselves (no wait_for: it costs a task per request)
         timer = loop.call_later(deadline - now, _expire, pending) if deadline is not None else None
         try:
-            return await _results(futures)
+            results = await _results(futures)
+            if ran is not None:
+                ran.extend(p.ran for p in pending if p.ran is not None)
+            return results
         finally:
             if timer is not None:
                 timer.cancel()
@@ -290,10 +307,14 @@ class DynamicBatcher(Generic[T, R]):
         if not lazy:
             chosen.set_result(self._select())
 
+        began: list[int] = []
+
         def work() -> tuple[list[_Pending[T, R]], Sequence[R]]:
             if not chosen.done():
                 loop.call_soon_threadsafe(_resolve, free)
-            return self._work(chosen.result())
+            items = chosen.result()
+            began.append(time.time_ns())
+            return self._work(items)
 
         t0 = time.perf_counter()
         job = loop.run_in_executor(self._executor, work)
@@ -324,8 +345,10 @@ class DynamicBatcher(Generic[T, R]):
                 if not p.future.done():
                     p.future.set_exception(exc)
         else:
+            mark = Ran(began[0], time.time_ns(), len(ran), len(ran) * max((p.size for p in ran), default=0))
             for p, r in zip(ran, results, strict=True):
                 if not p.future.done():
+                    p.ran = mark
                     p.future.set_result(r)
             for p in batch:  # not run: the deadline passed while the batch waited for the worker
                 if not p.future.done():

@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import NamedTuple
 
 from service.engine.decoding import Search
 from service.engine.running import Encoded, Lane, LaneLoad
@@ -88,6 +89,14 @@ class Job:
     work: int = 0  # estimated row-steps of all its sentences
 
 
+class Mark(NamedTuple):
+    """When a sentence joined or left the running batch (a trace span reads it)."""
+
+    at_ns: int  # time.time_ns()
+    rows: int  # rows in the batch then
+    step: int  # the scheduler's steps so far
+
+
 @dataclass(eq=False)
 class Sentence:
     job: Job
@@ -97,6 +106,9 @@ class Sentence:
     work: int  # estimated row-steps
     reserve: int  # cache tokens held while active
     encoded: Encoded | None = None  # encoded ahead of its admission, until it joins
+    encoder: tuple[int, int] | None = None  # its encoder run's start and end (time.time_ns())
+    joined: Mark | None = None
+    left: Mark | None = None  # finished
 
 
 @dataclass(frozen=True)

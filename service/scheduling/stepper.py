@@ -36,7 +36,7 @@ from service.errors import DeadlineExceeded, InputTooLong, InvalidInput, NotRead
 from service.priority import lower_priority
 from service.scheduling import policy
 from service.scheduling.admission import Admission, LoadedSpan, estimate_work
-from service.scheduling.policy import CancelReason, Job, Sentence, StepLimits, Usage
+from service.scheduling.policy import CancelReason, Job, Mark, Sentence, StepLimits, Usage
 from service.scheduling.progress import Channel, Event, Finished, Tokens
 
 __all__ = ["CancelReason", "Job", "Sentence", "StepLimits", "StepObserver", "StepScheduler"]
@@ -96,23 +96,30 @@ class StepScheduler:
             self._thread = threading.Thread(target=self._run, name=f"stepper-{self.name}", daemon=True)
             self._thread.start()
 
-    async def submit(self, items: Sequence[tuple[Sequence[int], Search]], deadline: float) -> list[list[Hypothesis]]:
+    async def submit(
+        self, items: Sequence[tuple[Sequence[int], Search]], deadline: float, seen: list[Job] | None = None
+    ) -> list[list[Hypothesis]]:
         """Hypotheses per item (source ids with EOS, its search) once every item is done: the
         `Finished` events of `stream`, the same events a stream reads."""
         results: list[list[Hypothesis]] = [[] for _ in items]
-        async for events in self.stream(items, deadline):
+        async for events in self.stream(items, deadline, seen=seen):
             for event in events:
                 if isinstance(event, Finished):
                     results[event.source] = event.hypotheses
         return results
 
     async def stream(
-        self, items: Sequence[tuple[Sequence[int], Search]], deadline: float, tokens: bool = False
+        self,
+        items: Sequence[tuple[Sequence[int], Search]],
+        deadline: float,
+        tokens: bool = False,
+        seen: list[Job] | None = None,
     ) -> AsyncGenerator[list[Event], None]:
         """The items' events as they come, step by step (`tokens`: also each token their greedy
         and sampled rows choose, `progress.Tokens`; else only each item's `Finished`, all at the
         end), until every item has finished. A reader that stops reading (cancelled, or it closes
-        the stream: `contextlib.aclosing`) takes its sentences out of the batch at the next step."""
+        the stream: `contextlib.aclosing`) takes its sentences out of the batch at the next step. The
+        job is added to `seen`, if given (a trace reads its sentences' marks)."""
         if self._thread is None:
             raise NotReady(f"model {self.name} is not started")
         loop = asyncio.get_running_loop()
@@ -129,6 +136,8 @@ class StepScheduler:
                 search.watch()
         answered: list[Event] = [Finished(s.index, s.search.hypotheses()) for s in job.sentences if s.search.done]
         job.remaining = len(items) - len(answered)
+        if seen is not None:
+            seen.append(job)
         job.work = sum(s.work for s in job.sentences if not s.search.done)
         if not job.remaining:
             yield answered
@@ -254,8 +263,11 @@ class StepScheduler:
             if admitted:
                 self.observer.batch_started(len(admitted), [now - s.job.enqueued for s in admitted])
                 if plan.encode:
-                    for s, enc in zip(plan.encode, batch.encode([s.ids for s in plan.encode]), strict=True):
-                        s.encoded = enc
+                    e0 = time.time_ns()
+                    encodings = batch.encode([s.ids for s in plan.encode])
+                    ran = (e0, time.time_ns())
+                    for s, enc in zip(plan.encode, encodings, strict=True):
+                        s.encoded, s.encoder = enc, ran
                 encoded = []
                 for s in admitted:
                     assert s.encoded is not None
@@ -268,6 +280,9 @@ class StepScheduler:
                     lanes.join_encoded(encoded, searches, admitted, plan.lanes)
                 else:
                     batch.join_encoded(encoded, searches, admitted)
+                joined = Mark(time.time_ns(), batch.rows, self.steps)
+                for s in admitted:
+                    s.joined = joined
             loaded = batch.rows * 2 >= self.limits.max_rows
             finished = batch.step() if lanes is None else lanes.step(policy.next_lane(lanes.load, self.limits))
             rows = batch.stepped_rows
@@ -288,7 +303,9 @@ class StepScheduler:
             if measured:
                 self.admission.measure(*measured)
             self.steps += 1
+        left = Mark(time.time_ns(), rows, self.steps) if finished else None
         for s, hyps in finished:
+            s.left = left
             self._finish(s, hyps)
         if self._watched:
             self._publish_tokens()

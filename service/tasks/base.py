@@ -25,6 +25,7 @@ from service.engine.runtime import LoadOptions
 from service.metrics import BatchMetrics
 from service.settings import Settings
 from service.store import StoreEntry
+from service.tracing import Trace
 
 ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME, pattern=MODEL_NAME_PATTERN)]
 LanguageCode = Annotated[str, Field(min_length=2, max_length=32, pattern=LANGUAGE_CODE_PATTERN)]
@@ -177,6 +178,11 @@ class Task(ABC, Generic[Q, R]):
     @abstractmethod
     async def run(self, work: Work) -> R:
         """The work's result, in the task's own terms (no protocol's shape)."""
+
+    async def run_traced(self, work: Work, trace: Trace) -> R:
+        """`run` with tracing on: its parts become children of the request's span (`trace`)."""
+        trace.set({"transformer_serve.texts": len(work.texts)})
+        return await self.run(work)
 
     @abstractmethod
     def tensors(self, result: R) -> list[OutputTensor]:

@@ -15,7 +15,7 @@ from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.runtime import LoadOptions
 from service.metrics import BatchMetrics
 from service.priority import lower_priority
-from service.scheduling.batcher import BatchLimits, DynamicBatcher
+from service.scheduling.batcher import BatchLimits, DynamicBatcher, Ran
 from service.store import StoreEntry
 from service.tasks.base import (
     AttentionRequest,
@@ -28,6 +28,7 @@ from service.tasks.base import (
     TensorSpec,
     Work,
 )
+from service.tracing import Trace
 
 
 class ClassifyOptions(StrictModel):
@@ -119,6 +120,33 @@ class ClassificationTask(Task[PredictRequest, Classified]):
         # the probabilities come as Python floats: made once per batch in the worker thread, not
         # per request on the event loop
         probs = await self.batcher.submit_many(self.engine.encode(work.texts), work.deadline)
+        return await self._answer(work, probs)
+
+    async def run_traced(self, work: Work, trace: Trace) -> Classified:
+        """`run`, with its parts as children of the request's span: tokenize, queue (to its first
+        batch), each batch it ran in (items, padded tokens)."""
+        t0 = time.time_ns()
+        ids = self.engine.encode(work.texts)
+        t1 = time.time_ns()
+        tokens = sum(len(x) for x in ids)
+        trace.child("tokenize", t0, t1, {"gen_ai.usage.input_tokens": tokens})
+        trace.set({"transformer_serve.texts": len(work.texts), "gen_ai.usage.input_tokens": tokens})
+        ran: list[Ran] = []
+        probs = await self.batcher.submit_many(ids, work.deadline, ran)
+        batches = sorted(set(ran), key=lambda b: b.start_ns)
+        trace.child(
+            "queue", t1, batches[0].start_ns if batches else time.time_ns(), {"transformer_serve.texts": len(ids)}
+        )
+        for b in batches:
+            trace.child(
+                "batch",
+                b.start_ns,
+                b.end_ns,
+                {"transformer_serve.batch_size": b.items, "transformer_serve.padded_tokens": b.padded},
+            )
+        return await self._answer(work, probs)
+
+    async def _answer(self, work: Work, probs: list[list[float]]) -> Classified:
         attention = None
         if work.attention:
             loop = asyncio.get_running_loop()

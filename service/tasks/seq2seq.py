@@ -13,6 +13,7 @@ languages to the plug-in unread), nor about any protocol.
 from __future__ import annotations
 
 import contextlib
+import time
 from abc import abstractmethod
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
@@ -24,10 +25,12 @@ from service.engine.running import DecoderBatch
 from service.engine.runtime import LoadOptions
 from service.engine.seq2seq import Generated, Preparation, Prepared, SourceOptions
 from service.engine.translator import TranslatorEngine, load_translator
+from service.scheduling import policy
 from service.scheduling.progress import Finished, Tokens
-from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
+from service.scheduling.stepper import Job, Sentence, StepLimits, StepScheduler
 from service.store import StoreEntry
 from service.tasks.base import Q, R, Task, TaskContext, Work
+from service.tracing import Trace
 
 
 class Decoding(Protocol):
@@ -125,36 +128,54 @@ class Seq2SeqTask(Task[Q, R]):
         ]
         return prepared, searches, first
 
-    async def stream(self, work: Work, tokens: bool = False) -> AsyncGenerator[Progress, None]:
+    async def stream(
+        self, work: Work, tokens: bool = False, trace: Trace | None = None
+    ) -> AsyncGenerator[Progress, None]:
         """The work's progress: with `tokens`, each token its greedy and sampled rows choose
         (`Piece`); each source's `Finished`; last, `Done` with the answer. A reader that stops
         reading (cancelled, or closing the stream: `contextlib.aclosing`) frees its rows at the
-        next step."""
+        next step. With a `trace`, its parts become children of the request's span: tokenize,
+        queue (submitted to the encoder run), encoder, decode (first join to last leave: steps,
+        rows, lane), assembly."""
         self.queue.refuse_if_busy(work.deadline, len(work.texts))
+        t0 = time.time_ns() if trace is not None else 0
         prepared, searches, first = self.sources(work.texts, cast(Decoding, work.options))
         items = list(zip(prepared.sources, searches, strict=True))
+        jobs: list[Job] | None = None
+        if trace is not None:
+            t0 = trace_sources(trace, t0, len(work.texts), prepared.sources)
+            jobs = []
         hyps: list[list[Hypothesis]] = [[] for _ in items]
         codec = self.engine.codec
         so_far: dict[tuple[int, int], list[int]] = {}
         if items:
-            # closed with this stream (its reader left): the scheduler's frees the rows at once, not when collected
-            async with contextlib.aclosing(self.queue.stream(items, work.deadline, tokens)) as progress:
-                async for events in progress:
-                    for event in events:
-                        if isinstance(event, Tokens):
-                            row = so_far.setdefault((event.source, event.row), [])
-                            row += event.ids
-                            owner = prepared.owner[event.source]
-                            yield Piece(owner, event.source, event.row, event.ids, codec.decode(row))
-                        else:
-                            hyps[event.source] = event.hypotheses
-                            yield event
+            try:
+                # closed with this stream (its reader left): the scheduler's frees the rows at once, not when collected
+                async with contextlib.aclosing(self.queue.stream(items, work.deadline, tokens, jobs)) as progress:
+                    async for events in progress:
+                        for event in events:
+                            if isinstance(event, Tokens):
+                                row = so_far.setdefault((event.source, event.row), [])
+                                row += event.ids
+                                owner = prepared.owner[event.source]
+                                yield Piece(owner, event.source, event.row, event.ids, codec.decode(row))
+                            else:
+                                hyps[event.source] = event.hypotheses
+                                yield event
+            finally:
+                if trace is not None and jobs:
+                    express = policy.express_job(jobs[0], self.queue.limits)
+                    for job in jobs:
+                        trace_job(trace, job, t0, time.time_ns(), express)
+        t2 = time.time_ns() if trace is not None else 0
         outputs = self.preparation.assemble(prepared, hyps, first.length_penalty)
+        if trace is not None:
+            trace_outputs(trace, t2, hyps, outputs)
         yield Done(prepared, hyps, outputs)
 
-    async def answer(self, work: Work) -> Done:
+    async def answer(self, work: Work, trace: Trace | None = None) -> Done:
         """The work's answer: the last event of its `stream`."""
-        async with contextlib.aclosing(self.stream(work)) as progress:
+        async with contextlib.aclosing(self.stream(work, trace=trace)) as progress:
             async for event in progress:
                 if isinstance(event, Done):
                     return event
@@ -162,3 +183,62 @@ class Seq2SeqTask(Task[Q, R]):
 
     async def run(self, work: Work) -> Any:
         return (await self.answer(work)).outputs
+
+
+def trace_sources(trace: Trace, started_ns: int, texts: int, sources: Sequence[Sequence[int]]) -> int:
+    """The tokenize span and the request's input figures; returns when the sources were ready."""
+    ready = time.time_ns()
+    tokens_in = sum(len(ids) for ids in sources)
+    trace.child(
+        "tokenize",
+        started_ns,
+        ready,
+        {"transformer_serve.sentences": len(sources), "gen_ai.usage.input_tokens": tokens_in},
+    )
+    trace.set({"transformer_serve.texts": texts, "gen_ai.usage.input_tokens": tokens_in})
+    return ready
+
+
+def trace_outputs(
+    trace: Trace, started_ns: int, hyps: Sequence[Sequence[Hypothesis]], outputs: Sequence[Sequence[Generated]]
+) -> None:
+    """The assembly span and the request's output figures."""
+    trace.child("assembly", started_ns, time.time_ns(), {"transformer_serve.texts": len(outputs)})
+    trace.set(
+        {
+            "gen_ai.usage.output_tokens": sum(len(h[0].tokens) + int(h[0].finished) for h in hyps if h),
+            "gen_ai.response.finish_reasons": sorted({row[0].finish_reason for row in outputs if row}),
+        }
+    )
+
+
+def trace_job(trace: Trace, job: Job, submitted_ns: int, end_ns: int, express: bool) -> None:
+    """A job's queue, encoder and decode spans from the marks its sentences left in the scheduler."""
+    joined = [s.joined for s in job.sentences if s.joined is not None]
+    left = [s.left for s in job.sentences if s.left is not None]
+    encoder = sorted({s.encoder for s in job.sentences if s.encoder is not None})
+    first = min(joined, default=None)
+    queued_until = first.at_ns if first is not None else end_ns
+    if encoder:
+        queued_until = min(queued_until, encoder[0][0])
+    trace.child("queue", submitted_ns, queued_until, {"transformer_serve.sentences": len(job.sentences)})
+    if encoder:
+        trace.child(
+            "encoder", encoder[0][0], max(e[1] for e in encoder), {"transformer_serve.encoder_runs": len(encoder)}
+        )
+    if first is None:
+        return
+    last = max(left, default=None)
+    trace.child(
+        "decode",
+        first.at_ns,
+        last.at_ns if last is not None and len(left) == len(joined) else end_ns,
+        {
+            "transformer_serve.sentences": len(joined),
+            "transformer_serve.sentences_finished": len(left),
+            "transformer_serve.steps": (last.step if last is not None else first.step) - first.step,
+            "transformer_serve.rows_at_join": first.rows,
+            "transformer_serve.rows_at_leave": last.rows if last is not None else 0,
+            "transformer_serve.lane": "express" if express else "main",
+        },
+    )

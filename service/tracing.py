@@ -1,0 +1,326 @@
+"""OpenTelemetry traces, exported over OTLP: off unless the SDK's standard variables name a collector.
+
+The OpenTelemetry SDK reads its own variables (the one exception to `service.settings` reading the
+environment): `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` turns tracing on
+(`OTEL_SDK_DISABLED=true` keeps it off); `OTEL_EXPORTER_OTLP_PROTOCOL` (or `_TRACES_PROTOCOL`) picks
+`http/protobuf` (default) or `grpc`; `OTEL_SERVICE_NAME` (default `transformer-serve`),
+`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`/`_ARG`, `OTEL_BSP_*` and `OTEL_EXPORTER_OTLP_*` (headers,
+timeout, compression) act as the SDK documents them. With no collector, `start` returns None and
+nothing here runs for a request: the pipeline checks `tracing is None` once.
+
+Never in the way: spans are built finished on the event loop (`Trace`) into a bounded queue; one
+SDK thread exports them in batches. A span that finds the queue full, or whose export failed (collector down, slow
+past its timeout, refusing), is dropped and counted in `traces_dropped_total`; no request waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
+
+from service.metrics import Metrics
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
+    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.sampling import Sampler
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SERVICE_NAME = "transformer-serve"
+ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+FLUSH_S = 5.0  # at shutdown, after the models' drain: the longest the queued spans' export is waited for
+MIN_FLUSH_S = 0.5  # ... even when the models' drain took all of SERVE_DRAIN_TIMEOUT_S
+DEFAULT_QUEUE = 2048  # spans waiting for export (the SDK's default)
+SAMPLED = TraceFlags(TraceFlags.SAMPLED)
+UNSET = Status(StatusCode.UNSET)
+PROPAGATOR = TraceContextTextMapPropagator()  # W3C traceparent and tracestate
+Attributes = Mapping[str, AttributeValue]
+
+
+def configured(environ: Mapping[str, str]) -> bool:
+    """Whether the SDK's variables ask for traces: a collector endpoint, and the SDK not disabled."""
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    return any(environ.get(name, "").strip() for name in ENDPOINT_VARIABLES)
+
+
+@dataclass
+class Tracing:
+    """The sampler, what records a finished span (`Trace`), and what shuts it down."""
+
+    provider: trace.TracerProvider
+    sampler: Sampler  # OTEL_TRACES_SAMPLER, _ARG
+    record: Callable[[ReadableSpan], None]  # the export queue's on_end
+    finished: type[ReadableSpan]  # the SDK's classes (imported once tracing is on)
+    event: Callable[[str, Attributes | None], Event]
+    resource: Resource
+    scope: InstrumentationScope
+
+    async def close(self, timeout_s: float) -> None:
+        """Exports what is queued, waiting up to `timeout_s`: the export runs on a daemon thread
+        that a slow collector may keep past it, never the process's exit."""
+        from opentelemetry.sdk.trace import TracerProvider
+
+        provider = self.provider
+        if not isinstance(provider, TracerProvider):
+            return
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+
+        def flush() -> None:
+            try:
+                provider.shutdown()  # exports what is queued, then stops the export thread
+            finally:
+                loop.call_soon_threadsafe(_settle, done)
+
+        threading.Thread(target=flush, name="trace-flush", daemon=True).start()
+        try:
+            await asyncio.wait_for(done, timeout_s)
+        except TimeoutError:
+            log.warning("tracing: spans still unexported after %.1f s at shutdown", timeout_s)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def start(metrics: Metrics, environ: Mapping[str, str] | None = None) -> Tracing | None:
+    """Tracing as the SDK's variables configure it, or None when they name no collector."""
+    environ = os.environ if environ is None else environ
+    if not configured(environ):
+        return None
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import Event, ReadableSpan, TracerProvider
+    from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+
+    resource = Resource.create()  # OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES
+    if str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
+        resource = resource.merge(Resource({"service.name": DEFAULT_SERVICE_NAME}))
+    # the sampler: OTEL_TRACES_SAMPLER, _ARG; shut down by the lifespan (`close`), not at exit
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    bound = int(environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or DEFAULT_QUEUE)
+    processor = _processor(_exporter(environ), metrics, bound)
+    provider.add_span_processor(processor)
+    protocol = _protocol(environ)
+    log.info("tracing on: OTLP %s to %s", protocol, next(environ[n] for n in ENDPOINT_VARIABLES if environ.get(n)))
+    scope = InstrumentationScope("service")
+    return Tracing(provider, provider.sampler, processor.on_end, ReadableSpan, Event, resource, scope)
+
+
+def _protocol(environ: Mapping[str, str]) -> str:
+    name = environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or environ.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    return (name or "http/protobuf").strip()
+
+
+def _exporter(environ: Mapping[str, str]) -> SpanExporter:
+    protocol = _protocol(environ)
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter()
+    if protocol != "http/protobuf":
+        raise ValueError(f"OTEL_EXPORTER_OTLP_PROTOCOL {protocol!r}: use http/protobuf or grpc")
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+    return HttpExporter()
+
+
+def _processor(exporter: SpanExporter, metrics: Metrics, bound: int) -> SpanProcessor:
+    """A batch processor whose drops are counted (`traces_dropped_total`): past `bound` queued
+    spans it drops the new one itself, before the SDK's queue would drop one silently, and the
+    exporter counts the spans it could not deliver. (The SDK classes are imported only here, once
+    tracing is on.)"""
+    from opentelemetry.sdk.trace import SpanProcessor
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+
+    dropped = metrics.traces_dropped
+    lock = threading.Lock()
+    queued = [0]  # ended and not yet handed to the exporter: the batch processor's queue
+
+    class Counted(SpanExporter):
+        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+            with lock:
+                queued[0] -= len(spans)
+            try:
+                result = exporter.export(spans)
+            except Exception:  # the SDK would log and lose them: count them
+                log.exception("trace export failed")
+                result = SpanExportResult.FAILURE
+            if result is not SpanExportResult.SUCCESS:
+                dropped.inc(len(spans))
+            return result
+
+        def shutdown(self) -> None:
+            exporter.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return exporter.force_flush(timeout_millis)
+
+    # its other bounds (OTEL_BSP_SCHEDULE_DELAY, _MAX_EXPORT_BATCH_SIZE) as the SDK reads them
+    batch = BatchSpanProcessor(Counted(), max_queue_size=bound)
+
+    class Bounded(SpanProcessor):
+        def on_end(self, span: ReadableSpan) -> None:
+            with lock:
+                room = queued[0] < bound
+                if room:
+                    queued[0] += 1
+            if room:
+                batch.on_end(span)
+            else:
+                dropped.inc()
+
+        def shutdown(self) -> None:
+            batch.shutdown()
+
+        def force_flush(self, timeout_millis: int = 30000) -> bool:
+            return batch.force_flush(timeout_millis)
+
+    return Bounded()
+
+
+def incoming(headers: Sequence[tuple[bytes, bytes]]) -> Context | None:
+    """The caller's trace context (W3C `traceparent`, `tracestate`), if the request carries one."""
+    carrier = {}
+    for key, value in headers:
+        if key in (b"traceparent", b"tracestate"):
+            carrier[key.decode("latin-1")] = value.decode("latin-1")
+    return PROPAGATOR.extract(carrier) if carrier else None
+
+
+def server_span(
+    tracing: Tracing, scope: Mapping[str, Any], method: str, route: str, request_id: str, start_ns: int
+) -> Trace | None:
+    """A request's SERVER span, named after its route (`POST /translate`), with the HTTP semantic
+    conventions' attributes, continuing the caller's trace if the request carries one; None when
+    the sampler leaves the request out."""
+    name = f"{method} {route}"
+    incoming_context = incoming(scope.get("headers", ()))
+    parent = trace.get_current_span(incoming_context).get_span_context() if incoming_context else None
+    if parent is not None and not parent.is_valid:
+        parent = None
+    trace_id = parent.trace_id if parent is not None else random.getrandbits(128)
+    sampled = tracing.sampler.should_sample(incoming_context, trace_id, name, SpanKind.SERVER)
+    if not sampled.decision.is_sampled():
+        return None
+    attributes: dict[str, AttributeValue] = {
+        "http.request.method": method,
+        "http.route": route,
+        "url.path": str(scope.get("path", "")),
+        "url.scheme": str(scope.get("scheme", "http")),
+        "network.protocol.version": str(scope.get("http_version", "1.1")),
+        "transformer_serve.request_id": request_id,
+    }
+    client, server = scope.get("client"), scope.get("server")
+    if client:
+        attributes["client.address"], attributes["client.port"] = client[0], client[1]
+    if server:
+        attributes["server.address"], attributes["server.port"] = server[0], server[1]
+    context = SpanContext(trace_id, _span_id(), False, SAMPLED, sampled.trace_state)
+    return Trace(tracing, name, context, parent, start_ns, attributes)
+
+
+def _span_id() -> int:
+    return random.getrandbits(64) or 1
+
+
+class Trace:
+    """One request's SERVER span, to which its parts add children (with their own start and end
+    times, measured where the work ran) and events.
+
+    Spans are built finished (the SDK's `ReadableSpan`) and handed to the export queue at their
+    end: attributes are kept in a dict as they come, the sampler is asked once, at the start. The
+    SDK's own spans (start, attribute checks on every set, end) cost the event loop several times
+    as much (bench.ab_http --sink, docs/deployment.md#tracing)."""
+
+    def __init__(
+        self,
+        tracing: Tracing,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        start_ns: int,
+        attributes: dict[str, AttributeValue],
+    ) -> None:
+        self.tracing, self.name, self.context, self.parent = tracing, name, context, parent
+        self.start_ns, self.attributes = start_ns, attributes
+        self.events: list[Event] = []
+        self.error: str | None = None
+
+    @property
+    def trace_id(self) -> str:
+        """32 hex digits, as exemplars and trace viewers show it."""
+        return format(self.context.trace_id, "032x")
+
+    def child(self, name: str, start_ns: int, end_ns: int, attributes: Attributes | None = None) -> None:
+        """A finished child span of the request's span."""
+        context = SpanContext(self.context.trace_id, _span_id(), False, SAMPLED, self.context.trace_state)
+        self._record(name, context, self.context, SpanKind.INTERNAL, start_ns, end_ns, attributes, ())
+
+    def set(self, attributes: Attributes) -> None:
+        self.attributes.update(attributes)
+
+    def event(self, name: str, attributes: Attributes | None = None) -> None:
+        self.events.append(self.tracing.event(name, attributes))
+
+    def fail(self, description: str) -> None:
+        """The request failed on the server's side (a 5xx): the span's status is an error."""
+        self.error = description
+
+    def end(self) -> None:
+        """Queues the request's span for export, ending now."""
+        self._record(
+            self.name,
+            self.context,
+            self.parent,
+            SpanKind.SERVER,
+            self.start_ns,
+            time.time_ns(),
+            self.attributes,
+            self.events,
+        )
+
+    def _record(
+        self,
+        name: str,
+        context: SpanContext,
+        parent: SpanContext | None,
+        kind: SpanKind,
+        start_ns: int,
+        end_ns: int,
+        attributes: Attributes | None,
+        events: Sequence[Event],
+    ) -> None:
+        t = self.tracing
+        failed = kind is SpanKind.SERVER and self.error is not None
+        span = t.finished(
+            name,
+            status=Status(StatusCode.ERROR, self.error) if failed else UNSET,
+            context=context,
+            parent=parent,
+            resource=t.resource,
+            attributes=attributes,
+            events=events,
+            kind=kind,
+            start_time=start_ns,
+            end_time=end_ns,
+            instrumentation_scope=t.scope,
+        )
+        t.record(span)
