@@ -24,7 +24,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from bench.serverproc import free_port
 from service.metrics import Metrics
 from service.scheduling.policy import Job, Mark, Sentence
-from service.tasks.translation import trace_job
+from service.tasks.seq2seq import trace_job
 from service.tracing import configured, start
 from tests.helpers import metric, run_server, until
 
