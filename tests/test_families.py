@@ -56,3 +56,13 @@ def test_the_declared_tokenizer_class_picks_the_tokenization(
     chosen = family_of(config).tokenization_for(tmp_path)
     assert chosen.name == name
     assert (chosen.targets is tokenizer.decoder_start_targets) == (name == "mbart")
+
+
+def test_a_sequence_classifier_of_a_translator_family_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sequence classifier of a family served only as a translator is refused, never published as
+    a translator with its classification head dropped (BartForSequenceClassification was, before
+    BART had a classifier entry)."""
+    translators = tuple(f for f in FAMILIES if not (f.model_type == "bart" and f.task == "classification"))
+    monkeypatch.setattr(families, "FAMILIES", translators)
+    with pytest.raises(ImportProblem, match="bart: BartForSequenceClassification is a sequence classifier"):
+        families.family_of(transformers.BartConfig(architectures=["BartForSequenceClassification"]))

@@ -137,19 +137,25 @@ FAMILIES: tuple[Family, ...] = (
 
 def family_of(config: Config) -> Family:
     """The family of a checkpoint's config, or ImportProblem naming those served: the entry of its
-    `model_type`; where one model type has entries for both tasks (a BART translator and a BART
-    classifier), the one its `architectures` name (`*ForSequenceClassification`: the classifier)."""
+    `model_type`; where one model type has entries for both tasks, the one its `architectures` name
+    (`*ForSequenceClassification`: the classifier). A sequence classifier of a family served only as
+    a translator is refused, never published as a translator with its head dropped."""
     kind = getattr(config, "model_type", None)
     found = [f for f in FAMILIES if f.model_type == kind]
     if not found:
         supported = sorted({f.model_type for f in FAMILIES})
         raise ImportProblem(f"unsupported model family {kind!r} (supported: {', '.join(supported)})")
-    if len(found) == 1:
-        return found[0]
     architectures = getattr(config, "architectures", None) or []
     classifies = bool(architectures) and all(a.endswith("ForSequenceClassification") for a in architectures)
-    task = "classification" if classifies else "translation"
-    return next(f for f in found if f.task == task)
+    if not classifies:
+        return next((f for f in found if f.task == "translation"), found[0])
+    chosen = next((f for f in found if f.task == "classification"), None)
+    if chosen is None:  # e.g. a BartForSequenceClassification: never published as a translator
+        raise ImportProblem(
+            f"{kind}: {', '.join(architectures)} is a sequence classifier, and {kind} classifiers are not "
+            "supported (its classification head would be dropped)"
+        )
+    return chosen
 
 
 def import_tokenizer(folder: Path, config: Config) -> ImportedTokenizer:
