@@ -385,3 +385,31 @@ FAMILY_CASES = {
     "m2m": ("m2m", {"num_beams": 4, "max_length": 20, "early_stopping": True}, "fr"),  # fairseq's tokenizer, converted
     "mbart50": ("mbart50", {"num_beams": 4, "max_length": 20, "early_stopping": "never"}, "de_DE"),
 }
+
+
+# -- tiny random sequence classifiers over these tokenizers (tests/test_hf_classifiers.py: pairs) --
+
+CLASSIFIER_SIZES = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 37,
+    "max_position_embeddings": 64,
+}
+
+
+def build_classifier(tokenizer: Checkpoint, folder: Path, id2label: dict[int, str], seed: int = 0) -> Path:
+    """A save_pretrained folder: the tokenizer's files, a tiny random `*ForSequenceClassification`
+    of its family over its vocabulary, every weight moved well off its initial value (the token
+    type table too, so a wrong segment shows in the logits)."""
+    shutil.copytree(tokenizer.folder, folder)
+    base = tokenizer.config
+    labels = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
+    config = base.__class__(**{**base.to_diff_dict(), **CLASSIFIER_SIZES, **labels})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    model.save_pretrained(folder)
+    return folder

@@ -116,7 +116,9 @@ FAMILIES: tuple[Family, ...] = (
         ),
         Nllb=Tokenization("nllb", tok.SPM_OR_JSON, tok.label_prefix_targets, languages=tok.nllb_languages),
     ),
-    _classifier("bert", ClassifierLayout(classifiers.bert, "BertForSequenceClassification"), _WORDPIECE_FILES),
+    _classifier(
+        "bert", ClassifierLayout(classifiers.bert, "BertForSequenceClassification", segments=True), _WORDPIECE_FILES
+    ),
     _classifier(
         "distilbert",
         ClassifierLayout(classifiers.distilbert, "DistilBertForSequenceClassification"),
