@@ -80,6 +80,7 @@ class ModelInfo(ResponseModel):
     current: bool | None = None
     variant: str | None = None
     labels: list[str] | None = None
+    pairs: bool | None = Field(default=None, description="a classifier that takes pairs of texts (/rerank, zero-shot)")
     max_source_tokens: int | None = None
     max_new_tokens: int | None = None
     source_language: str | None = None
