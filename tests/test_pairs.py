@@ -159,3 +159,28 @@ async def test_the_api_document_describes_the_pair_bodies(pair_store) -> None:
     assert schemas["ZeroShotRequest"]["properties"]["candidate_labels"]["maxItems"] == 64
     assert "pairs" in schemas["PredictRequest"]["properties"]
     assert "/rerank" in doc["paths"] and "/zero-shot-classification" in doc["paths"]
+
+
+async def test_oip_infer_takes_a_second_bytes_input_text_pair(pair_store) -> None:
+    store, folders = pair_store
+    probs = reference(folders["nli"], [(t, "animals") for t in TEXTS])
+    probs = np.exp(probs) / np.exp(probs).sum(axis=1, keepdims=True)
+
+    def tensor(name: str, data: list[str]) -> dict[str, object]:
+        return {"name": name, "shape": [len(data)], "datatype": "BYTES", "data": data}
+
+    async with serving(store) as c:
+        body = {"inputs": [tensor("text", TEXTS), tensor("text_pair", ["animals"] * len(TEXTS))]}
+        r = await c.post("/v2/models/nli/infer", json=body)
+        assert r.status_code == 200, r.text
+        out = {o["name"]: o for o in r.json()["outputs"]}
+        assert out["probabilities"]["shape"] == [2, 3]
+        assert np.abs(np.array(out["probabilities"]["data"]).reshape(2, 3) - probs).max() <= 1e-4
+        bad = [
+            ("nli", {"inputs": [tensor("text", TEXTS), tensor("text_pair", ["a"])]}, "holds 1 texts for the 2"),
+            ("nli", {"inputs": [tensor("text", TEXTS), tensor("pair", ["a", "b"])]}, "inputs[1].name"),
+            ("tiny-clf", {"inputs": [tensor("text", ["a"]), tensor("text_pair", ["b"])]}, "takes single texts"),
+        ]
+        for name, request, fragment in bad:
+            r = await c.post(f"/v2/models/{name}/infer", json=request)
+            assert r.status_code == 422 and fragment in r.json()["error"], r.text
