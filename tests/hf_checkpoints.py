@@ -405,7 +405,8 @@ def build_classifier(tokenizer: Checkpoint, folder: Path, id2label: dict[int, st
     shutil.copytree(tokenizer.folder, folder)
     base = tokenizer.config
     labels = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
-    config = base.__class__(**{**base.to_diff_dict(), **CLASSIFIER_SIZES, **labels})
+    sizes = SMALL if base.is_encoder_decoder else CLASSIFIER_SIZES
+    config = base.__class__(**{**base.to_diff_dict(), **sizes, **labels})
     torch.manual_seed(seed)
     model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
     with torch.no_grad():

@@ -29,7 +29,8 @@ SIZES = {"vocab_size": 120, "max_position_embeddings": 64, "id2label": LABELS}
 BERT_SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 37}
 DISTILBERT_SIZES = {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 37}
 ROBERTA_IDS = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
-CLASSIFIERS = [family.model_type for family in FAMILIES if family.task == "classification"]
+# the encoder families; BART (an encoder-decoder pooled at its end token) is checked on pairs below
+CLASSIFIERS = [f.model_type for f in FAMILIES if isinstance(f.graph, ClassifierLayout) and not f.graph.pool_eos]
 
 
 def layout(family: str) -> ClassifierLayout:
@@ -277,7 +278,14 @@ PAIRS = [
 ]
 
 
-@pytest.fixture(scope="module", params=[("bert", {0: "score"}), ("roberta", LABELS)], ids=["bert", "roberta"])
+NLI = {0: "contradiction", 1: "neutral", 2: "entailment"}
+
+
+@pytest.fixture(
+    scope="module",
+    params=[("bert", {0: "score"}), ("roberta", LABELS), ("bart", NLI)],
+    ids=["bert", "roberta", "bart"],
+)
 def pair_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """(transformers' tokenizer, transformers' model, the imported engine) of one pair classifier."""
     from export.import_hf import ImportOptions, import_checkpoint

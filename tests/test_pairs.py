@@ -38,15 +38,17 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def pair_store(
-    tmp_path_factory: pytest.TempPathFactory, tiny_store: Path, bert, roberta
+    tmp_path_factory: pytest.TempPathFactory, tiny_store: Path, bert, roberta, bart
 ) -> tuple[Path, dict[str, Path]]:
-    """A store with a cross-encoder (`xenc`), an NLI model (`nli`) and the bundled single-text `tiny-clf`."""
+    """A store with a cross-encoder (`xenc`), NLI models (RoBERTa `nli`, BART `bart-nli`, the class of
+    bart-large-mnli) and the bundled single-text `tiny-clf`."""
     root = tmp_path_factory.mktemp("pairs")
     store = root / "store"
     shutil.copytree(tiny_store / "tiny-clf", store / "tiny-clf")
     folders = {
         "xenc": build_classifier(bert, root / "xenc", {0: "relevance"}, seed=3),
         "nli": build_classifier(roberta, root / "nli", NLI, seed=4),
+        "bart-nli": build_classifier(bart, root / "bart-nli", NLI, seed=5),
     }
     for name, folder in folders.items():
         import_checkpoint(folder, store, ImportOptions(name=name), log=lambda _: None)
@@ -103,20 +105,21 @@ async def test_predict_and_rerank_answer_as_transformers(pair_store) -> None:
 
 
 @pytest.mark.parametrize("multi_label", [False, True])
-async def test_zero_shot_matches_transformers_pipeline(pair_store, multi_label: bool) -> None:
+@pytest.mark.parametrize("model", ["nli", "bart-nli"])
+async def test_zero_shot_matches_transformers_pipeline(pair_store, model: str, multi_label: bool) -> None:
     store, folders = pair_store
     pipe = transformers.pipeline(
         "zero-shot-classification",
-        model=transformers.AutoModelForSequenceClassification.from_pretrained(folders["nli"]),
-        tokenizer=transformers.AutoTokenizer.from_pretrained(folders["nli"]),
+        model=transformers.AutoModelForSequenceClassification.from_pretrained(folders[model]),
+        tokenizer=transformers.AutoTokenizer.from_pretrained(folders[model]),
     )
     want = [pipe(text, candidate_labels=LABELS, multi_label=multi_label) for text in TEXTS]
     async with serving(store) as c:
-        body = {"model": "nli", "texts": TEXTS, "candidate_labels": LABELS, "multi_label": multi_label}
+        body = {"model": model, "texts": TEXTS, "candidate_labels": LABELS, "multi_label": multi_label}
         r = await c.post("/zero-shot-classification", json=body)
         assert r.status_code == 200, r.text
         answer = r.json()
-        assert (answer["model"], answer["version"]) == ("nli", 1)
+        assert (answer["model"], answer["version"]) == (model, 1)
         for got, ref in zip(answer["results"], want, strict=True):
             assert got["labels"] == ref["labels"]
             assert np.abs(np.array(got["scores"]) - np.array(ref["scores"])).max() <= 1e-4

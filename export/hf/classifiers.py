@@ -183,10 +183,11 @@ class ClassifierLayout:
     transformers class that holds them, whether positions count from the pad id (RoBERTa) and
     whether the graph takes segment ids (BERT's `token_type_ids`, IO contract 7)."""
 
-    loader: Callable[[nn.Module, int], HFClassifierGraph]  # (model, heads) -> graph over its weights
+    loader: Callable[[nn.Module, int], nn.Module]  # (model, heads) -> graph over its weights
     model_class: str  # e.g. "BertForSequenceClassification"
     positions_from_pad: bool = False  # fairseq positions: pad id + 1 + index
     segments: bool = False  # a token_type_ids input: a pair's second text is segment 1
+    pool_eos: bool = False  # an encoder-decoder read at each row's last end token (BART): no encoder-only checks
 
 
 def check_supported(config: transformers.PretrainedConfig, layout: ClassifierLayout) -> None:
@@ -197,7 +198,8 @@ def check_supported(config: transformers.PretrainedConfig, layout: ClassifierLay
     position = getattr(config, "position_embedding_type", "absolute")
     if position not in (None, "absolute"):
         problems.append(f"position_embedding_type={position!r}: only absolute position embeddings are implemented")
-    for option in ("is_decoder", "add_cross_attention", "is_encoder_decoder"):
+    refused = ("is_decoder", "add_cross_attention") + (() if layout.pool_eos else ("is_encoder_decoder",))
+    for option in refused:
         if getattr(config, option, False):
             problems.append(f"{option}=True: the graph is a bidirectional encoder without cross-attention")
     scorer = config.num_labels == 1  # a cross-encoder: one logit, read through a sigmoid
@@ -291,12 +293,16 @@ def probe_batches(config: transformers.PretrainedConfig, layout: ClassifierLayou
     longest = max_sequence_length(config, layout)
     shapes = [[longest], [1, 5, 9], [7, 7], [3, min(40, longest), 2, 17], [1]]
     pad = config.pad_token_id if config.pad_token_id is not None else 0
+    eos = config.eos_token_id if layout.pool_eos else None
     batches = []
     for lengths in shapes:
         seqs = []
         for n in lengths:
             ids = rng.integers(0, config.vocab_size - 1, size=min(n, longest))
-            seqs.append([int(i) + (i >= pad) for i in ids])  # skip the pad id
+            seq = [int(i) + (i >= pad) for i in ids]  # skip the pad id
+            if eos is not None:  # one end token, last, in every row: what the eos pooling reads
+                seq = [max(pad, eos) + 1 if i == eos else i for i in seq[:-1]] + [eos]
+            seqs.append(seq)
         ids, mask = io.pad(seqs, pad_id=pad)
         second = rng.integers(0, ids.shape[1] + 1, size=(len(seqs), 1))  # (B, 1) where segment 1 starts
         types = ((np.arange(ids.shape[1])[None, :] >= second) & (mask == 1)).astype(np.int64)  # (B, T)
@@ -328,6 +334,14 @@ def real_diff(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
     """Largest difference of two (B, H, T, T) attention tensors over real query and key positions."""
     real = (mask[:, None, :, None] * mask[:, None, None, :]).astype(bool)  # (B, 1, T, T)
     return float(np.abs(np.where(real, a - b, 0.0)).max())
+
+
+def last_attentions(output: object) -> Tensor:
+    """transformers' last layer self-attention weights: an encoder's (`attentions`), or an
+    encoder-decoder's encoder's (`encoder_attentions`, BART)."""
+    found = getattr(output, "attentions", None)
+    layers = found if found is not None else output.encoder_attentions  # type: ignore[attr-defined]
+    return layers[-1]
 
 
 def _check(name: str, logits: float, attentions: float) -> None:
@@ -363,7 +377,7 @@ def export_classifier(model: transformers.PreTrainedModel, layout: ClassifierLay
             _check(
                 "graph module vs transformers",
                 (logits - ref.logits).abs().max().item(),
-                real_diff(weights.numpy(), ref.attentions[-1].numpy(), mask),
+                real_diff(weights.numpy(), last_attentions(ref).numpy(), mask),
             )
             expected.append((logits.numpy(), weights.numpy()))
     path.parent.mkdir(parents=True, exist_ok=True)

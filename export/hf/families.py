@@ -23,7 +23,7 @@ from typing import Literal
 import transformers
 from torch import nn
 
-from export.hf import ImportProblem, classifiers, seq2seq
+from export.hf import ImportProblem, bart_classifier, classifiers, seq2seq
 from export.hf import tokenizer as tok
 from export.hf.classifiers import ClassifierLayout
 from export.hf.seq2seq import Layout
@@ -133,6 +133,11 @@ FAMILIES: tuple[Family, ...] = (
         "xlm-roberta",
         ClassifierLayout(classifiers.roberta, "XLMRobertaForSequenceClassification", positions_from_pad=True),
         tok.SPM_OR_JSON,
+    ),
+    _classifier(
+        "bart",
+        ClassifierLayout(bart_classifier.bart, "BartForSequenceClassification", pool_eos=True),
+        _BPE_FILES,
     ),
 )
 
