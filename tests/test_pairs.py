@@ -179,6 +179,9 @@ async def test_oip_infer_takes_a_second_bytes_input_text_pair(pair_store) -> Non
         out = {o["name"]: o for o in r.json()["outputs"]}
         assert out["probabilities"]["shape"] == [2, 3]
         assert np.abs(np.array(out["probabilities"]["data"]).reshape(2, 3) - probs).max() <= 1e-4
+        inputs = [i["name"] for i in (await c.get("/v2/models/nli")).json()["inputs"]]
+        assert inputs == ["text", "text_pair"]
+        assert [i["name"] for i in (await c.get("/v2/models/tiny-clf")).json()["inputs"]] == ["text"]
         bad = [
             ("nli", {"inputs": [tensor("text", TEXTS), tensor("text_pair", ["a"])]}, "holds 1 texts for the 2"),
             ("nli", {"inputs": [tensor("text", TEXTS), tensor("pair", ["a", "b"])]}, "inputs[1].name"),

@@ -39,6 +39,7 @@ from service.validation import describe_validation, field_rules
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 INPUT = schemas.OipTensorMeta(name="text", datatype="BYTES", shape=[-1])
+PAIR_INPUT = schemas.OipTensorMeta(name="text_pair", datatype="BYTES", shape=[-1])  # a pair classifier's second
 RULES = field_rules(schemas.OipInferRequest, schemas.OipTensor)
 INFER_METRIC = "/v2/models/{name}/infer"  # the versioned route counts under the same label
 INFER_DOC = (
@@ -91,8 +92,9 @@ def _metadata(call: Call, version: int | None) -> ASGIApp:
         [schemas.OipTensorMeta(name=t.name, datatype=t.datatype, shape=t.shape) for t in task.outputs()] if task else []
     )
     versions = [str(version)] if version is not None else [str(v.version) for v in loaded]
+    inputs = [INPUT, PAIR_INPUT] if task is not None and task.describe().get("pairs") else [INPUT]
     return json_answer(
-        schemas.OipModelMetadata(name=name, versions=versions, platform=PLATFORM, inputs=[INPUT], outputs=outputs)
+        schemas.OipModelMetadata(name=name, versions=versions, platform=PLATFORM, inputs=inputs, outputs=outputs)
     )
 
 
