@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import priority, tracing
-from service.http import apidocs, files, libretranslate, oip, openapi, page, rest
+from service.http import apidocs, files, libretranslate, oip, openapi, page, pairs, rest
 from service.http.auth import ApiKeys, KeyRing
 from service.http.dispatch import Endpoint, Router
 from service.http.downloads import Downloads
@@ -37,6 +37,7 @@ from service.priority import lower_priority
 from service.serving import ModelSet, freeze_heap
 from service.settings import Settings
 from service.tasks import registry
+from service.tasks.pairs import RerankRequest, ZeroShotRequest
 from service.validation import field_rules
 
 log = logging.getLogger(__name__)
@@ -111,8 +112,9 @@ def create_app(settings: Settings) -> ServiceApp:
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.serve = state
-    rules = field_rules(*(cls.Request for cls in tasks), OipInferRequest)
-    api = [*rest.routes(tasks, rules), *files.routes(), *oip.routes(), *libretranslate.routes(), *page.routes()]
+    rules = field_rules(*(cls.Request for cls in tasks), OipInferRequest, RerankRequest, ZeroShotRequest)
+    api = [*rest.routes(tasks, rules), *pairs.routes(rules), *files.routes(), *oip.routes()]
+    api += [*libretranslate.routes(), *page.routes()]
     document = openapi.builder(tuple(api), settings, state.models)
     app.table = RouteTable([*api, *openapi.routes(document), *apidocs.routes(openapi.TITLE, settings.api_pages)])
     app.openapi = document  # type: ignore[method-assign]

@@ -480,3 +480,32 @@ FAMILY_CASES = {
     "flan_t5": ("flan_t5", {"num_beams": 4, "max_length": 20, "length_penalty": 2.0}, None),
     "mt5": ("mt5", {"num_beams": 4, "max_length": 20}, None),
 }
+
+
+# -- tiny random sequence classifiers over these tokenizers (tests/test_hf_classifiers.py: pairs) --
+
+CLASSIFIER_SIZES = {
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "intermediate_size": 37,
+    "max_position_embeddings": 64,
+}
+
+
+def build_classifier(tokenizer: Checkpoint, folder: Path, id2label: dict[int, str], seed: int = 0) -> Path:
+    """A save_pretrained folder: the tokenizer's files, a tiny random `*ForSequenceClassification`
+    of its family over its vocabulary, every weight moved well off its initial value (the token
+    type table too, so a wrong segment shows in the logits)."""
+    shutil.copytree(tokenizer.folder, folder)
+    base = tokenizer.config
+    labels = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
+    sizes = SMALL if base.is_encoder_decoder else CLASSIFIER_SIZES
+    config = base.__class__(**{**base.to_diff_dict(), **sizes, **labels})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.3)
+    model.save_pretrained(folder)
+    return folder

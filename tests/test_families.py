@@ -4,7 +4,6 @@ checkpoint's declared tokenizer class names. No model is built here."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
@@ -29,14 +28,14 @@ def test_a_family_is_found_by_its_model_type() -> None:
         family_of(transformers.GPT2Config())
 
 
-def test_two_tasks_of_one_model_type_are_told_apart_by_architectures(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Adding a BART classifier is one more entry: the checkpoint's architectures pick it."""
-    bart = family_of(transformers.BartConfig())
-    classifier = dataclasses.replace(bart, task="classification")
-    monkeypatch.setattr(families, "FAMILIES", (*FAMILIES, classifier))
-    assert families.family_of(transformers.BartConfig(architectures=["BartForSequenceClassification"])) is classifier
-    assert families.family_of(transformers.BartConfig(architectures=["BartForConditionalGeneration"])) is bart
-    assert families.family_of(transformers.BartConfig()) is bart
+def test_two_tasks_of_one_model_type_are_told_apart_by_architectures() -> None:
+    """BART has a translator and a classifier entry (bart-large-mnli's class): the checkpoint's
+    architectures pick one; none named: the translator."""
+    classifier = family_of(transformers.BartConfig(architectures=["BartForSequenceClassification"]))
+    translator = family_of(transformers.BartConfig(architectures=["BartForConditionalGeneration"]))
+    assert (classifier.model_type, classifier.task) == ("bart", "classification")
+    assert (translator.model_type, translator.task) == ("bart", "translation")
+    assert family_of(transformers.BartConfig()) is translator
 
 
 @pytest.mark.parametrize(
@@ -57,3 +56,13 @@ def test_the_declared_tokenizer_class_picks_the_tokenization(
     chosen = family_of(config).tokenization_for(tmp_path)
     assert chosen.name == name
     assert (chosen.targets is tokenizer.decoder_start_targets) == (name == "mbart")
+
+
+def test_a_sequence_classifier_of_a_translator_family_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sequence classifier of a family served only as a translator is refused, never published as
+    a translator with its classification head dropped (BartForSequenceClassification was, before
+    BART had a classifier entry)."""
+    translators = tuple(f for f in FAMILIES if not (f.model_type == "bart" and f.task == "classification"))
+    monkeypatch.setattr(families, "FAMILIES", translators)
+    with pytest.raises(ImportProblem, match="bart: BartForSequenceClassification is a sequence classifier"):
+        families.family_of(transformers.BartConfig(architectures=["BartForSequenceClassification"]))

@@ -29,7 +29,8 @@ SIZES = {"vocab_size": 120, "max_position_embeddings": 64, "id2label": LABELS}
 BERT_SIZES = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 37}
 DISTILBERT_SIZES = {"dim": 32, "n_layers": 2, "n_heads": 4, "hidden_dim": 37}
 ROBERTA_IDS = {"pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2}
-CLASSIFIERS = [family.model_type for family in FAMILIES if family.task == "classification"]
+# the encoder families; BART (an encoder-decoder pooled at its end token) is checked on pairs below
+CLASSIFIERS = [f.model_type for f in FAMILIES if isinstance(f.graph, ClassifierLayout) and not f.graph.pool_eos]
 
 
 def layout(family: str) -> ClassifierLayout:
@@ -63,34 +64,38 @@ def tiny_model(family: str) -> transformers.PreTrainedModel:
     return model
 
 
-def batches(config: transformers.PretrainedConfig) -> list[tuple[np.ndarray, np.ndarray]]:
+def batches(config: transformers.PretrainedConfig) -> list[clf.Batch]:
     """Right-padded with the model's pad id: a batch of one at the longest input, one of one token,
-    mixed lengths with the longest padded against the shortest, no padding at all."""
+    mixed lengths with the longest padded against the shortest, no padding at all; token types 0
+    then 1 from a random point of each row (a pair's second text)."""
     rng = np.random.default_rng(7)
     longest = clf.max_sequence_length(config, layout(config.model_type))
     out = []
     for lengths in ([longest], [1], [longest, 3, 1, 10], [5, 12, 8, 2, 9, 30], [6, 6]):
         seqs = [[int(i) for i in rng.integers(3, config.vocab_size, size=n)] for n in lengths]  # no pad id
-        out.append(pad(seqs, pad_id=config.pad_token_id))
+        ids, mask = pad(seqs, pad_id=config.pad_token_id)
+        second = rng.integers(0, ids.shape[1] + 1, size=(len(seqs), 1))
+        out.append((ids, mask, ((np.arange(ids.shape[1]) >= second) & (mask == 1)).astype(np.int64)))
     return out
 
 
+Run = Callable[[dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]]
+
+
 def max_diffs(
-    run: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]],
-    model: transformers.PreTrainedModel,
-    config: transformers.PretrainedConfig,
+    run: Run, model: transformers.PreTrainedModel, config: transformers.PretrainedConfig
 ) -> tuple[float, float]:
     """Largest |run - transformers| of the logits (every row) and of the last layer's attention
-    weights on real query and key positions, over `batches`."""
+    weights on real query and key positions, over `batches` (token types where the family has them)."""
     worst_logits = worst_attentions = 0.0
     model.set_attn_implementation("eager")
     try:
-        for ids, mask in batches(config):
-            logits, weights = run(ids, mask)
+        for batch in batches(config):
+            inputs = clf.feeds(batch, layout(config.model_type))
+            mask = batch[1]
+            logits, weights = run(inputs)
             with torch.no_grad():
-                ref = model(
-                    input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), output_attentions=True
-                )
+                ref = model(**{k: torch.from_numpy(v) for k, v in inputs.items()}, output_attentions=True)
             assert logits.shape == tuple(ref.logits.shape) and weights.shape == tuple(ref.attentions[-1].shape)
             worst_logits = max(worst_logits, float(np.abs(logits - ref.logits.numpy()).max()))
             worst_attentions = max(worst_attentions, clf.real_diff(weights, ref.attentions[-1].numpy(), mask))
@@ -99,10 +104,10 @@ def max_diffs(
     return worst_logits, worst_attentions
 
 
-def torch_run(graph: nn.Module) -> Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    def run(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def torch_run(graph: nn.Module) -> Run:
+    def run(inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
         with torch.no_grad():
-            logits, weights = graph(torch.from_numpy(ids), torch.from_numpy(mask))
+            logits, weights = graph(**{k: torch.from_numpy(v) for k, v in inputs.items()})
         return logits.numpy(), weights.numpy()
 
     return run
@@ -121,8 +126,8 @@ def test_onnx_matches_transformers(exported) -> None:
     family, model, path = exported
     sess = session(path)
 
-    def run(ids: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        logits, weights = sess.run(None, {"input_ids": ids, "attention_mask": mask})
+    def run(inputs: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        logits, weights = sess.run(None, inputs)
         return logits, weights
 
     logits, attentions = max_diffs(run, model, model.config)
@@ -136,9 +141,11 @@ def test_graph_file_follows_the_contract(exported) -> None:
     proto = onnx.load(str(path))
     dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in proto.graph.input}
     dims |= {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in proto.graph.output}
+    segments = {"token_type_ids": ["batch", "sequence"]} if model.config.model_type == "bert" else {}
     assert dims == {
         "input_ids": ["batch", "sequence"],
         "attention_mask": ["batch", "sequence"],
+        **segments,  # BERT's segments (IO contract 7); RoBERTa, XLM-R and DistilBERT have none
         "logits": ["batch", 3],
         "attentions": ["batch", 4, "sequence", "sequence"],
     }
@@ -149,16 +156,16 @@ def test_graph_file_follows_the_contract(exported) -> None:
 def test_padding_changes_no_real_row(exported) -> None:
     """Each row answers as it would alone, whatever id fills the padding (the service's pad id 0 is
     RoBERTa's <s>): positions of real tokens do not depend on what follows them."""
-    _, model, path = exported
+    family, model, path = exported
     sess = session(path)
     seqs = [[5, 9, 17, 30, 4], [8, 11], [40]]
     for pad_id in {model.config.pad_token_id, 0}:
         ids, mask = pad(seqs, pad_id=pad_id)
-        logits, weights = sess.run(None, {"input_ids": ids, "attention_mask": mask})
+        types = mask * (np.arange(ids.shape[1]) >= 1)  # the second segment from the second token
+        logits, weights = sess.run(None, clf.feeds((ids, mask, types), layout(family)))
         for row, seq in enumerate(seqs):
-            alone, alone_weights = sess.run(
-                None, {"input_ids": ids[row : row + 1, : len(seq)], "attention_mask": mask[row : row + 1, : len(seq)]}
-            )
+            part = (ids[row : row + 1, : len(seq)], mask[row : row + 1, : len(seq)], types[row : row + 1, : len(seq)])
+            alone, alone_weights = sess.run(None, clf.feeds(part, layout(family)))
             assert np.abs(logits[row] - alone[0]).max() <= 1e-5
             assert np.abs(weights[row, :, : len(seq), : len(seq)] - alone_weights[0]).max() <= 1e-5
             assert np.all(weights[row, :, :, len(seq) :] == 0.0)  # padding takes no attention
@@ -217,11 +224,7 @@ def test_labels_refuses_missing_or_repeated_names(id2label: dict, message: str) 
         ("bert", {"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
         ("roberta", {"is_decoder": True, "add_cross_attention": True}, "is_decoder=True.*add_cross_attention=True"),
         ("bert", {"problem_type": "multi_label_classification"}, "problem_type='multi_label_classification'"),
-        (
-            "distilbert",
-            {"problem_type": "regression", "id2label": {0: "score"}},
-            "problem_type='regression'.*num_labels=1",
-        ),
+        ("distilbert", {"problem_type": "regression"}, "problem_type='regression'"),
         ("xlm-roberta", {"pruned_heads": {1: [0]}}, r"pruned_heads=\{1: \[0\]\}"),
         ("roberta", {"pad_token_id": None}, "pad_token_id=None"),
         ("bert", {"max_position_embeddings": 4}, "max_position_embeddings=4 leaves 4 positions"),
@@ -238,7 +241,7 @@ def test_a_short_position_table_is_checked_within_it(family: str, positions: int
     config = tiny_config(family, max_position_embeddings=positions)
     model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
     clf.export_classifier(model, layout(family), tmp_path / "model.onnx")
-    longest = max(ids.shape[1] for ids, _ in clf.probe_batches(config, layout(family)))
+    longest = max(ids.shape[1] for ids, *_ in clf.probe_batches(config, layout(family)))
     assert longest == clf.max_sequence_length(config, layout(family)) == 16
 
 
@@ -260,3 +263,106 @@ def test_export_refuses_a_model_past_one_file(tmp_path: Path, monkeypatch) -> No
     with pytest.raises(ImportProblem, match="GiB of weights; one ONNX file holds < 2 GiB"):
         clf.export_classifier(tiny_model("distilbert"), layout("distilbert"), tmp_path / "model.onnx")
     assert not list(tmp_path.iterdir())
+
+
+# -- pairs: a BERT cross-encoder (one label, segments) and a RoBERTa pair classifier, imported --
+
+LONG = "the quick brown fox jumps over the lazy dog near the river bank " * 6
+PAIRS = [
+    ("the cat sat on the mat", "a dog in the fog"),
+    ("x", ""),
+    (LONG, "what jumps?"),  # the first text is cut
+    ("who sleeps?", LONG),  # the second
+    (LONG, LONG[:200]),  # both, the longer keeping the odd token
+    ("Hello, world!", "Numbers 12345, 3.14 and 1,000,000."),
+]
+
+
+NLI = {0: "contradiction", 1: "neutral", 2: "entailment"}
+
+
+@pytest.fixture(
+    scope="module",
+    params=[("bert", {0: "score"}), ("roberta", LABELS), ("bart", NLI)],
+    ids=["bert", "roberta", "bart"],
+)
+def pair_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
+    """(transformers' tokenizer, transformers' model, the imported engine) of one pair classifier."""
+    from export.import_hf import ImportOptions, import_checkpoint
+    from service.engine.classifier import load_classifier
+    from service.engine.runtime import LoadOptions
+    from service.store import scan
+    from tests.hf_checkpoints import build_classifier
+
+    family, id2label = request.param
+    root = tmp_path_factory.mktemp(f"{family}-pairs")
+    folder = build_classifier(request.getfixturevalue(family), root / "ckpt", id2label)
+    import_checkpoint(folder, root / "store", ImportOptions(name=family), log=lambda _: None)
+    [entry] = scan(root / "store")
+    engine = load_classifier(entry, LoadOptions(threads=1))
+    hf_tok = transformers.AutoTokenizer.from_pretrained(folder)
+    model = transformers.AutoModelForSequenceClassification.from_pretrained(folder).eval()
+    return hf_tok, model, engine
+
+
+def test_pairs_match_transformers_on_a_padded_batch(pair_model) -> None:
+    """Framing, segments and `longest_first` truncation as transformers' tokenizer does them; logits
+    of one padded batch of pairs within 1e-4 of transformers'."""
+    hf_tok, model, engine = pair_model
+    limit = engine.codec.pair_budget + engine.codec.pair.length
+    enc = hf_tok(
+        [a for a, _ in PAIRS], [b for _, b in PAIRS], truncation="longest_first", max_length=limit, padding=True
+    )
+    rows = engine.encode_pairs(PAIRS, truncate=True)
+    mask = np.array(enc["attention_mask"])
+    assert [r.ids for r in rows] == [ids[: m.sum()] for ids, m in zip(enc["input_ids"], mask, strict=True)]
+    assert max(len(r.ids) for r in rows) == limit  # the long pairs were cut to the limit
+    if "token_type_ids" in enc:  # BERT: segment 1 from the second text on
+        types = [[int(i >= r.first) for i in range(len(r.ids))] for r in rows]
+        assert types == [t[: m.sum()] for t, m in zip(enc["token_type_ids"], mask, strict=True)]
+        assert engine.segments and any(1 in t for t in types)
+    with torch.no_grad():
+        ref = model(**{k: torch.tensor(v) for k, v in enc.items()}).logits.numpy()
+    got = engine.logits_ids([r.ids for r in rows], [r.first for r in rows])
+    assert got.shape == ref.shape
+    assert np.abs(got - ref).max() <= FP32_TOL
+    if ref.shape[1] == 1:  # a scorer: its probability is the logit's sigmoid, as transformers' pipeline reads it
+        np.testing.assert_allclose(
+            engine.classify_ids([r.ids for r in rows], [r.first for r in rows]), 1 / (1 + np.exp(-got))
+        )
+
+
+def test_single_texts_are_unchanged_by_pair_support(pair_model) -> None:
+    hf_tok, model, engine = pair_model
+    texts = ["the cat sat on the mat", "x"]
+    rows = engine.encode_rows(texts)
+    enc = hf_tok(texts, padding=True)
+    assert [r.ids for r in rows] == [
+        ids[: sum(m)] for ids, m in zip(enc["input_ids"], enc["attention_mask"], strict=True)
+    ]
+    with torch.no_grad():
+        ref = model(**{k: torch.tensor(v) for k, v in enc.items()}).logits.numpy()
+    assert np.abs(engine.logits_ids([r.ids for r in rows]) - ref).max() <= FP32_TOL
+
+
+def test_a_pair_past_the_limit_is_refused_unless_truncated(pair_model) -> None:
+    from service.errors import InputTooLong
+
+    _, _, engine = pair_model
+    with pytest.raises(InputTooLong, match=r"pairs\[0\] has \d+ tokens; this model accepts at most \d+ in a pair"):
+        engine.encode_pairs([(LONG, LONG)])
+    assert (
+        len(engine.encode_pairs([(LONG, LONG)], truncate=True)[0].ids)
+        == engine.codec.pair_budget + engine.codec.pair.length
+    )
+
+
+def test_longest_first_keeps_what_tokenizers_keeps() -> None:
+    from service.engine.tokenizer import longest_first
+
+    assert longest_first(3, 4, 10) == (3, 4)  # fits
+    assert longest_first(2, 30, 10) == (2, 8)  # only the longer is cut
+    assert longest_first(30, 2, 10) == (8, 2)
+    assert longest_first(20, 30, 11) == (5, 6)  # both: halves, the odd id to the longer
+    assert longest_first(30, 20, 11) == (6, 5)
+    assert longest_first(10, 10, 15) == (7, 8)  # equal: the second counts as the longer

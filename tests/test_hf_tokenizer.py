@@ -19,8 +19,8 @@ import sentencepiece as spm
 import transformers
 
 from export.hf import ImportProblem
-from export.hf.families import import_tokenizer
-from export.hf.tokenizer import ImportedTokenizer
+from export.hf.families import family_of, import_tokenizer
+from export.hf.tokenizer import ImportedTokenizer, convert_tokenizer
 from tests.hf_checkpoints import (
     NLLB_CODES,
     TEXTS,
@@ -242,9 +242,28 @@ def test_decoding_cleans_up_as_transformers_does(name: str, request: pytest.Fixt
     assert_decodes_like(hf, imported, "", [*punctuated, *random_ids(len(hf), 6)])
 
 
-def test_a_bart_classifier_has_no_targets(bart: Checkpoint) -> None:
+def test_a_bart_classifier_has_no_targets_and_frames_pairs(bart: Checkpoint) -> None:
     config = transformers.BartConfig(**{**bart.config.to_dict(), "architectures": ["BartForSequenceClassification"]})
-    assert import_tokenizer(bart.folder, config).targets == {}
+    imported = convert_tokenizer(bart.folder, config, family_of(bart.config).tokenization)
+    assert imported.targets == {}
+    bos, eos = imported.bos_id, imported.eos_id
+    assert imported.pair is not None  # <s> a </s></s> b </s>, as transformers' tokenizer joins a pair
+    assert (imported.pair.prefix, imported.pair.middle, imported.pair.suffix) == ([bos], [eos, eos], [eos])
+
+
+@pytest.mark.parametrize(
+    ("name", "architecture"),
+    [("bert", "BertForSequenceClassification"), ("distilbert", "DistilBertForSequenceClassification")],
+)
+def test_a_wordpiece_classifier_frames_pairs_as_cls_a_sep_b_sep(
+    request: pytest.FixtureRequest, name: str, architecture: str, marian: Checkpoint
+) -> None:
+    """[CLS] a [SEP] b [SEP] ([CLS] is id 2, [SEP] 3 in the tiny vocabulary); a translator has no pair framing."""
+    tok: Checkpoint = request.getfixturevalue(name)
+    config = tok.config.__class__(**{**tok.config.to_dict(), "architectures": [architecture]})
+    pair = import_tokenizer(tok.folder, config).pair
+    assert pair is not None and (pair.prefix, pair.middle, pair.suffix) == ([2], [3], [3])
+    assert import_tokenizer(marian.folder, marian.config).pair is None
 
 
 def refused(folder: Path, config: transformers.PretrainedConfig) -> str:

@@ -252,9 +252,11 @@ def test_limits_apply_to_the_inference_routes_only(tiny_store: Path) -> None:
         "infer",
         "libretranslate_translate",
         "libretranslate_translate_file",
+        "rerank",
         "translate_file",
         "translation",
         "version_infer",
+        "zero_shot_classification",
     ]
     for r in table.routes:
         if r.inference:  # 413 is LibreTranslate's 400

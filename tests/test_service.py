@@ -619,10 +619,10 @@ async def test_a_bug_is_a_logged_500_and_fails_only_its_batch(
     engine = state_of(app).models.models["tiny-clf"].task.engine  # type: ignore[union-attr]
     assert isinstance(engine, ClassifierEngine)
 
-    def broken(seqs: Any) -> Any:
+    def broken(seqs: Any, firsts: Any = None) -> Any:
         raise RuntimeError("simulated bug")
 
-    monkeypatch.setattr(engine, "classify_ids", broken)
+    monkeypatch.setattr(engine, "logits_ids", broken)
     r = await client.post("/predict", json={"texts": ["a"]}, headers={"X-Request-ID": "bug-1"})
     error_of(r, 500, "internal_error")
     assert "simulated" not in r.text and r.headers["x-request-id"] == "bug-1"

@@ -33,7 +33,9 @@ from service.contract.manifest import GraphSpec, TensorSpec
 
 
 class _Embeddings(nn.Module):
-    """Word (+ token type 0) + position embeddings, then LayerNorm, summed in transformers' order.
+    """Word (+ token type) + position embeddings, then LayerNorm, summed in transformers' order.
+    Token types come from a `token_type_ids` input where the family has segments (BERT), else every
+    token is in segment 0 (RoBERTa and XLM-R have a one-row table).
     `pad` None: positions 0..T-1 (BERT, DistilBERT). Otherwise fairseq positions from the ids, as
     transformers' `create_position_ids_from_input_ids`: pad + 1 + index for every id that is not the
     pad id, pad for pad ids (RoBERTa, XLM-R); with right padding, real tokens get pad + 1 + index
@@ -51,14 +53,16 @@ class _Embeddings(nn.Module):
         super().__init__()
         self.words, self.positions, self.norm, self.types, self.pad = words, positions, norm, types, pad
 
-    def forward(self, input_ids: Tensor) -> Tensor:
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
         if self.pad is None:
             pos = torch.cumsum(torch.ones_like(input_ids), dim=1) - 1  # (B, T): 0..T-1 for any T
         else:
             real = input_ids.ne(self.pad).long()
             pos = torch.cumsum(real, dim=1) * real + self.pad  # (B, T)
         x = F.embedding(input_ids, self.words.weight)  # (B, T, D)
-        if self.types is not None:
+        if self.types is not None and token_type_ids is not None:
+            x = x + F.embedding(token_type_ids, self.types.weight)
+        elif self.types is not None:
             x = x + self.types.weight[0]  # no token_type_ids input: every token is in segment 0
         return self.norm(x + F.embedding(pos, self.positions.weight))
 
@@ -95,14 +99,17 @@ class _Block(nn.Module):
 
 
 class HFClassifierGraph(nn.Module):
-    """forward(input_ids, attention_mask) -> (logits, last layer's attention weights), per the contract."""
+    """forward(input_ids, attention_mask[, token_type_ids]) -> (logits, last layer's attention
+    weights), per the contract."""
 
     def __init__(self, embeddings: _Embeddings, blocks: list[_Block], head: nn.Module) -> None:
         super().__init__()
         self.embeddings, self.blocks, self.head = embeddings, nn.ModuleList(blocks), head
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-        x = self.embeddings(input_ids)  # (B, T, D)
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, token_type_ids: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        x = self.embeddings(input_ids, token_type_ids)  # (B, T, D)
         keep = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
         # the additive mask transformers builds for eager attention: exp(min - max) is exactly 0
         bias = torch.where(keep, 0.0, torch.finfo(torch.float32).min)
@@ -127,7 +134,7 @@ def bert_block(layer: nn.Module, heads: int) -> _Block:
 
 
 def bert(model: nn.Module, heads: int) -> HFClassifierGraph:
-    """[CLS] -> tanh pooler -> classifier; token type 0 added; positions from 0."""
+    """[CLS] -> tanh pooler -> classifier; token types from the input (segments); positions from 0."""
     base, emb = model.bert, model.bert.embeddings
     if base.pooler is None:
         raise ImportProblem("bert: the model has no pooler, which the sequence classifier's head reads")
@@ -173,11 +180,14 @@ MIN_TOKENS = 8  # a position table shorter than this is refused
 @dataclass(frozen=True)
 class ClassifierLayout:
     """A BERT-family classifier's quirks: how its graph is built from the checkpoint's modules, the
-    transformers class that holds them, and whether positions count from the pad id (RoBERTa)."""
+    transformers class that holds them, whether positions count from the pad id (RoBERTa) and
+    whether the graph takes segment ids (BERT's `token_type_ids`, IO contract 7)."""
 
-    loader: Callable[[nn.Module, int], HFClassifierGraph]  # (model, heads) -> graph over its weights
+    loader: Callable[[nn.Module, int], nn.Module]  # (model, heads) -> graph over its weights
     model_class: str  # e.g. "BertForSequenceClassification"
     positions_from_pad: bool = False  # fairseq positions: pad id + 1 + index
+    segments: bool = False  # a token_type_ids input: a pair's second text is segment 1
+    pool_eos: bool = False  # an encoder-decoder read at each row's last end token (BART): no encoder-only checks
 
 
 def check_supported(config: transformers.PretrainedConfig, layout: ClassifierLayout) -> None:
@@ -188,15 +198,20 @@ def check_supported(config: transformers.PretrainedConfig, layout: ClassifierLay
     position = getattr(config, "position_embedding_type", "absolute")
     if position not in (None, "absolute"):
         problems.append(f"position_embedding_type={position!r}: only absolute position embeddings are implemented")
-    for option in ("is_decoder", "add_cross_attention", "is_encoder_decoder"):
+    refused = ("is_decoder", "add_cross_attention") + (() if layout.pool_eos else ("is_encoder_decoder",))
+    for option in refused:
         if getattr(config, option, False):
             problems.append(f"{option}=True: the graph is a bidirectional encoder without cross-attention")
-    if config.problem_type not in (None, "single_label_classification"):
+    scorer = config.num_labels == 1  # a cross-encoder: one logit, read through a sigmoid
+    if config.problem_type not in (None, "single_label_classification") and not (
+        scorer and config.problem_type == "regression"
+    ):
         problems.append(
-            f"problem_type={config.problem_type!r}: the service reads logits as one softmax over the labels"
+            f"problem_type={config.problem_type!r}: the service reads logits as one softmax over the labels "
+            "(or one logit's sigmoid)"
         )
-    if (config.num_labels or 0) < 2:
-        problems.append(f"num_labels={config.num_labels}: a classifier needs 2 labels or more (1 means regression)")
+    if (config.num_labels or 0) < 1:
+        problems.append(f"num_labels={config.num_labels}: a classifier needs a label")
     if getattr(config, "pruned_heads", None):
         problems.append(f"pruned_heads={config.pruned_heads}: every layer must keep all its heads")
     if layout.positions_from_pad and config.pad_token_id is None:
@@ -241,11 +256,11 @@ def max_sequence_length(config: transformers.PretrainedConfig, layout: Classifie
     return config.max_position_embeddings
 
 
-def graph_spec(config: transformers.PretrainedConfig) -> GraphSpec:
-    """The classifier contract's IO, with this model's label and head counts."""
-    ids = [
-        TensorSpec(name=name, dtype="int64", shape=["batch", "sequence"]) for name in (io.INPUT_IDS, io.ATTENTION_MASK)
-    ]
+def graph_spec(config: transformers.PretrainedConfig, layout: ClassifierLayout) -> GraphSpec:
+    """The classifier contract's IO, with this model's label and head counts and, where the family
+    has segments, its token_type_ids input."""
+    names = (io.INPUT_IDS, io.ATTENTION_MASK, *((io.TOKEN_TYPE_IDS,) if layout.segments else ()))
+    ids = [TensorSpec(name=name, dtype="int64", shape=["batch", "sequence"]) for name in names]
     out = [
         TensorSpec(name=io.LOGITS, dtype="float32", shape=["batch", config.num_labels]),
         TensorSpec(
@@ -267,23 +282,38 @@ def classifier_graph(model: transformers.PreTrainedModel, layout: ClassifierLayo
     return layout.loader(model, model.config.num_attention_heads).eval()
 
 
-def probe_batches(
-    config: transformers.PretrainedConfig, layout: ClassifierLayout, seed: int = 0
-) -> list[tuple[np.ndarray, np.ndarray]]:
+Batch = tuple[np.ndarray, np.ndarray, np.ndarray]  # input_ids, attention_mask, token_type_ids (B, T)
+
+
+def probe_batches(config: transformers.PretrainedConfig, layout: ClassifierLayout, seed: int = 0) -> list[Batch]:
     """Right-padded int64 batches of several sizes and lengths, one at the longest input: what an
-    export is checked on. Ids avoid the pad id, as a tokenizer's real tokens do."""
+    export is checked on. Ids avoid the pad id, as a tokenizer's real tokens do; token types are 0
+    then 1 from a random point of each row (a pair's second text), 0 on padding."""
     rng = np.random.default_rng(seed)
     longest = max_sequence_length(config, layout)
     shapes = [[longest], [1, 5, 9], [7, 7], [3, min(40, longest), 2, 17], [1]]
     pad = config.pad_token_id if config.pad_token_id is not None else 0
+    eos = config.eos_token_id if layout.pool_eos else None
     batches = []
     for lengths in shapes:
         seqs = []
         for n in lengths:
             ids = rng.integers(0, config.vocab_size - 1, size=min(n, longest))
-            seqs.append([int(i) + (i >= pad) for i in ids])  # skip the pad id
-        batches.append(io.pad(seqs, pad_id=pad))
+            seq = [int(i) + (i >= pad) for i in ids]  # skip the pad id
+            if eos is not None:  # one end token, last, in every row: what the eos pooling reads
+                seq = [max(pad, eos) + 1 if i == eos else i for i in seq[:-1]] + [eos]
+            seqs.append(seq)
+        ids, mask = io.pad(seqs, pad_id=pad)
+        second = rng.integers(0, ids.shape[1] + 1, size=(len(seqs), 1))  # (B, 1) where segment 1 starts
+        types = ((np.arange(ids.shape[1])[None, :] >= second) & (mask == 1)).astype(np.int64)  # (B, T)
+        batches.append((ids, mask, types))
     return batches
+
+
+def feeds(batch: Batch, layout: ClassifierLayout) -> dict[str, np.ndarray]:
+    """The graph's inputs for a probe batch: its token types only where the family has segments."""
+    ids, mask, types = batch
+    return {io.INPUT_IDS: ids, io.ATTENTION_MASK: mask} | ({io.TOKEN_TYPE_IDS: types} if layout.segments else {})
 
 
 @contextlib.contextmanager
@@ -306,6 +336,14 @@ def real_diff(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float:
     return float(np.abs(np.where(real, a - b, 0.0)).max())
 
 
+def last_attentions(output: object) -> Tensor:
+    """transformers' last layer self-attention weights: an encoder's (`attentions`), or an
+    encoder-decoder's encoder's (`encoder_attentions`, BART)."""
+    found = getattr(output, "attentions", None)
+    layers = found if found is not None else output.encoder_attentions  # type: ignore[attr-defined]
+    return layers[-1]
+
+
 def _check(name: str, logits: float, attentions: float) -> None:
     if logits > FP32_TOL or attentions > FP32_TOL:
         raise ExportError(f"{name}: max abs diff logits {logits:.2e}, attentions {attentions:.2e} > {FP32_TOL:.0e}")
@@ -326,19 +364,20 @@ def export_classifier(model: transformers.PreTrainedModel, layout: ClassifierLay
         raise ImportProblem(
             f"{model.config.model_type}: {size / 2**30:.2f} GiB of weights; one ONNX file holds < 2 GiB"
         )
-    spec = graph_spec(model.config)
+    spec = graph_spec(model.config, layout)
     batches = probe_batches(model.config, layout)
     with torch.no_grad(), _eager(model):
         model.eval()
         expected = []
-        for ids, mask in batches:
-            t_ids, t_mask = torch.from_numpy(ids), torch.from_numpy(mask)
-            ref = model(input_ids=t_ids, attention_mask=t_mask, output_attentions=True)
-            logits, weights = graph(t_ids, t_mask)
+        for batch in batches:
+            inputs = {k: torch.from_numpy(v) for k, v in feeds(batch, layout).items()}
+            ref = model(**inputs, output_attentions=True)
+            logits, weights = graph(**inputs)
+            mask = batch[1]
             _check(
                 "graph module vs transformers",
                 (logits - ref.logits).abs().max().item(),
-                real_diff(weights.numpy(), ref.attentions[-1].numpy(), mask),
+                real_diff(weights.numpy(), last_attentions(ref).numpy(), mask),
             )
             expected.append((logits.numpy(), weights.numpy()))
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -347,15 +386,15 @@ def export_classifier(model: transformers.PreTrainedModel, layout: ClassifierLay
     tmp = Path(tmp_name)
     try:
         with torch.no_grad():
-            ids, mask = batches[1]
-            export_graph(graph, (torch.from_numpy(ids), torch.from_numpy(mask)), spec, tmp)
+            example = tuple(torch.from_numpy(v) for v in feeds(batches[1], layout).values())
+            export_graph(graph, example, spec, tmp)
         sess = session(tmp)
-        for (ids, mask), (logits, weights) in zip(batches, expected, strict=True):
-            got_logits, got_weights = sess.run(None, {io.INPUT_IDS: ids, io.ATTENTION_MASK: mask})
+        for batch, (logits, weights) in zip(batches, expected, strict=True):
+            got_logits, got_weights = sess.run(None, feeds(batch, layout))
             _check(
                 "ONNX Runtime vs graph module",
                 float(np.abs(got_logits - logits).max()),
-                real_diff(got_weights, weights, mask),
+                real_diff(got_weights, weights, batch[1]),
             )
         tmp.replace(path)
     finally:

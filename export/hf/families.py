@@ -23,7 +23,7 @@ from typing import Literal
 import transformers
 from torch import nn
 
-from export.hf import ImportProblem, classifiers, seq2seq, t5
+from export.hf import ImportProblem, bart_classifier, classifiers, seq2seq, t5
 from export.hf import tokenizer as tok
 from export.hf.classifiers import ClassifierLayout
 from export.hf.seq2seq import Layout
@@ -131,7 +131,9 @@ FAMILIES: tuple[Family, ...] = (
     ),
     _t5("t5"),
     _t5("mt5"),
-    _classifier("bert", ClassifierLayout(classifiers.bert, "BertForSequenceClassification"), _WORDPIECE_FILES),
+    _classifier(
+        "bert", ClassifierLayout(classifiers.bert, "BertForSequenceClassification", segments=True), _WORDPIECE_FILES
+    ),
     _classifier(
         "distilbert",
         ClassifierLayout(classifiers.distilbert, "DistilBertForSequenceClassification"),
@@ -147,24 +149,35 @@ FAMILIES: tuple[Family, ...] = (
         ClassifierLayout(classifiers.roberta, "XLMRobertaForSequenceClassification", positions_from_pad=True),
         tok.SPM_OR_JSON,
     ),
+    _classifier(
+        "bart",
+        ClassifierLayout(bart_classifier.bart, "BartForSequenceClassification", pool_eos=True),
+        _BPE_FILES,
+    ),
 )
 
 
 def family_of(config: Config) -> Family:
     """The family of a checkpoint's config, or ImportProblem naming those served: the entry of its
-    `model_type`; where one model type has entries for both tasks (a BART translator and a BART
-    classifier), the one its `architectures` name (`*ForSequenceClassification`: the classifier)."""
+    `model_type`; where one model type has entries for both tasks, the one its `architectures` name
+    (`*ForSequenceClassification`: the classifier). A sequence classifier of a family served only as
+    a translator is refused, never published as a translator with its head dropped."""
     kind = getattr(config, "model_type", None)
     found = [f for f in FAMILIES if f.model_type == kind]
     if not found:
         supported = sorted({f.model_type for f in FAMILIES})
         raise ImportProblem(f"unsupported model family {kind!r} (supported: {', '.join(supported)})")
-    if len(found) == 1:
-        return found[0]
     architectures = getattr(config, "architectures", None) or []
     classifies = bool(architectures) and all(a.endswith("ForSequenceClassification") for a in architectures)
-    task = "classification" if classifies else "translation"
-    return next(f for f in found if f.task == task)
+    if not classifies:
+        return next((f for f in found if f.task == "translation"), found[0])
+    chosen = next((f for f in found if f.task == "classification"), None)
+    if chosen is None:  # e.g. a BartForSequenceClassification: never published as a translator
+        raise ImportProblem(
+            f"{kind}: {', '.join(architectures)} is a sequence classifier, and {kind} classifiers are not "
+            "supported (its classification head would be dropped)"
+        )
+    return chosen
 
 
 def import_tokenizer(folder: Path, config: Config) -> ImportedTokenizer:

@@ -32,6 +32,7 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models
 from transformers.convert_slow_tokenizer import SpmConverter
 
 from export.hf import ImportProblem
+from service.contract.manifest import PairFraming
 
 Tok = transformers.PreTrainedTokenizerBase
 
@@ -82,6 +83,7 @@ class ImportedTokenizer:
     unk_id: int
     eos_id: int | None
     bos_id: int | None
+    pair: PairFraming | None = None  # a classifier's framing of two texts (`_pair_framing`); none: translators
 
 
 SPM_OR_JSON = (("tokenizer.json",), ("sentencepiece.bpe.model",))
@@ -154,6 +156,7 @@ def convert_tokenizer(folder: Path, config: transformers.PretrainedConfig, famil
         unk_id=hf.unk_token_id,
         eos_id=hf.eos_token_id,
         bos_id=hf.bos_token_id,
+        pair=_pair_framing(hf, serving) if classifies else None,
     )
     if family.languages is not None:
         _check_languages(imported, hf.mask_token_id)
@@ -335,6 +338,31 @@ def _framing(hf: transformers.PreTrainedTokenizerBase, serving: Tokenizer) -> Fr
         if hf(text)["input_ids"] != [*framing.prefix, *serving.encode(text).ids, *framing.suffix]:
             raise ImportProblem(f"transformers frames {text!r} differently from {_FRAMING_PROBE!r}")
     return framing
+
+
+_PAIR_PROBE = ("Hello world.", "Good night, moon!")
+
+
+def _pair_framing(hf: transformers.PreTrainedTokenizerBase, serving: Tokenizer) -> PairFraming:
+    """Where transformers puts two texts' own ids among the ids of a pair (`hf(a, b)`), checked on
+    probe pairs; its token types, where it gives them, must be 0 up to the second text and 1 from
+    it on (the contract's segments)."""
+    first, second = (serving.encode(t).ids for t in _PAIR_PROBE)
+    framed = hf(*_PAIR_PROBE)["input_ids"]
+    at = _find(framed, first)
+    rest = framed[at + len(first) :]
+    at_b = _find(rest, second)
+    pair = PairFraming(prefix=framed[:at], middle=rest[:at_b], suffix=rest[at_b + len(second) :])
+    for a, b in [(PROBES[0], PROBES[1]), (PROBES[2], PROBES[0]), (PROBES[1], PROBES[11])]:
+        got = hf(a, b)
+        own_a, own_b = serving.encode(a).ids, serving.encode(b).ids
+        if got["input_ids"] != [*pair.prefix, *own_a, *pair.middle, *own_b, *pair.suffix]:
+            raise ImportProblem(f"transformers frames the pair {(a, b)!r} differently from {_PAIR_PROBE!r}")
+        head = len(pair.prefix) + len(own_a) + len(pair.middle)
+        types = got.get("token_type_ids")
+        if types is not None and any(types) and types != [0] * head + [1] * (len(got["input_ids"]) - head):
+            raise ImportProblem(f"transformers' token types of the pair {(a, b)!r} are not 0s then 1s: {types}")
+    return pair
 
 
 def _source_framing(hf: transformers.PreTrainedTokenizerBase, serving: Tokenizer, code: str) -> Framing:

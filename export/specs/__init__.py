@@ -21,7 +21,7 @@ import numpy as np
 
 from export.quantize import MAKERS
 from export.validate import ExportError
-from service.contract.manifest import Framing, Generation, GraphSpec
+from service.contract.manifest import Framing, Generation, GraphSpec, PairFraming
 
 MAX_NEW_TOKENS = 128  # a translator's limit on generated tokens, where the model allows that many
 # Real sentences whose activations set the int8 scales. With 64, one step of one held-out sentence of the
@@ -74,6 +74,7 @@ class Description:
     target_language: str | None = None
     sources: dict[str, Framing] = field(default_factory=dict)
     targets: dict[str, list[int]] = field(default_factory=dict)
+    pair: PairFraming | None = None
     generation: Generation = field(default_factory=Generation)
     skip_ids: list[int] = field(default_factory=list)
     span_rules: int = 1

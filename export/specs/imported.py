@@ -261,9 +261,10 @@ class ImportedClassifier(ImportedSpec):
         frame = self.tok.sources[""]
         return self._description(
             architecture=self.family.architecture(self.config),
-            graphs={"model": classifiers.graph_spec(self.config)},
+            graphs={"model": classifiers.graph_spec(self.config, self.layout)},
             special_tokens={"pad_id": self.tok.pad_id, "unk_id": self.tok.unk_id},
             labels=self.labels,
+            pair=self.tok.pair,
             max_source_tokens=classifiers.max_sequence_length(self.config, self.layout)
             - len(frame.prefix)
             - len(frame.suffix),

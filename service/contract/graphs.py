@@ -2,6 +2,12 @@
 
 Classifier `model.onnx`: input_ids, attention_mask (batch, sequence) -> logits (batch, labels),
 attentions (batch, heads, sequence, sequence): the last layer's self-attention weights.
+Contract 7 adds, where the family has segments (BERT), a token_type_ids input (batch, sequence):
+0 for a single text and a pair's first part, 1 for its second part, 0 on padding; the graph spec
+in the manifest says whether a graph takes it. The manifest's `pair` framing says how two texts
+are joined (`[CLS] a [SEP] b [SEP]`, `<s> a </s></s> b </s>`); no `pair`: the model takes single
+texts only. A single-logit classifier is a scorer: its probability is the logit's sigmoid.
+Translator graphs are those of contract 6; a contract 6 classifier (no pair framing) loads as before.
 
 Translator `encoder.onnx`: input_ids, attention_mask (batch, source) -> last_hidden_state,
 cross_key_values.{i}.key/value (batch, heads, source, d_k).
@@ -58,9 +64,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-IO_CONTRACT_VERSION = 6
+IO_CONTRACT_VERSION = 7
 """Bumped whenever a graph's inputs or outputs change meaning; the service refuses other versions."""
-READABLE_IO_CONTRACTS = (6,)  # 3 and 4 copy the cache each step, 5 the cross K/V per beam: re-export
+READABLE_IO_CONTRACTS = (6, 7)  # 3 and 4 copy the cache each step, 5 the cross K/V per beam: re-export
 
 SPECIAL_IDS = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3, "mask_id": 4}
 """Fixed across every model of the project (the tokenizer trainer checks it)."""
@@ -69,6 +75,7 @@ INPUT_IDS, ATTENTION_MASK, LOGITS = "input_ids", "attention_mask", "logits"
 LAST_HIDDEN_STATE, ENCODER_ATTENTION_MASK, POSITION_IDS = "last_hidden_state", "encoder_attention_mask", "position_ids"
 LOGPROBS, ATTENTIONS, CROSS_ATTENTIONS = "logprobs", "attentions", "cross_attentions"
 FOLD, UNFOLD = "fold", "unfold"
+TOKEN_TYPE_IDS = "token_type_ids"
 
 
 def kv_names(prefix: str, n_layers: int) -> list[str]:

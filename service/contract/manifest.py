@@ -62,6 +62,22 @@ class Framing(BaseModel):
     suffix: list[int] = Field(default_factory=list)
 
 
+class PairFraming(BaseModel):
+    """How a classifier joins two texts (IO contract 7): `prefix + a + middle + b + suffix` (BERT's
+    `[CLS] a [SEP] b [SEP]`, RoBERTa's `<s> a </s></s> b </s>`); where the graph takes token types,
+    `prefix + a + middle` is segment 0 and `b + suffix` segment 1."""
+
+    model_config = ConfigDict(extra="forbid")
+    prefix: list[int] = Field(default_factory=list)
+    middle: list[int] = Field(default_factory=list)
+    suffix: list[int] = Field(default_factory=list)
+
+    @property
+    def length(self) -> int:
+        """The framing's own ids, around the two texts'."""
+        return len(self.prefix) + len(self.middle) + len(self.suffix)
+
+
 class Generation(BaseModel):
     """A translator's decoding defaults (an imported checkpoint's `generation_config.json`): what a
     request gets for every option it leaves out."""
@@ -101,6 +117,7 @@ class Manifest(BaseModel):
     sources: dict[str, Framing] = Field(default_factory=dict)
     # Target language ("": the only one) -> the tokens a translation starts with (forced, score 0).
     targets: dict[str, list[int]] = Field(default_factory=dict)
+    pair: PairFraming | None = None  # IO contract 7: a classifier that takes pairs of texts; none: single texts
     generation: Generation = Field(default_factory=Generation)
     skip_ids: list[int] = Field(default_factory=list)  # ids left out of decoded text; none: the special ids
     span_rules: int = Field(default=1, ge=1, le=2)  # the masking rules it was trained with (spans.SPAN_RULES)

@@ -133,13 +133,23 @@ def uses_cuda(session: ort.InferenceSession) -> bool:
     return session.get_providers()[0] == "CUDAExecutionProvider"
 
 
-def run_classifier(session: ort.InferenceSession, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-    return session.run([graphs.LOGITS], {graphs.INPUT_IDS: ids, graphs.ATTENTION_MASK: mask})[0]
+def _classifier_feeds(ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None) -> dict[str, np.ndarray]:
+    """A classifier graph's inputs; token types only for a graph that takes them (IO contract 7)."""
+    feeds = {graphs.INPUT_IDS: ids, graphs.ATTENTION_MASK: mask}
+    return feeds if types is None else feeds | {graphs.TOKEN_TYPE_IDS: types}
 
 
-def classifier_attention(session: ort.InferenceSession, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+def run_classifier(
+    session: ort.InferenceSession, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None = None
+) -> np.ndarray:
+    return session.run([graphs.LOGITS], _classifier_feeds(ids, mask, types))[0]
+
+
+def classifier_attention(
+    session: ort.InferenceSession, ids: np.ndarray, mask: np.ndarray, types: np.ndarray | None = None
+) -> np.ndarray:
     """(B, H, S, S) self-attention weights of the classifier's last layer."""
-    return session.run([graphs.ATTENTIONS], {graphs.INPUT_IDS: ids, graphs.ATTENTION_MASK: mask})[0]
+    return session.run([graphs.ATTENTIONS], _classifier_feeds(ids, mask, types))[0]
 
 
 @dataclass(frozen=True)

@@ -1,15 +1,37 @@
-"""Text <-> token ids with the model's own tokenizer file; limits are checked, never truncated."""
+"""Text <-> token ids with the model's own tokenizer file; limits are checked, never truncated
+unless a request asks (a pair: transformers' `longest_first`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import NamedTuple
 
 from tokenizers import Encoding, Tokenizer
 
 from service.contract import spans, verbatim
 from service.contract.graphs import SPECIAL_IDS
-from service.contract.manifest import Framing, Manifest
+from service.contract.manifest import Framing, Manifest, PairFraming
 from service.errors import InputTooLong
+
+
+class Encoded(NamedTuple):
+    """A classifier input's framed ids and how many of them are in segment 0 (all of a single
+    text's; a pair's prefix, first text and middle)."""
+
+    ids: list[int]
+    first: int
+
+
+def longest_first(n1: int, n2: int, budget: int) -> tuple[int, int]:
+    """How many ids of each text of a pair are kept within `budget`, as transformers' fast
+    tokenizers truncate `longest_first` (tokenizers' `truncate_encodings`): the shorter text is kept
+    whole if the longer one can give up enough, else each keeps half the budget (the longer one
+    the odd id); the ends of the texts are cut."""
+    if n1 + n2 <= budget:
+        return n1, n2
+    short = min(n1, n2)
+    keep_short, keep_long = (short, budget - short) if short <= budget // 2 else (budget // 2, budget - budget // 2)
+    return (keep_short, keep_long) if n1 <= n2 else (keep_long, keep_short)
 
 
 class TextCodec:
@@ -29,6 +51,7 @@ class TextCodec:
         self.tok = Tokenizer.from_str(tokenizer_json.decode("utf-8"))
         self.max_tokens = max_tokens
         self.framing = framing or Framing()
+        self.pair: PairFraming | None = None  # a pair classifier's framing (`of`)
         self.unk_id = unk_id
         self._skip = frozenset(skip_ids)
         self.alphabet = spans.alphabet(self.tok.get_vocab())  # what it spells without byte tokens
@@ -46,6 +69,7 @@ class TextCodec:
         skip = m.skip_ids or [*st.values()]
         unk = st.get("unk_id", SPECIAL_IDS["unk_id"])
         codec = cls(tokenizer_json, m.max_source_tokens, framing, unk, skip, common_words.decode("utf-8").split())
+        codec.pair = m.pair
         # A tokenizer that does not go with the model would answer every text alike, 200 each time.
         size, vocab = codec.tok.get_vocab_size(with_added_tokens=True), m.architecture.get("vocab_size")
         top = max(st.values(), default=0)
@@ -69,6 +93,42 @@ class TextCodec:
                 name = names[i] if names is not None else f"texts[{i}]"
                 raise InputTooLong(f"{name} has {len(ids)} tokens; this model accepts at most {self.max_tokens}")
             out.append([*f.prefix, *ids, *f.suffix])
+        return out
+
+    def encode_rows(self, texts: Sequence[str], truncate: bool = False) -> list[Encoded]:
+        """A classifier's single texts, framed, all in segment 0; `truncate`: a text past the limit
+        loses its end instead of being refused."""
+        if truncate:
+            cut = [(enc.ids or [self.unk_id])[: self.max_tokens] for enc in self._encodings(texts)]
+            rows = [[*self.framing.prefix, *ids, *self.framing.suffix] for ids in cut]
+        else:
+            rows = self.encode(texts)
+        return [Encoded(ids, len(ids)) for ids in rows]
+
+    @property
+    def pair_budget(self) -> int:
+        """The two texts' own ids a pair may hold: the model's positions less the pair framing."""
+        assert self.pair is not None
+        return self.max_tokens + len(self.framing.prefix) + len(self.framing.suffix) - self.pair.length
+
+    def encode_pairs(self, pairs: Sequence[tuple[str, str]], truncate: bool = False) -> list[Encoded]:
+        """Pairs framed as the model's tokenizer frames them (`prefix a middle b suffix`); a pair
+        past the limit is refused, or with `truncate` cut as transformers' `longest_first` cuts it.
+        An empty text is no ids (transformers' own framing of it)."""
+        if self.pair is None:
+            raise ValueError("this model takes single texts only")
+        f, budget = self.pair, self.pair_budget
+        encs = self._encodings([t for pair in pairs for t in pair])
+        out = []
+        for i in range(len(pairs)):
+            a, b = encs[2 * i].ids, encs[2 * i + 1].ids
+            if len(a) + len(b) > budget and not truncate:
+                raise InputTooLong(
+                    f"pairs[{i}] has {len(a) + len(b)} tokens; this model accepts at most {budget} in a pair"
+                )
+            keep_a, keep_b = longest_first(len(a), len(b), budget)
+            head = [*f.prefix, *a[:keep_a], *f.middle]
+            out.append(Encoded([*head, *b[:keep_b], *f.suffix], len(head)))
         return out
 
     def _encodings(self, texts: Sequence[str]) -> list[Encoding]:

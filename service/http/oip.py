@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
@@ -40,6 +40,7 @@ from service.validation import describe_validation, field_rules
 PLATFORM = "onnxruntime_onnx"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 INPUT = schemas.OipTensorMeta(name="text", datatype="BYTES", shape=[-1])
+PAIR_INPUT = schemas.OipTensorMeta(name="text_pair", datatype="BYTES", shape=[-1])  # a pair classifier's second
 RULES = field_rules(schemas.OipInferRequest, schemas.OipTensor)
 INFER_METRIC = "/v2/models/{name}/infer"  # the versioned route counts under the same label
 INFER_DOC = (
@@ -92,8 +93,9 @@ def _metadata(call: Call, version: int | None) -> ASGIApp:
         [schemas.OipTensorMeta(name=t.name, datatype=t.datatype, shape=t.shape) for t in task.outputs()] if task else []
     )
     versions = [str(version)] if version is not None else [str(v.version) for v in loaded]
+    inputs = [INPUT, PAIR_INPUT] if task is not None and task.describe().get("pairs") else [INPUT]
     return json_answer(
-        schemas.OipModelMetadata(name=name, versions=versions, platform=PLATFORM, inputs=[INPUT], outputs=outputs)
+        schemas.OipModelMetadata(name=name, versions=versions, platform=PLATFORM, inputs=inputs, outputs=outputs)
     )
 
 
@@ -134,6 +136,7 @@ class InferRequest:
     version: int | None
     body: schemas.OipInferRequest
     texts: list[str]
+    pairs: list[str] | None = None  # the second BYTES input `text_pair`: each text's second text
 
     @property
     def parameters(self) -> Mapping[str, Any]:
@@ -148,20 +151,28 @@ class InferCodec(Codec[InferRequest, Any, Any]):
         version = call.version() if "version" in call.params else None
         head, blob = binary.split(call.body, call.header(binary.HEADER_LENGTH))
         body = _parse(head)
-        texts = _texts(body.inputs[0], blob)
+        texts, used = _texts(body.inputs[0], blob)
         schemas.check_texts(texts, settings.max_texts, settings.max_text_chars, "inputs[0].data")
-        request = InferRequest(call.params["name"], version, body, texts)
-        return Decoded(request, texts, _timeout_s(request.parameters))
+        second = _pair_texts(body.inputs[1:], blob[used:], len(texts))
+        if second is not None:
+            schemas.check_texts(second, settings.max_texts, settings.max_text_chars, "inputs[1].data")
+        request = InferRequest(call.params["name"], version, body, texts, second)
+        return Decoded(request, [*texts, *(second or [])], _timeout_s(request.parameters))
 
     def resolve(self, request: InferRequest, models: ModelSet) -> Task:
         return models.get(request.name).ready_task(request.version)
 
     def work(self, request: InferRequest, task: Task, deadline: float) -> Work:
         _wanted(request, task)  # an output the model does not have: 422 before any work
-        return decode_work(task, request.texts, request.parameters, deadline)  # checked even for no texts
+        work = decode_work(task, request.texts, request.parameters, deadline)  # checked even for no texts
+        if request.pairs is None:
+            return work
+        if not task.describe().get("pairs"):
+            raise InvalidInput(f"inputs[1]: model {task.entry.name!r} takes single texts, not a text_pair")
+        return Work((), work.options, deadline, pairs=list(zip(request.texts, request.pairs, strict=True)))
 
     async def execute(self, request: InferRequest, run: Run[Any], work: Work) -> Any:
-        return await run(work) if work.texts else None  # no texts: a zero-size batch, nothing to run
+        return await run(work) if work.texts or work.pairs else None  # none: a zero-size batch, nothing to run
 
     async def encode(self, request: InferRequest, task: Task, done: Any) -> ASGIApp:
         wanted = _wanted(request, task)
@@ -228,34 +239,46 @@ def _flag(value: object) -> bool:
     return value
 
 
-def _texts(tensor: schemas.OipTensor, blob: bytes) -> list[str]:
-    if tensor.name != "text":
-        raise InvalidInput("inputs[0].name must be 'text'")
+def _pair_texts(rest: Sequence[schemas.OipTensor], blob: bytes, n: int) -> list[str] | None:
+    """The second input `text_pair` of a pair classifier, one text per text of `text`; none: single texts."""
+    if not rest:
+        return None
+    second, _ = _texts(rest[0], blob, "inputs[1]", "text_pair")
+    if len(second) != n:
+        raise InvalidInput(f"inputs[1] (text_pair) holds {len(second)} texts for the {n} of inputs[0]")
+    return second
+
+
+def _texts(tensor: schemas.OipTensor, blob: bytes, at: str = "inputs[0]", name: str = "text") -> tuple[list[str], int]:
+    """The tensor's texts and the bytes of the binary tail they took."""
+    if tensor.name != name:
+        raise InvalidInput(f"{at}.name must be {name!r}")
     if tensor.datatype != "BYTES":
-        raise InvalidInput("inputs[0].datatype must be BYTES")
+        raise InvalidInput(f"{at}.datatype must be BYTES")
     shape = tensor.shape
     if not (len(shape) == 1 or (len(shape) == 2 and shape[1] == 1)):
-        raise InvalidInput("inputs[0].shape must be [N] or [N, 1]")
+        raise InvalidInput(f"{at}.shape must be [N] or [N, 1]")
     size = (tensor.parameters or {}).get("binary_data_size")
+    used = 0
     if size is not None:
         if tensor.data is not None:
-            raise InvalidInput("inputs[0] has both data and binary_data_size")
-        raw, _ = binary.take(blob, 0, size)
+            raise InvalidInput(f"{at} has both data and binary_data_size")
+        raw, used = binary.take(blob, 0, size)
         try:
             data: list[Any] = [b.decode("utf-8") for b in binary.decode_bytes(raw)]
         except UnicodeDecodeError:
-            raise InvalidInput("inputs[0] holds bytes that are not UTF-8 text") from None
+            raise InvalidInput(f"{at} holds bytes that are not UTF-8 text") from None
     elif tensor.data is None:
-        raise InvalidInput("inputs[0] needs data (JSON) or parameters.binary_data_size (binary)")
+        raise InvalidInput(f"{at} needs data (JSON) or parameters.binary_data_size (binary)")
     else:
         data = tensor.data
         if data and all(isinstance(d, list) for d in data):  # nested row-major form
             data = [x for row in data for x in row]
         if not all(isinstance(d, str) for d in data):
-            raise InvalidInput("inputs[0].data must hold strings (BYTES as JSON strings)")
+            raise InvalidInput(f"{at}.data must hold strings (BYTES as JSON strings)")
     if len(data) != shape[0]:  # shape [0] with no data is a zero-size batch (`empty_tensors`)
-        raise InvalidInput(f"inputs[0].shape says {shape[0]} texts but data holds {len(data)}")
-    return data
+        raise InvalidInput(f"{at}.shape says {shape[0]} texts but data holds {len(data)}")
+    return data, used
 
 
 def _respond(

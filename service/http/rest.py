@@ -83,8 +83,8 @@ class RestCodec(Codec[Q, R, R], Generic[Q, R]):
 
     async def decode(self, call: Call, settings: Settings) -> Decoded[Q]:
         body = schemas.parse_json(call.body, self.cls.rest_request, self.rules)
-        schemas.check_texts(body.texts, settings.max_texts, settings.max_text_chars)
-        return Decoded(body, body.texts, body.timeout_s)
+        schemas.check_texts(body.inputs, settings.max_texts, settings.max_text_chars)
+        return Decoded(body, body.inputs, body.timeout_s)
 
     def resolve(self, request: Q, models: ModelSet) -> Task[Q, R]:
         return models.resolve(request.model, self.cls.name, request.version)  # a model of this task, or 422

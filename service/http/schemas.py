@@ -83,6 +83,7 @@ class ModelInfo(ResponseModel):
     current: bool | None = None
     variant: str | None = None
     labels: list[str] | None = None
+    pairs: bool | None = Field(default=None, description="a classifier that takes pairs of texts (/rerank, zero-shot)")
     max_source_tokens: int | None = None
     max_new_tokens: int | None = None
     source_language: str | None = None
@@ -111,7 +112,9 @@ def _json_tensor(schema: dict[str, Any]) -> None:
 class OipTensor(StrictModel):
     model_config = StrictModel.model_config | {"json_schema_extra": _json_tensor}
 
-    name: Literal["text"] = Field(description="the one input every model here takes")
+    name: Literal["text", "text_pair"] = Field(
+        description="`text`, every model's input; `text_pair`: a pair classifier's second text of each"
+    )
     datatype: Literal["BYTES"]
     shape: list[Annotated[int, Field(ge=0), INTEGRAL]] = Field(min_length=1, max_length=2, description="[N] or [N, 1]")
     data: list[Any] | None = Field(default=None, description="absent when parameters.binary_data_size is given")
@@ -134,7 +137,8 @@ def _valid_unicode(value: str) -> str:
 class OipInferRequest(StrictModel):
     id: Annotated[str, AfterValidator(_valid_unicode)] | None = Field(default=None, max_length=256)  # echoed back
     parameters: dict[str, Any] | None = None
-    inputs: list[OipTensor] = Field(min_length=1, max_length=1)
+    # `text`; a pair classifier's second input `text_pair`, one text per text of `text`
+    inputs: list[OipTensor] = Field(min_length=1, max_length=2)
     outputs: list[OipRequestedOutput] | None = None
 
 

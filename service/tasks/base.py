@@ -77,6 +77,11 @@ class TextsRequest(StrictModel):
         """The request's own deadline option, if its body has one: it only shortens the server's."""
         return None
 
+    @property
+    def inputs(self) -> Sequence[str]:
+        """Every text the model reads for the request: what its client is charged for."""
+        return self.texts
+
 
 class AttentionRequest(TextsRequest):
     """A REST body that may ask for the model's attention, which is drawn for one text only."""
@@ -100,6 +105,7 @@ class Work:
     options: BaseModel  # an instance of the task's `Options`
     deadline: float  # time.monotonic() by which the answer is due
     attention: bool = False  # also the attention maps (one text)
+    pairs: Sequence[tuple[str, str]] = ()  # a pair classifier's inputs instead of texts (`texts` empty)
 
 
 @dataclass(frozen=True)
