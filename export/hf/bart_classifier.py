@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from export.hf import ImportProblem
-from export.hf.classifiers import _Block
+from export.hf.classifiers import Block
 
 
 def _attend(attn: nn.Module, x: Tensor, memory: Tensor, bias: Tensor, heads: int) -> Tensor:
@@ -61,7 +61,7 @@ class BartClassifierGraph(nn.Module):
         self.norm_enc, self.norm_dec = enc.layernorm_embedding, dec.layernorm_embedding
         heads_e, heads_d = config.encoder_attention_heads, config.decoder_attention_heads
         self.encoder = nn.ModuleList(
-            _Block(
+            Block(
                 (la.self_attn.q_proj, la.self_attn.k_proj, la.self_attn.v_proj),
                 la.self_attn.out_proj,
                 la.self_attn_layer_norm,

@@ -67,7 +67,7 @@ class _Embeddings(nn.Module):
         return self.norm(x + F.embedding(pos, self.positions.weight))
 
 
-class _Block(nn.Module):
+class Block(nn.Module):
     """One post-norm encoder layer over the checkpoint's linear and norm modules. The attention is
     written out here so that its weights always come back, whatever implementation the model was
     loaded with; dropout is left out (inference)."""
@@ -102,7 +102,7 @@ class HFClassifierGraph(nn.Module):
     """forward(input_ids, attention_mask[, token_type_ids]) -> (logits, last layer's attention
     weights), per the contract."""
 
-    def __init__(self, embeddings: _Embeddings, blocks: list[_Block], head: nn.Module) -> None:
+    def __init__(self, embeddings: _Embeddings, blocks: list[Block], head: nn.Module) -> None:
         super().__init__()
         self.embeddings, self.blocks, self.head = embeddings, nn.ModuleList(blocks), head
 
@@ -119,11 +119,11 @@ class HFClassifierGraph(nn.Module):
         return self.head(x[:, 0]), weights  # every family classifies from the first token
 
 
-def bert_block(layer: nn.Module, heads: int) -> _Block:
+def bert_block(layer: nn.Module, heads: int) -> Block:
     """BERT, RoBERTa and XLM-R layers: same module names, `intermediate` holds dense + activation."""
     att = layer.attention
     ffn = nn.Sequential(layer.intermediate, layer.output.dense)
-    return _Block(
+    return Block(
         (att.self.query, att.self.key, att.self.value),
         att.output.dense,
         att.output.LayerNorm,
@@ -150,7 +150,7 @@ def distilbert(model: nn.Module, heads: int) -> HFClassifierGraph:
     emb = model.distilbert.embeddings
     embeddings = _Embeddings(emb.word_embeddings, emb.position_embeddings, emb.LayerNorm, None, None)
     blocks = [
-        _Block(
+        Block(
             (b.attention.q_lin, b.attention.k_lin, b.attention.v_lin),
             b.attention.out_lin,
             b.sa_layer_norm,
