@@ -130,15 +130,28 @@ class Seq2SeqTask(Task[Q, R]):
         (`Piece`); each source's `Finished`; last, `Done` with the answer. A reader that stops
         reading (cancelled, or closing the stream: `contextlib.aclosing`) frees its rows at the
         next step."""
+        _, events = self.open(work, tokens)
+        async with contextlib.aclosing(events) as progress:
+            async for event in progress:
+                yield event
+
+    def open(self, work: Work, tokens: bool = False) -> tuple[Prepared, AsyncGenerator[Progress, None]]:
+        """The work's sources and its `stream`, refused now (busy, a bad text or option) rather
+        than at its first read: a streamed answer's errors before its first byte."""
         self.queue.refuse_if_busy(work.deadline)
         prepared, searches, first = self.sources(work.texts, cast(Decoding, work.options))
+        return prepared, self._progress(prepared, searches, first, work.deadline, tokens)
+
+    async def _progress(
+        self, prepared: Prepared, searches: list[Search], first: DecodeParams, deadline: float, tokens: bool
+    ) -> AsyncGenerator[Progress, None]:
         items = list(zip(prepared.sources, searches, strict=True))
         hyps: list[list[Hypothesis]] = [[] for _ in items]
         codec = self.engine.codec
         so_far: dict[tuple[int, int], list[int]] = {}
         if items:
             # closed with this stream (its reader left): the scheduler's frees the rows at once, not when collected
-            async with contextlib.aclosing(self.queue.stream(items, work.deadline, tokens)) as progress:
+            async with contextlib.aclosing(self.queue.stream(items, deadline, tokens)) as progress:
                 async for events in progress:
                     for event in events:
                         if isinstance(event, Tokens):

@@ -6,10 +6,11 @@ Sentences run on the model's step scheduler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -38,6 +39,7 @@ from service.tasks.base import (
     TensorSpec,
     Work,
 )
+from service.tasks.deltas import Delta, TextEvent, text_deltas
 from service.tasks.seq2seq import Seq2SeqTask
 
 MAX_NEW_TOKENS = 256  # the request bound; each model's own limit (manifest) may be lower
@@ -165,10 +167,26 @@ class TranslateRequest(AttentionRequest, DecodeOptions):
     return_attention: bool = Field(
         default=False, description="cross-attention of the best hypothesis, per sentence (one text per request)"
     )
+    stream: bool = Field(
+        default=False,
+        description="answer text/event-stream: per text its final text as deltas, a last event with its "
+        "finish_reason (and score), then [DONE]; not with num_hypotheses > 1 or return_attention",
+    )
 
     @property
     def timeout_s(self) -> float | None:
         return self.timeout_ms / 1000 if self.timeout_ms is not None else None
+
+    @property
+    def streamed(self) -> bool:
+        return self.stream
+
+    def stream_conflicts(self) -> list[str]:
+        return [
+            name
+            for name, on in (("num_hypotheses", self.num_hypotheses > 1), ("return_attention", self.return_attention))
+            if on
+        ]
 
 
 class ScoredText(ResponseModel):
@@ -266,6 +284,9 @@ class TranslationTask(Seq2SeqTask[TranslateRequest, Translated]):
         attention = await self._attention(done.prepared, done.hypotheses) if work.attention else None
         return Translated(done.outputs, attention)
 
+    def rest_events(self, body: TranslateRequest, work: Work) -> AsyncIterator[Mapping[str, object]]:
+        return _events(text_deltas(self, work), body.return_scores)
+
     def tensors(self, result: Translated) -> list[OutputTensor]:
         return [OutputTensor("translation", "BYTES", [len(result.rows)], [row[0].text for row in result.rows])]
 
@@ -287,6 +308,19 @@ class TranslationTask(Seq2SeqTask[TranslateRequest, Translated]):
                 )
             )
         return TranslateResponse(model=self.entry.name, version=self.entry.version, translations=out)
+
+
+async def _events(deltas: AsyncGenerator[TextEvent, None], scores: bool) -> AsyncGenerator[Mapping[str, object], None]:
+    """A translation's stream: `{"index", "text"}` per delta; per text, last, its `finish_reason` (and score)."""
+    async with contextlib.aclosing(deltas) as events:
+        async for event in events:
+            if isinstance(event, Delta):
+                yield {"index": event.index, "text": event.text}
+            else:
+                end: dict[str, object] = {"index": event.index, "text": "", "finish_reason": event.output.finish_reason}
+                if scores:
+                    end["score"] = finite(event.output.score)
+                yield end
 
 
 def finite(x: float) -> float:

@@ -1,0 +1,293 @@
+"""Streaming (`"stream": true`): a translation's texts as Server-Sent Events, each text's deltas
+adding up, byte for byte, to the answer the same request gets whole; refusals before the first
+byte as JSON, errors after it as events; a reader that leaves or lags frees its rows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from service.app import create_app
+from service.contract import spans
+from service.errors import DeadlineExceeded
+from service.http.events import event_stream
+from service.http.table import Protocol
+from service.settings import Settings
+from service.tasks.deltas import settled
+from tests.conftest import CHECKED_TEXTS
+from tests.helpers import metric
+
+pytestmark = pytest.mark.anyio
+
+# Texts of several lines and sentences, and with protected spans: their layout and spans must
+# come back whole and in place, whatever order the sentences end in.
+LAYOUT_TEXTS = [
+    "The red cat. A dog runs.\nOpen the window.",
+    "  The cat 5 sees http://example.org a dog.\n\nOpen the file ⟨1⟩ save.  ",
+    "A big red house. The small blue window. A blue dog runs. Open the blue window.",
+    "Open the window.\r\nThe red cat sees a dog.\n",
+]
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def parse_events(body: str) -> list[Any]:
+    """The `data:` payloads of an event stream, in order ([DONE] as the string)."""
+    out: list[Any] = []
+    for block in body.split("\n\n"):
+        if not block:
+            continue
+        assert block.startswith("data: ") and "\n" not in block, block
+        payload = block[len("data: ") :]
+        out.append(payload if payload == "[DONE]" else json.loads(payload))
+    return out
+
+
+def texts_of(events: list[Any], n: int) -> tuple[list[str], list[dict[str, Any]]]:
+    """Each text's deltas joined, and each text's last event; checks the stream's shape."""
+    assert events[-1] == "[DONE]", events[-3:]
+    joined, ends = [""] * n, [dict[str, Any]() for _ in range(n)]
+    for e in events[:-1]:
+        assert isinstance(e, dict) and "error" not in e, e
+        i = e["index"]
+        assert not ends[i], f"text {i} has an event after its last: {e}"
+        if "finish_reason" in e:
+            assert e["text"] == "", e
+            ends[i] = e
+        else:
+            assert e["text"], f"an empty delta: {e}"
+            joined[i] += e["text"]
+    assert all(ends), ends
+    return joined, ends
+
+
+# -- pure parts ---------------------------------------------------------------------------------
+
+
+def test_unmask_prefix_is_always_the_start_of_the_answer() -> None:
+    """Whatever point a sentence's translation is cut at, what is shown starts the restored text."""
+    found = ["http://example.org", "v1.2", "\x85"]
+    translations = [
+        "Öffne ⟨1⟩ und ⟨2⟩ .",
+        "⟨1⟩ ⟨2⟩ ⟨3⟩",
+        "a ⟨1⟩ ⟨1⟩ b ⟨9⟩ c",
+        "⟨2⟩x ⟨1⟩",
+        "nur Text  ",
+        "   ",
+        "⟨12 ⟨1⟩⟩ ⟨",
+    ]
+    for t in translations:
+        whole = spans.unmask(t, found)
+        for cut in range(len(t) + 1):
+            shown = spans.unmask_prefix(t[:cut], found)
+            assert whole.startswith(shown), (t, cut, shown, whole)
+    assert spans.unmask_prefix("Öffne ⟨1⟩ und", found) == "Öffne http://example.org und"
+    assert spans.unmask_prefix("Öffne ⟨1", found) == "Öffne"  # never a placeholder, nor half of one
+
+
+def test_settled_text_holds_back_what_may_change() -> None:
+    assert settled("Hallo", "Hallo Welt") == "Hallo"
+    assert settled("Hallo We", "Hallo Welt") == "Hallo We"
+    assert settled("a n", "an't") == "a"  # a clean-up rule changed the end: only the agreed part
+    assert settled("Gr\ufffd", "Gr\ufffd\ufffd") == "Gr"  # never half a character
+
+
+async def collect(app: Any, scope_extra: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """What an ASGI app sends for a GET (its messages), reading as fast as it sends."""
+    sent: list[dict[str, Any]] = []
+    done = asyncio.Event()
+
+    async def receive() -> dict[str, Any]:
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    await app(scope_extra, receive, send)
+    done.set()
+    return sent
+
+
+def scope_of(app: FastAPI) -> dict[str, Any]:
+    return {"type": "http", "app": app, "method": "POST", "path": "/translate"}
+
+
+async def events_then(items: list[dict[str, object]], error: Exception | None = None) -> AsyncIterator[Any]:
+    for item in items:
+        yield item
+        await asyncio.sleep(0)
+    if error is not None:
+        raise error
+
+
+# -- in process ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+async def app(tiny_store: Path) -> AsyncIterator[FastAPI]:
+    settings = Settings(model_store=tiny_store, threads=1, max_wait_ms=2, model_thread_priority="nice")
+    application = create_app(settings)
+    async with application.router.lifespan_context(application):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://t") as c:
+            for _ in range(1200):
+                if (await c.get("/readyz")).status_code == 200:
+                    break
+                await asyncio.sleep(0.05)
+        yield application
+
+
+@pytest.fixture
+async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as c:
+        yield c
+
+
+OPTIONS = [
+    {"decode": "greedy"},
+    {"decode": "beam", "beam_size": 4},
+    {"decode": "sample", "seed": 7, "temperature": 1.5},
+]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=["greedy", "beam4", "sample"])
+async def test_streamed_deltas_add_up_to_the_whole_answer(client: httpx.AsyncClient, options: dict[str, Any]) -> None:
+    texts = [*CHECKED_TEXTS, *LAYOUT_TEXTS]
+    for start in range(0, len(texts), 16):
+        chunk = texts[start : start + 16]
+        body = {"texts": chunk, "return_scores": True, **options}
+        whole = await client.post("/translate", json=body)
+        assert whole.status_code == 200, whole.text
+        streamed = await client.post("/translate", json=body | {"stream": True})
+        assert streamed.status_code == 200, streamed.text
+        assert streamed.headers["content-type"].startswith("text/event-stream")
+        joined, ends = texts_of(parse_events(streamed.text), len(chunk))
+        answer = whole.json()["translations"]
+        assert joined == [t["text"] for t in answer]
+        assert [e["finish_reason"] for e in ends] == [t["finish_reason"] for t in answer]
+        assert [e["score"] for e in ends] == [t["score"] for t in answer]
+
+
+async def test_a_text_streams_its_sentences_in_order(client: httpx.AsyncClient) -> None:
+    """A multi-sentence greedy text arrives in more than one delta, each starting where the last ended."""
+    text = LAYOUT_TEXTS[2]
+    r = await client.post("/translate", json={"texts": [text], "decode": "greedy", "stream": True})
+    deltas = [e["text"] for e in parse_events(r.text)[:-1] if "finish_reason" not in e]
+    assert len(deltas) > 1, deltas
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [({"num_hypotheses": 2}, "num_hypotheses"), ({"return_attention": True}, "return_attention")],
+)
+async def test_stream_refuses_what_it_cannot_carry(
+    client: httpx.AsyncClient, extra: dict[str, Any], named: str
+) -> None:
+    r = await client.post("/translate", json={"texts": ["The red cat."], "stream": True, **extra})
+    assert r.status_code == 400, r.text
+    assert r.json()["type"] == "bad_request" and named in r.json()["error"], r.json()
+
+
+async def test_refusals_before_the_first_byte_are_json(client: httpx.AsyncClient) -> None:
+    r = await client.post("/translate", json={"texts": ["The red cat."], "stream": True, "model": "nope"})
+    assert r.status_code == 404 and r.headers["content-type"] == "application/json", r.text
+    r = await client.post("/translate", json={"texts": ["The red cat."], "stream": True, "max_new_tokens": 256})
+    assert r.status_code == 422 and "max_new_tokens" in r.json()["error"], r.text
+
+
+async def test_an_error_after_the_first_byte_is_an_event(app: FastAPI) -> None:
+    stream = event_stream(events_then([{"index": 0, "text": "a"}], DeadlineExceeded("too late")), Protocol.REST)
+    sent = await collect(stream, scope_of(app))
+    assert sent[0]["type"] == "http.response.start" and sent[0]["status"] == 200
+    bodies = b"".join(m.get("body", b"") for m in sent[1:]).decode()
+    assert parse_events(bodies) == [{"index": 0, "text": "a"}, {"error": "too late", "type": "deadline_exceeded"}]
+    assert sent[-1]["more_body"] is False
+
+
+async def test_an_error_before_the_first_event_is_the_json_error(app: FastAPI) -> None:
+    sent = await collect(event_stream(events_then([], DeadlineExceeded("too late")), Protocol.REST), scope_of(app))
+    assert sent[0]["status"] == 504
+    assert json.loads(sent[1]["body"]) == {"error": "too late", "type": "deadline_exceeded"}
+
+
+async def test_a_slow_reader_is_cut_not_waited_for(app: FastAPI) -> None:
+    """The reader does not read: past the buffer the request is cancelled (its generator closed)
+    and, once the reader reads again, the stream ends with an error event."""
+    state = app.state.serve
+    bound = state.settings.stream_buffer_events
+    closed = asyncio.Event()
+
+    async def endless() -> AsyncIterator[dict[str, object]]:
+        try:
+            k = 0
+            while True:
+                yield {"index": 0, "text": str(k)}
+                k += 1
+                await asyncio.sleep(0)
+        finally:
+            closed.set()
+
+    reading = asyncio.Event()
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.Event().wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if message["type"] == "http.response.body":
+            await reading.wait()  # a reader that stalls after the first event
+
+    cut_before = metric(state.metrics.render().decode(), "inference_streams_cut_total")
+    task = asyncio.create_task(event_stream(endless(), Protocol.REST)(scope_of(app), receive, send))
+    await asyncio.wait_for(closed.wait(), 10)  # cut while the reader still stalls
+    reading.set()
+    await asyncio.wait_for(task, 10)
+    bodies = [m["body"] for m in sent if m["type"] == "http.response.body"]
+    assert len(bodies) == bound + 2  # the first, the buffer, the error event
+    assert json.loads(bodies[-1][len(b"data: ") :])["type"] == "slow_reader"
+    assert metric(state.metrics.render().decode(), "inference_streams_cut_total") == cut_before + 1
+
+
+async def test_a_reader_that_leaves_closes_the_run(app: FastAPI) -> None:
+    closed = asyncio.Event()
+    gone = asyncio.Event()
+
+    async def endless() -> AsyncIterator[dict[str, object]]:
+        try:
+            while True:
+                yield {"index": 0, "text": "x"}
+                await asyncio.sleep(0.01)
+        finally:
+            closed.set()
+
+    async def receive() -> dict[str, Any]:
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+        if len(sent) == 3:
+            gone.set()
+
+    await asyncio.wait_for(event_stream(endless(), Protocol.REST)(scope_of(app), receive, send), 10)
+    assert closed.is_set()
+    assert state_streams(app) == 0
+
+
+def state_streams(app: FastAPI) -> float:
+    return metric(app.state.serve.metrics.render().decode(), "inference_streams_in_flight")
