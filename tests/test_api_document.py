@@ -102,3 +102,11 @@ def test_a_streaming_route_states_its_event_stream(tmp_path: Path) -> None:
     assert set(answers) == {"application/json", "text/event-stream"}
     assert "[DONE]" in answers["text/event-stream"]["schema"]["description"]
     assert "text/event-stream" not in paths["/predict"]["post"]["responses"]["200"]["content"]
+
+
+@pytest.mark.parametrize("extra", [{"num_hypotheses": 2}, {"return_attention": True}, {"beam_size": 4}])
+def test_the_document_refuses_what_a_stream_cannot_carry(components: dict[str, Any], extra: dict[str, Any]) -> None:
+    """What the server answers 400 with stream (the codec's rule, not the validator's) the schema refuses too."""
+    body = {"texts": ["Open the file."], "stream": True, **extra}
+    assert schema_accepts(components, "TranslateRequest", body) == ("beam_size" in extra)
+    assert schema_accepts(components, "TranslateRequest", body | {"stream": False})

@@ -153,9 +153,16 @@ def _sentence_seed(seed: int | None, sentence: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{base}:{sentence}".encode()).digest()[:8], "big") >> 1
 
 
+ONE_OUTPUT_TO_STREAM: dict[str, Any] = {
+    "if": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+    "then": {"properties": {"num_hypotheses": {"maximum": 1}, "return_attention": {"const": False}}},
+}
+"""The API document's form of the rule "a stream carries one output per text, no attention" (a 400)."""
+
+
 class TranslateRequest(AttentionRequest, DecodeOptions):
     model_config = DecodeOptions.model_config | {
-        "json_schema_extra": {"allOf": [*_cross_field_rules()["allOf"], ONE_TEXT_FOR_ATTENTION]}
+        "json_schema_extra": {"allOf": [*_cross_field_rules()["allOf"], ONE_TEXT_FOR_ATTENTION, ONE_OUTPUT_TO_STREAM]}
     }
 
     texts: list[str] = Field(min_length=1, description="texts to translate")
