@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Mapping
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,7 @@ from service.http.table import Protocol
 from service.settings import Settings
 from service.tasks.deltas import settled
 from tests.conftest import CHECKED_TEXTS
-from tests.helpers import metric
+from tests.helpers import Server, metric, run_server, until
 
 pytestmark = pytest.mark.anyio
 
@@ -291,3 +293,58 @@ async def test_a_reader_that_leaves_closes_the_run(app: FastAPI) -> None:
 
 def state_streams(app: FastAPI) -> float:
     return metric(app.state.serve.metrics.render().decode(), "inference_streams_in_flight")
+
+
+# -- a real server --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    # four rows a step: a request of many texts runs in waves, so a reader can leave mid-way
+    log = tmp_path_factory.mktemp("stream") / "server.log"
+    with run_server(tiny_store, log, step_max_rows="4", step_express_share="0") as s:
+        yield s
+
+
+def disconnects(server: Server) -> float:
+    text = httpx.get(f"{server.url}/metrics", timeout=30).text
+    return sum(
+        float(line.split()[-1])
+        for line in text.splitlines()
+        if line.startswith("inference_cancelled_sentences_total") and 'reason="disconnect"' in line
+    )
+
+
+@pytest.mark.slow
+def test_curl_streams_as_the_docs_show(server: Server) -> None:
+    """docs/serving.md's command, and the deltas add up to the whole answer over a real socket."""
+    body = {"texts": LAYOUT_TEXTS, "decode": "greedy"}
+    whole = httpx.post(f"{server.url}/translate", json=body, timeout=60).json()["translations"]
+    assert shutil.which("curl"), "curl is needed for this test"
+    cmd = ["curl", "-sS", "-N", f"{server.url}/translate", "-H", "Content-Type: application/json"]
+    done = subprocess.run([*cmd, "-d", json.dumps(body | {"stream": True})], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    joined, ends = texts_of(parse_events(done.stdout.decode()), len(LAYOUT_TEXTS))
+    assert joined == [t["text"] for t in whole]
+    assert [e["finish_reason"] for e in ends] == [t["finish_reason"] for t in whole]
+
+
+@pytest.mark.slow
+def test_a_client_that_leaves_frees_its_rows(server: Server) -> None:
+    texts = [t for t in CHECKED_TEXTS for _ in range(2)][:64]
+    before = disconnects(server)
+    with httpx.Client(timeout=60) as c:
+        body = {"texts": texts, "decode": "greedy", "stream": True}
+        with c.stream("POST", f"{server.url}/translate", json=body) as r:
+            assert r.status_code == 200
+            first = next(r.iter_lines())
+            assert first.startswith("data: {"), first
+        # the connection is closed here, long before 64 texts at four rows a step are done
+    until("the server to count the cancelled sentences", lambda: disconnects(server) > before)
+    metrics = httpx.get(f"{server.url}/metrics", timeout=30).text
+    until(
+        "the stream to end", lambda: metric(httpx.get(f"{server.url}/metrics").text, "inference_streams_in_flight") == 0
+    )
+    assert metric(metrics, "inference_stream_first_event_seconds_count") >= 1
+    r = httpx.post(f"{server.url}/translate", json={"texts": ["The red cat."], "decode": "greedy"}, timeout=30)
+    assert r.status_code == 200 and r.json()["translations"][0]["text"], r.text
