@@ -35,6 +35,10 @@ LAYOUT_TEXTS = [
     "  The cat 5 sees http://example.org a dog.\n\nOpen the file ⟨1⟩ save.  ",
     "A big red house. The small blue window. A blue dog runs. Open the blue window.",
     "Open the window.\r\nThe red cat sees a dog.\n",
+    "",
+    " \n ",
+    "&Open the window",  # a control's label: its accelerator is put back on the whole text
+    "The cat 5 sees http://example.org a dog. Open the file ⟨1⟩ save. A dog runs.",
 ]
 
 
@@ -181,10 +185,14 @@ async def test_streamed_deltas_add_up_to_the_whole_answer(client: httpx.AsyncCli
         assert [e["score"] for e in ends] == [t["score"] for t in answer]
 
 
-async def test_a_text_streams_its_sentences_in_order(client: httpx.AsyncClient) -> None:
-    """A multi-sentence greedy text arrives in more than one delta, each starting where the last ended."""
-    text = LAYOUT_TEXTS[2]
-    r = await client.post("/translate", json={"texts": [text], "decode": "greedy", "stream": True})
+@pytest.mark.parametrize(
+    ("text", "decode"),
+    [("The red cat sees a dog.", "greedy"), (LAYOUT_TEXTS[2], "beam")],
+    ids=["greedy-tokens", "beam-sentences"],
+)
+async def test_a_text_streams_in_several_deltas(client: httpx.AsyncClient, text: str, decode: str) -> None:
+    """Greedy: one sentence arrives token by token; beam: a text of four sentences, sentence by sentence."""
+    r = await client.post("/translate", json={"texts": [text], "decode": decode, "stream": True})
     deltas = [e["text"] for e in parse_events(r.text)[:-1] if "finish_reason" not in e]
     assert len(deltas) > 1, deltas
 
