@@ -212,3 +212,29 @@ def test_a_catalog_uploaded_on_the_page_comes_back_translated(
         direct = c.post("/translate_file", files={"file": ("greetings.po", catalog.read_bytes())})
     assert shown == direct.text and expected_translation("The cat sees a dog.") in shown
     assert severe(browser) == []
+
+
+@pytest.mark.browser
+def test_a_long_text_appears_as_it_is_translated(server: Server, browser: WebDriver) -> None:
+    """The page streams the translation: the text grows in several steps, each the start of the answer."""
+    text = "The red cat. A dog runs. The small blue window."  # within MAX_TEXT_CHARS
+    browser.get(server.url + "/")
+    Select(by_id(browser, "decode")).select_by_value("greedy")
+    type_into(browser, "translate-input", text)
+    browser.execute_script(
+        """window.seen = [];
+        new MutationObserver(() => window.seen.push(document.getElementById("translation").textContent))
+          .observe(document.getElementById("translation"), {childList: true, characterData: true, subtree: true});"""
+    )
+    by_id(browser, "translate-submit").click()
+    wait_for(browser, "the cross-attention heatmap", lambda d: painted(d, "attention-map"))
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        body = {"texts": [text], "decode": "greedy"}
+        whole = c.post("/translate", json=body).json()["translations"][0]["text"]
+    assert whole == expected_translation(text)
+    seen = [t for t in browser.execute_script("return window.seen;") if t]
+    assert seen[-1] == whole
+    partial = [t for t in seen if t != whole]
+    assert len(set(partial)) >= 2, seen  # it appeared before it was complete, in more than one step
+    assert all(whole.startswith(t) for t in partial), seen
+    assert severe(browser) == []
