@@ -5,6 +5,7 @@ byte as JSON, errors after it as events; a reader that leaves or lags frees its 
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import shutil
 import subprocess
@@ -356,3 +357,25 @@ def test_a_client_that_leaves_frees_its_rows(server: Server) -> None:
     assert metric(metrics, "inference_stream_first_event_seconds_count") >= 1
     r = httpx.post(f"{server.url}/translate", json={"texts": ["The red cat."], "decode": "greedy"}, timeout=30)
     assert r.status_code == 200 and r.json()["translations"][0]["text"], r.text
+
+
+async def test_a_file_streams_its_progress_then_itself(client: httpx.AsyncClient) -> None:
+    """`/translate_file` with `stream=true`: entries done of the total as they are translated, then
+    the same file the route answers without it."""
+    lines = [t for t in CHECKED_TEXTS if "⟨" not in t][:24]
+    upload = {"file": ("notes.txt", "\n\n".join(lines).encode())}
+    whole = await client.post("/translate_file", files=upload)
+    assert whole.status_code == 200, whole.text
+    r = await client.post("/translate_file", files=upload, data={"stream": "true"})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.text
+    events = parse_events(r.text)
+    assert events[-1] == "[DONE]"
+    *progress, last = events[:-1]
+    total = len(set(lines))
+    assert progress[0] == {"done": 0, "total": total} and progress[-1] == {"done": total, "total": total}
+    assert [p["done"] for p in progress] == sorted(p["done"] for p in progress) and len(progress) > 2
+    assert base64.b64decode(last["data"]) == whole.content
+    assert last["filename"] in whole.headers["content-disposition"]
+    assert last["translated"] == int(whole.headers["x-translated-entries"])
+    bad = await client.post("/translate_file", files=upload, data={"stream": "maybe"})
+    assert bad.status_code == 422 and "stream" in bad.json()["error"]
