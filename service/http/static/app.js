@@ -44,13 +44,18 @@ async function call(path, body) {
 /** POST with "stream": true: calls `onEvent` with each Server-Sent Event's data as it arrives; a
  * refusal (JSON, before the first event) or an error event becomes an ApiError. */
 async function callStream(path, body, onEvent) {
+  return readStream(path, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ ...body, stream: true }),
+  }, onEvent);
+}
+
+/** Sends `init` to `path` and reads its answer as Server-Sent Events (see callStream). */
+async function readStream(path, init, onEvent) {
   let response;
   try {
-    response = await fetch(path, {
-      method: "POST",
-      headers: { "content-type": "application/json" },
-      body: JSON.stringify({ ...body, stream: true }),
-    });
+    response = await fetch(path, init);
   } catch (err) {
     throw new ApiError(`${path}: the service did not answer (${err.message})`);
   }
@@ -433,29 +438,34 @@ $("translate-form").addEventListener("submit", (event) => {
 
 // -- documents ---------------------------------------------------------------------------------
 
-/** The translated file of POST /translate_file, its name and the counts its headers carry. */
+/** The translated file of POST /translate_file (streamed: its progress moves the bar), its name
+ * and its counts. */
 async function translateFile(form) {
-  let response;
+  form.append("stream", "true");
+  const bar = $("document-progress");
+  bar.value = 0;
+  bar.hidden = false;
+  let file = null;
   try {
-    response = await fetch("/translate_file", { method: "POST", body: form });
-  } catch (err) {
-    throw new ApiError(`/translate_file: the service did not answer (${err.message})`);
+    await readStream("/translate_file", { method: "POST", body: form }, (e) => {
+      if (e.data === undefined) {
+        bar.max = Math.max(e.total, 1);
+        bar.value = e.done;
+      } else {
+        file = e;
+      }
+    });
+  } finally {
+    bar.hidden = true;
   }
-  if (!response.ok) {
-    let data = null;
-    try { data = await response.json(); } catch (err) { data = null; }
-    const what = data && data.error ? data.error : response.statusText || "no message";
-    throw new ApiError(`${what} (HTTP ${response.status}${data && data.type ? `, ${data.type}` : ""})`);
-  }
-  const disposition = response.headers.get("content-disposition") || "";
-  const name = /filename\*=UTF-8''([^;]+)/.exec(disposition);
-  const count = (h) => Number(response.headers.get(h) || 0);
+  if (file === null) throw new ApiError("/translate_file: the stream ended without the file");
+  const bytes = Uint8Array.from(atob(file.data), (c) => c.charCodeAt(0));
   return {
-    blob: await response.blob(),
-    name: name ? decodeURIComponent(name[1]) : "translated",
-    translated: count("x-translated-entries"),
-    kept: count("x-kept-entries"),
-    failed: count("x-failed-entries"),
+    blob: new Blob([bytes], { type: file.media_type }),
+    name: file.filename,
+    translated: file.translated,
+    kept: file.kept,
+    failed: file.failed,
   };
 }
 
