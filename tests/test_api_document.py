@@ -102,6 +102,8 @@ def test_a_streaming_route_states_its_event_stream(tmp_path: Path) -> None:
     assert set(answers) == {"application/json", "text/event-stream"}
     assert "[DONE]" in answers["text/event-stream"]["schema"]["description"]
     assert "text/event-stream" not in paths["/predict"]["post"]["responses"]["200"]["content"]
+    files = paths["/translate_file"]["post"]["responses"]["200"]["content"]
+    assert '"done"' in files["text/event-stream"]["schema"]["description"]
 
 
 @pytest.mark.parametrize("extra", [{"num_hypotheses": 2}, {"return_attention": True}, {"beam_size": 4}])

@@ -343,6 +343,10 @@ LT_TRANSLATE_FILE_DOC = """LibreTranslate's file translation: the translated fil
     answered as `translatedFileUrl`."""
 FILE = {"type": "string", "format": "binary", "description": "the document; its extension names the format"}
 FILE_ERRORS = (400, 404, 413, 422, 429, 503, 504)
+FILE_EVENTS = """With stream=true, Server-Sent Events: `data: {"done": n, "total": m}` as the file's distinct
+texts are translated, then `data: {"filename", "media_type", "data": <the file in base64>, "translated",
+"kept", "failed"}`, then `data: [DONE]`. An error after the first event is `data: {"error": ..., "type":
+...}`; before it, the JSON error and its status."""
 
 
 def routes() -> list[Route]:
@@ -352,6 +356,11 @@ def routes() -> list[Route]:
         "file": FILE,
         "model": {"type": "string", "description": "a translator; default: the only (or default) one"},
         "fuzzy": {"type": "string", "enum": ["true", "false"], "description": "translate fuzzy entries again"},
+        "stream": {
+            "type": "string",
+            "enum": ["true", "false"],
+            "description": "the progress, then the file, as events",
+        },
         "source_language": {"type": "string", "description": "a multilingual model's source language"},
         "target_language": {"type": "string", "description": "a multilingual model's target language"},
     }
@@ -374,6 +383,7 @@ def routes() -> list[Route]:
             auth=Auth.BEARER,
             errors=FILE_ERRORS,
             metric="/translate_file",
+            events=FILE_EVENTS,
             upload=True,
             doc_extra=_body(native_fields, []),
         ),

@@ -124,8 +124,8 @@ def _operation(
         }
     ok = names[(r.response, "serialization")] if r.response is not None else {}
     content = {t: {"schema": ok} for t in (r.media_type, *r.media_types)}
-    if r.streams:
-        content[EVENT_STREAM] = {"schema": {"type": "string", "description": " ".join(STREAM_EVENTS.split())}}
+    if r.events:
+        content[EVENT_STREAM] = {"schema": {"type": "string", "description": " ".join(r.events.split())}}
     op["responses"] = {"200": {"description": "Successful Response", "content": content}}
     shape = {"$ref": _REF.format(model=ERROR_SCHEMAS[r.protocol][0])}
     if 401 in access.statuses(r.auth):  # a bearer key is asked for
@@ -137,11 +137,6 @@ def _operation(
 
 
 EVENT_STREAM = "text/event-stream"
-STREAM_EVENTS = """With "stream": true, Server-Sent Events: `data: {"index": i, "text": "<delta>"}` as text i's
-output grows (its deltas joined are the text answered without stream), `data: {"index": i, "text": "",
-"finish_reason": ..., "score"?: ...}` once text i is complete, then `data: [DONE]`. An error after the first
-event is `data: {"error": ..., "type": ...}`, then the stream ends; before it, the JSON error and its status."""
-
 TEXT_LISTS = {"OipTensor": "data"}
 """Request bodies whose list of texts is not called `texts`."""
 

@@ -147,7 +147,7 @@ def routes(tasks: Iterable[type[Task]], rules: Mapping[str, str]) -> list[Route]
                 summary=cls.summary,
                 body=cls.Request,
                 response=cls.Response,
-                streams="stream" in cls.Request.model_fields,
+                events=cls.rest_events_doc,
                 auth=Auth.BEARER,
                 errors=TASK_ERRORS,
                 metric=cls.rest_path,

@@ -151,6 +151,7 @@ class Task(ABC, Generic[Q, R]):
     Options: ClassVar[type[StrictModel]]  # per-request options, whatever the protocol
     Request: ClassVar[type[TextsRequest]]  # the REST body: texts, model, version and the options
     Response: ClassVar[type[BaseModel]]  # the REST answer
+    rest_events_doc: ClassVar[str] = ""  # a REST body with `stream`: its events, for the API document
 
     def __init__(self, entry: StoreEntry, variant: str) -> None:
         self.entry, self.variant = entry, variant
