@@ -379,3 +379,17 @@ async def test_a_file_streams_its_progress_then_itself(client: httpx.AsyncClient
     assert last["translated"] == int(whole.headers["x-translated-entries"])
     bad = await client.post("/translate_file", files=upload, data={"stream": "maybe"})
     assert bad.status_code == 422 and "stream" in bad.json()["error"]
+
+
+async def test_a_burst_of_events_is_not_a_slow_reader(app: FastAPI) -> None:
+    """More events at once than the buffer holds (one step of many texts), read at once: no cut."""
+    bound = app.state.serve.settings.stream_buffer_events
+    burst = [{"index": k, "text": "x"} for k in range(3 * bound)]
+
+    async def at_once() -> AsyncIterator[dict[str, object]]:
+        for item in burst:
+            yield item  # no await between them: the sender gets no turn but at the bound
+
+    sent = await collect(event_stream(at_once(), Protocol.REST), scope_of(app))
+    events = parse_events(b"".join(m.get("body", b"") for m in sent[1:]).decode())
+    assert events == [*burst, "[DONE]"]

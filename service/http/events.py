@@ -81,7 +81,10 @@ def event_stream(events: AsyncIterator[Mapping[str, object]], protocol: Protocol
             try:
                 async with contextlib.aclosing(events) as source:  # type: ignore[type-var]
                     async for data in source:
-                        if items.qsize() >= bound:  # the reader is a buffer behind: the model does not wait
+                        while items.qsize() >= bound and not sender.blocked:  # a burst: the sender's turn
+                            sender.took.clear()
+                            await sender.took.wait()
+                        if items.qsize() >= bound:  # a buffer behind a blocked reader: the model does not wait
                             metrics.streams_cut.labels(endpoint).inc()
                             items.put_nowait(SlowReader("the client read too slowly; the request was cancelled"))
                             return
@@ -91,10 +94,11 @@ def event_stream(events: AsyncIterator[Mapping[str, object]], protocol: Protocol
                 return
             items.put_nowait(_END)
 
+        sender = _Sender(send)
         producer = asyncio.create_task(produce())
         watcher = asyncio.create_task(_until_disconnect(receive))
         try:
-            first = await _next(items, watcher)
+            first = await _next(items, watcher, sender)
             if first is None:
                 return
             if isinstance(first, BaseException):
@@ -111,14 +115,14 @@ def event_stream(events: AsyncIterator[Mapping[str, object]], protocol: Protocol
                 item = first
                 while item is not None:
                     if item is _END:
-                        await _body(send, DONE, more=False)
+                        await sender.body(DONE, more=False)
                         return
                     if isinstance(item, BaseException):
-                        await _body(send, error_event(item, protocol), more=False)
+                        await sender.body(error_event(item, protocol), more=False)
                         return
                     assert isinstance(item, bytes)
-                    await _body(send, item, more=True)
-                    item = await _next(items, watcher)
+                    await sender.body(item, more=True)
+                    item = await _next(items, watcher, sender)
             finally:
                 gauge.dec()
         finally:
@@ -129,13 +133,24 @@ def event_stream(events: AsyncIterator[Mapping[str, object]], protocol: Protocol
     return send_events
 
 
-async def _body(send: Send, body: bytes, more: bool) -> None:
-    message: Message = {"type": "http.response.body", "body": body, "more_body": more}
-    await send(message)
+class _Sender:
+    """The answer's side: whether it is inside a send the reader holds up (`blocked`), and each item it takes."""
+
+    def __init__(self, send: Send) -> None:
+        self.send, self.blocked, self.took = send, False, asyncio.Event()
+
+    async def body(self, body: bytes, more: bool) -> None:
+        message: Message = {"type": "http.response.body", "body": body, "more_body": more}
+        self.blocked = True  # only while suspended in it does the producer see this
+        try:
+            await self.send(message)
+        finally:
+            self.blocked = False
 
 
-async def _next(items: asyncio.Queue[object], watcher: asyncio.Task[None]) -> object | None:
+async def _next(items: asyncio.Queue[object], watcher: asyncio.Task[None], sender: _Sender) -> object | None:
     """The producer's next item, or None once the reader has left."""
+    sender.took.set()  # ready for more: a producer held at the bound goes on
     if not items.empty():
         return items.get_nowait()
     getter = asyncio.ensure_future(items.get())
