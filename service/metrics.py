@@ -98,6 +98,20 @@ class Metrics:
         )
         for limit in ("requests", "chars", "request_chars"):
             self.client_limited.labels(limit)
+        self.first_event = Histogram(
+            "inference_stream_first_event_seconds",
+            "Streamed answers: from the request's arrival to its first event",
+            ["endpoint"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.streams = Gauge("inference_streams_in_flight", "Streamed answers being sent", ["endpoint"], registry=r)
+        self.streams_cut = Counter(
+            "inference_streams_cut",
+            "Streamed answers cancelled because their reader fell a whole buffer behind (stream_buffer_events)",
+            ["endpoint"],
+            registry=r,
+        )
         self._answered: dict[tuple[str, str, int], tuple[Counter, Histogram]] = {}
 
     def answered(self, endpoint: str, model: str, status: int, seconds: float, trace_id: str = "") -> None:

@@ -142,6 +142,13 @@ class Settings(BaseSettings):
         description="a client over its request limit gets its 429 this long later (at most its Retry-After): "
         "a closed-loop flood then sends as fast as this allows, not as fast as the server can refuse",
     )
+    stream_buffer_events: int = Field(
+        default=256,
+        ge=1,
+        le=65536,
+        description="events a streamed answer holds for a reader slower than the model; past them its request is "
+        "cancelled and the stream ends with an error event (the scheduler never waits for a reader)",
+    )
     trusted_proxy_header: str | None = Field(
         default=None,
         pattern=r"^[A-Za-z0-9-]+$",

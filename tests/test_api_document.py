@@ -95,3 +95,21 @@ def test_libretranslate_languages_say_which_pairs_are_served() -> None:
     assert not validator.is_valid({"q": ["x"] * 5, "source": "en", "target": "de"})
     assert not validator.is_valid({"q": "x" * 101, "source": "en", "target": "de"})
     assert translate_body([], 4, 100)["properties"]["source"].get("enum") is None  # nothing served
+
+
+def test_a_streaming_route_states_its_event_stream(tmp_path: Path) -> None:
+    paths = create_app(Settings(model_store=tmp_path)).openapi()["paths"]
+    answers = paths["/translate"]["post"]["responses"]["200"]["content"]
+    assert set(answers) == {"application/json", "text/event-stream"}
+    assert "[DONE]" in answers["text/event-stream"]["schema"]["description"]
+    assert "text/event-stream" not in paths["/predict"]["post"]["responses"]["200"]["content"]
+    files = paths["/translate_file"]["post"]["responses"]["200"]["content"]
+    assert '"done"' in files["text/event-stream"]["schema"]["description"]
+
+
+@pytest.mark.parametrize("extra", [{"num_hypotheses": 2}, {"return_attention": True}, {"beam_size": 4}])
+def test_the_document_refuses_what_a_stream_cannot_carry(components: dict[str, Any], extra: dict[str, Any]) -> None:
+    """What the server answers 400 with stream (the codec's rule, not the validator's) the schema refuses too."""
+    body = {"texts": ["Open the file."], "stream": True, **extra}
+    assert schema_accepts(components, "TranslateRequest", body) == ("beam_size" in extra)
+    assert schema_accepts(components, "TranslateRequest", body | {"stream": False})

@@ -20,6 +20,7 @@ from selenium.webdriver.support.ui import Select
 
 from service.http import page
 from tests.browser import screenshot, severe, start_chromium, wait_for
+from tests.conftest import CHECKED_TEXTS
 from tests.helpers import Server, run_server
 from tests.tiny import expected_label, expected_translation
 
@@ -211,4 +212,61 @@ def test_a_catalog_uploaded_on_the_page_comes_back_translated(
     with httpx.Client(base_url=server.url, timeout=60) as c:
         direct = c.post("/translate_file", files={"file": ("greetings.po", catalog.read_bytes())})
     assert shown == direct.text and expected_translation("The cat sees a dog.") in shown
+    assert severe(browser) == []
+
+
+@pytest.mark.browser
+def test_a_long_text_appears_as_it_is_translated(server: Server, browser: WebDriver) -> None:
+    """The page streams the translation: the text grows in several steps, each the start of the answer."""
+    text = "The red cat. A dog runs. The small blue window."  # within MAX_TEXT_CHARS
+    browser.get(server.url + "/")
+    Select(by_id(browser, "decode")).select_by_value("greedy")
+    type_into(browser, "translate-input", text)
+    browser.execute_script(
+        # each record's text node: the text as each event left it (a callback may see several events at once)
+        """window.seen = [];
+        new MutationObserver((records) => {
+          for (const r of records) for (const n of r.addedNodes) window.seen.push(n.textContent);
+        }).observe(document.getElementById("translation"), {childList: true});"""
+    )
+    by_id(browser, "translate-submit").click()
+    wait_for(browser, "the cross-attention heatmap", lambda d: painted(d, "attention-map"))
+    with httpx.Client(base_url=server.url, timeout=30) as c:
+        body = {"texts": [text], "decode": "greedy"}
+        whole = c.post("/translate", json=body).json()["translations"][0]["text"]
+    assert whole == expected_translation(text)
+    seen = [t for t in browser.execute_script("return window.seen;") if t]
+    assert seen[-1] == whole
+    partial = [t for t in seen if t != whole]
+    assert len(set(partial)) >= 2, seen  # it appeared before it was complete, in more than one step
+    assert all(whole.startswith(t) for t in partial), seen
+    assert severe(browser) == []
+
+
+@pytest.mark.browser
+def test_a_file_s_progress_bar_moves(server: Server, browser: WebDriver, tmp_path: Path) -> None:
+    """The page reads `/translate_file`'s progress: the bar passes values between empty and full."""
+    texts = [t for t in CHECKED_TEXTS if len(t) <= MAX_TEXT_CHARS and "⟨" not in t][:30]
+    notes = tmp_path / "notes.txt"
+    notes.write_text("\n\n".join(texts) + "\n", encoding="utf-8")
+    browser.get(server.url + "/")
+    browser.execute_script(
+        # every value the bar took: each change's old value (a callback may see several at once)
+        """window.bar = [];
+        const bar = document.getElementById("document-progress");
+        new MutationObserver((records) => {
+          for (const r of records) if (r.oldValue !== null) window.bar.push(Number(r.oldValue));
+        }).observe(bar, {attributes: true, attributeFilter: ["value"], attributeOldValue: true});"""
+    )
+    by_id(browser, "document-file").send_keys(str(notes))
+    by_id(browser, "document-submit").click()
+    wait_for(browser, "the document counts", lambda d: by_id(d, "document-counts").is_displayed())
+    assert by_id(browser, "document-counts").text.startswith(f"{len(set(texts))} translated")
+    bar = by_id(browser, "document-progress")
+    total = float(bar.get_attribute("max") or 0)
+    seen = [*browser.execute_script("return window.bar;"), float(bar.get_attribute("value") or 0)]
+    assert total == len(set(texts)) and seen[-1] == total, seen
+    assert any(0 < value < total for value in seen), seen  # it moved before the file was done
+    assert seen[1:] == sorted(seen[1:]), seen  # from the previous file's value (or 0) it only grows
+    assert not by_id(browser, "document-progress").is_displayed()
     assert severe(browser) == []

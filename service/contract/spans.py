@@ -298,6 +298,25 @@ def unmask(translation: str, spans: tuple[str, ...] | list[str]) -> str:
     return out
 
 
+def unmask_prefix(partial: str, spans: tuple[str, ...] | list[str]) -> str:
+    """The start of `unmask(translation, spans)` that is already final when the translation only
+    begins with `partial` (a streamed sentence): a placeholder that may still grow, or whose
+    following space is not yet known, is held back, and so are trailing spaces (`unmask` trims
+    them before spans it appends); the spans missing so far are not appended."""
+    cut = partial.rfind(PLACEHOLDER_OPEN)
+    head = partial if cut < 0 or partial.find(PLACEHOLDER_CLOSE, cut) not in (-1, len(partial) - 1) else partial[:cut]
+    used: set[int] = set()
+
+    def restore(m: re.Match[str]) -> str:
+        before, k, after = m.group(1), int(m.group(2)) - 1, m.group(3)
+        if 0 <= k < len(spans) and k not in used:
+            used.add(k)
+            return before + spans[k] + after
+        return " " if before and after else ""
+
+    return _OUTPUT_PLACEHOLDER.sub(restore, head.rstrip(" ")).rstrip(" ")
+
+
 def pair_spans(
     source: str, target: str, verbatim: bool = False, words: frozenset[str] | None = None
 ) -> tuple[list[Span], list[Span]] | None:

@@ -20,6 +20,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from service.errors import DeadlineExceeded, InputTooLong, PayloadTooLarge, QueueFull
 
 Translate = Callable[[list[str]], Awaitable[list[str]]]
+Progress = Callable[[int, int], None]  # distinct segments translated so far, of how many
 RETRY_S = 0.25  # a refused chunk waits this long before it is sent again
 
 
@@ -35,10 +36,15 @@ def check_limits(segments: Sequence[str], max_segments: int, max_chars: int) -> 
 
 
 async def translate_segments(
-    segments: Sequence[str], translate: Translate, deadline: float, chunk: int = 1, parallel: int = 4
+    segments: Sequence[str],
+    translate: Translate,
+    deadline: float,
+    chunk: int = 1,
+    parallel: int = 4,
+    progress: Progress | None = None,
 ) -> list[str]:
     """`translate` applied to each distinct segment once, `chunk` texts a call, at most `parallel`
-    calls at a time; the translations in the order of `segments`."""
+    calls at a time; the translations in the order of `segments`. `progress` hears of each chunk done."""
     unique = list(dict.fromkeys(segments))
     done: dict[str, str] = {}
     gate = asyncio.Semaphore(parallel)
@@ -64,6 +70,8 @@ async def translate_segments(
                     except (InputTooLong, PayloadTooLarge):  # one text over a limit fails its own unit, not the file
                         out.append("")
             done.update(zip(texts, out, strict=True))
+            if progress is not None:
+                progress(len(done), len(unique))
 
     tasks = [asyncio.ensure_future(one(unique[i : i + chunk])) for i in range(0, len(unique), chunk)]
     try:

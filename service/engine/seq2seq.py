@@ -62,6 +62,12 @@ class Preparation(Protocol[P]):
     ) -> list[list[Generated]]:
         """Per text, its n-best outputs, best first, from each source's hypotheses (best first)."""
 
+    def visible(self, prepared: P, index: int, outputs: Sequence[str], partial: str) -> str:
+        """The start of text `index`'s output that is final (a stream may show it): `outputs`,
+        the decoded best output of its first sources, in order; `partial`, the next one's text so
+        far (final as text: no half character). Once `outputs` holds every source of the text, it
+        is the text `assemble` gives for those outputs."""
+
 
 class WholeText:
     """Text-to-text: each text is one source, read whole (no lines, sentences or masks), framed
@@ -81,3 +87,7 @@ class WholeText:
         return [
             [Generated(self.codec.decode(h.tokens), h.score, h.logprob, h.finish_reason) for h in row] for row in hyps
         ]
+
+    def visible(self, prepared: Prepared, index: int, outputs: Sequence[str], partial: str) -> str:
+        """The output once it ends, else what it reads so far."""
+        return outputs[0] if outputs else partial

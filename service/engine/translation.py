@@ -80,6 +80,26 @@ class Translation:
         sentences = [seg.text for layout in layouts for seg in layout.segments]
         return Sentences(codec.encode(sentences, names, framing), owner, (), layouts)
 
+    def visible(self, prepared: Sentences, index: int, outputs: Sequence[str], partial: str) -> str:
+        """The text's layout up to its first unfinished sentence, spans restored, then what is
+        final of that sentence's translation so far (`spans.unmask_prefix`). A control's label
+        shows nothing before it ends: its accelerator is put back on the whole text."""
+        layout = prepared.layouts[index]
+        if len(outputs) >= len(layout.segments):
+            return text.join(layout, list(outputs))
+        if layout.label is not None:
+            return ""
+        out = []
+        for piece in layout.pieces:
+            if isinstance(piece, str):
+                out.append(piece)
+            elif piece < len(outputs):
+                out.append(spans.unmask(outputs[piece], layout.segments[piece].spans))
+            else:
+                out.append(spans.unmask_prefix(partial, layout.segments[piece].spans))
+                break
+        return "".join(out)
+
     def assemble(
         self, prepared: Sentences, hyps: Sequence[Sequence[Hypothesis]], length_penalty: float
     ) -> list[list[Generated]]:

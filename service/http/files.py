@@ -10,9 +10,10 @@ download URL. docs/documents.md has the rules and limits.
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
@@ -31,6 +32,7 @@ from service.errors import InvalidDocument, InvalidInput
 from service.http.dispatch import json_answer
 from service.http.downloads import Downloads, safe_filename
 from service.http.errors import NotFound
+from service.http.events import event_stream
 from service.http.libretranslate import check_key, language_choices, served_pairs, source_of, translator
 from service.http.pipeline import Codec, Decoded, Run
 from service.http.scope import Call
@@ -94,6 +96,19 @@ class FileRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class ProgressFileRequest(FileRequest):
+    """The native route's with `stream=true`: its progress as events, then the file in the last one."""
+
+
+@dataclass(frozen=True, slots=True)
+class FileRun:
+    """A file's run that becomes its answer's stream: the run and the work, not yet started."""
+
+    run: Run[Translated]
+    work: Work
+
+
+@dataclass(frozen=True, slots=True)
 class KeptFileRequest(FileRequest):
     """LibreTranslate's: the translated file is kept (`downloads`) and its URL answered."""
 
@@ -112,9 +127,10 @@ async def _parsed(upload: Upload, fmt: Format, settings: Settings) -> tuple[Pars
 
 
 F = TypeVar("F", bound=FileRequest)
+Out = TypeVar("Out")  # what the codec's run gives its encoder: the translations, or a run to stream
 
 
-class FileCodec(Codec[F, Translated, list[str]], Generic[F]):
+class FileCodec(Codec[F, Translated, Out], Generic[F, Out]):
     """A document's codec: its distinct segments are the work, translated a few at a time
     (`service.documents.runner`) before the file's deadline (the settings' file timeout), and the
     file rendered again with them; the two protocols differ in their fields and their answer."""
@@ -131,13 +147,18 @@ class FileCodec(Codec[F, Translated, list[str]], Generic[F]):
             raise InvalidInput(describe_validation(exc.errors(), {})) from None
         return Work(request.unique, options, deadline)
 
-    async def execute(self, request: F, run: Run[Translated], work: Work) -> list[str]:
+    async def translate(
+        self, request: F, run: Run[Translated], work: Work, progress: runner.Progress | None = None
+    ) -> list[str]:
         """The translation of each segment, in the file's order."""
 
         async def best(texts: list[str]) -> list[str]:
             return [row[0].text for row in (await run(replace(work, texts=texts))).rows]
 
-        return await runner.translate_segments(request.parsed.segments, best, work.deadline, parallel=request.parallel)
+        segments = request.parsed.segments
+        return await runner.translate_segments(
+            segments, best, work.deadline, parallel=request.parallel, progress=progress
+        )
 
     def document_attributes(self, request: F) -> Mapping[str, AttributeValue]:
         """The document's span: its segments, distinct segments and characters."""
@@ -165,9 +186,11 @@ class FileCodec(Codec[F, Translated, list[str]], Generic[F]):
         return await asyncio.to_thread(request.parsed.render, done, info)
 
 
-class NativeFileCodec(FileCodec[FileRequest]):
+class NativeFileCodec(FileCodec[FileRequest, "list[str] | FileRun"]):
     """`POST /translate_file`: the file and `model`, `fuzzy`, `source_language`, `target_language`
-    fields in; the translated file out, with the counts in headers."""
+    fields in; the translated file out, with the counts in headers. With `stream=true`, events
+    (`service.http.events`): `{"done", "total"}` as its distinct texts are translated, then the
+    file in one event (`data` in base64, `filename`, `media_type` and the counts)."""
 
     async def decode(self, call: Call, settings: Settings) -> Decoded[FileRequest]:
         upload = await read_upload(call)
@@ -178,26 +201,72 @@ class NativeFileCodec(FileCodec[FileRequest]):
         parsed, unique = await _parsed(upload, fmt, settings)
         fields = upload.fields
         model, source, target = fields.get("model"), fields.get("source_language"), fields.get("target_language")
-        request = FileRequest(upload, fmt, parsed, unique, settings.file_segments_in_flight, model, source, target)
+        stream = fields.get("stream", "false").lower()
+        if stream not in ("true", "false", "1", "0"):
+            raise InvalidInput("stream must be true or false")
+        kind = ProgressFileRequest if stream in ("true", "1") else FileRequest
+        request = kind(upload, fmt, parsed, unique, settings.file_segments_in_flight, model, source, target)
         return Decoded(request, unique)
 
     def resolve(self, request: FileRequest, models: ModelSet) -> Task[Any, Translated]:
         return models.resolve(request.model or None, TranslationTask.name, None)
 
-    async def encode(self, request: FileRequest, task: Task[Any, Translated], done: list[str]) -> ASGIApp:
+    async def execute(self, request: FileRequest, run: Run[Translated], work: Work) -> list[str] | FileRun:
+        if isinstance(request, ProgressFileRequest):
+            return FileRun(run, work)
+        return await self.translate(request, run, work)
+
+    async def encode(self, request: FileRequest, task: Task[Any, Translated], done: list[str] | FileRun) -> ASGIApp:
+        if isinstance(done, FileRun):
+            return event_stream(self._progress(request, task, done), Protocol.REST)
         rendered = await self.render(request, task, done)
-        target = str(request.target or task.describe().get("target_language") or "translated")
         headers = {
             "content-type": request.fmt.media_type,
-            "content-disposition": _disposition(output_name(request.upload.filename, target)),
+            "content-disposition": _disposition(self.filename(request, task)),
             "x-translated-entries": str(rendered.translated),
             "x-kept-entries": str(rendered.kept),
             "x-failed-entries": str(rendered.failed),
         }
         return Response(rendered.data, headers=headers)
 
+    def filename(self, request: FileRequest, task: Task[Any, Translated]) -> str:
+        return output_name(
+            request.upload.filename, str(request.target or task.describe().get("target_language") or "translated")
+        )
 
-class LtFileCodec(FileCodec[KeptFileRequest]):
+    async def _progress(
+        self, request: FileRequest, task: Task[Any, Translated], file: FileRun
+    ) -> AsyncGenerator[Mapping[str, object], None]:
+        """The file's progress as events while it is translated (a task of its own), then the file."""
+        counts: asyncio.Queue[tuple[int, int]] = asyncio.Queue()
+        total = len(request.unique)
+        yield {"done": 0, "total": total}
+        running = asyncio.ensure_future(
+            self.translate(request, file.run, file.work, lambda n, of: counts.put_nowait((n, of)))
+        )
+        try:
+            while not running.done() or not counts.empty():
+                waiting = asyncio.ensure_future(counts.get())
+                await asyncio.wait({waiting, running}, return_when=asyncio.FIRST_COMPLETED)
+                if waiting.done():
+                    done, of = waiting.result()
+                    yield {"done": done, "total": of}
+                else:
+                    waiting.cancel()
+            rendered = await self.render(request, task, running.result())
+        finally:
+            running.cancel()  # a reader that left: the file's requests leave the scheduler
+        yield {
+            "filename": self.filename(request, task),
+            "media_type": request.fmt.media_type,
+            "data": base64.b64encode(rendered.data).decode("ascii"),
+            "translated": rendered.translated,
+            "kept": rendered.kept,
+            "failed": rendered.failed,
+        }
+
+
+class LtFileCodec(FileCodec[KeptFileRequest, list[str]]):
     """LibreTranslate's `translate_file`: the file with `source`, `target` (and `api_key`) in; the
     translated file kept for a while and its URL out, as `translatedFileUrl`."""
 
@@ -223,6 +292,9 @@ class LtFileCodec(FileCodec[KeptFileRequest]):
 
     def languages(self, request: KeptFileRequest, task: Task[Any, Translated]) -> tuple[str | None, str | None]:
         return source_of(task, request.source or "", request.target or ""), request.target
+
+    async def execute(self, request: KeptFileRequest, run: Run[Translated], work: Work) -> list[str]:
+        return await self.translate(request, run, work)
 
     async def encode(self, request: KeptFileRequest, task: Task[Any, Translated], done: list[str]) -> ASGIApp:
         rendered = await self.render(request, task, done)
@@ -306,6 +378,12 @@ def lt_file_doc(settings: Settings, served: Served) -> dict[str, Any]:
     return doc
 
 
+FILE_EVENTS = """With stream=true, Server-Sent Events: `data: {"done": n, "total": m}` as the file's distinct
+texts are translated, then `data: {"filename", "media_type", "data": <the file in base64>, "translated",
+"kept", "failed"}`, then `data: [DONE]`. An error after the first event is `data: {"error": ..., "type":
+...}`; before it, the JSON error and its status."""
+
+
 def routes() -> list[Route]:
     types = tuple(dict.fromkeys(f.media_type for f in registry.FORMATS))
     lt = Protocol.LIBRETRANSLATE
@@ -313,6 +391,11 @@ def routes() -> list[Route]:
         "file": FILE,
         "model": {"type": "string", "description": "a translator; default: the only (or default) one"},
         "fuzzy": {"type": "string", "enum": ["true", "false"], "description": "translate fuzzy entries again"},
+        "stream": {
+            "type": "string",
+            "enum": ["true", "false"],
+            "description": "the progress, then the file, as events",
+        },
         "source_language": {"type": "string", "description": "a multilingual model's source language"},
         "target_language": {"type": "string", "description": "a multilingual model's target language"},
     }
@@ -329,6 +412,7 @@ def routes() -> list[Route]:
             auth=Auth.BEARER,
             errors=FILE_ERRORS,
             metric="/translate_file",
+            events=FILE_EVENTS,
             upload=True,
             doc_extra=_body(native_fields, []),
         ),

@@ -145,6 +145,8 @@ def _operation(
         }
     ok = names[(r.response, "serialization")] if r.response is not None else {}
     content = {t: {"schema": ok} for t in (r.media_type, *r.media_types)}
+    if r.events:
+        content[EVENT_STREAM] = {"schema": {"type": "string", "description": " ".join(r.events.split())}}
     op["responses"] = {"200": {"description": "Successful Response", "content": content}}
     shape = {"$ref": _REF.format(model=ERROR_SCHEMAS[r.protocol][0])}
     if 401 in access.statuses(r.auth):  # a bearer key is asked for
@@ -155,6 +157,7 @@ def _operation(
     return op
 
 
+EVENT_STREAM = "text/event-stream"
 TEXT_LISTS = {"OipTensor": "data"}
 """Request bodies whose list of texts is not called `texts`."""
 

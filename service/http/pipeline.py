@@ -13,7 +13,8 @@ in this order, for every protocol:
 4. per-client limits and charging (413, 429);
 5. model resolution (404, 422, 503), the model named in the access log and metrics;
 6. the codec's work for that model (its options checked against it: 422);
-7. the run (the task's queue: 429, 504), then the codec's answer.
+7. the run (the task's queue: 429, 504), then the codec's answer; a streamed answer
+   (`service.http.events`) is the run itself, its headers sent with its first event.
 
 With tracing on (`service.tracing`), `serve` wraps the same path in the request's SERVER span
 (`traced`): the task's traced run adds its parts as children; an error or a client gone is an event

@@ -8,18 +8,20 @@ its task (`RestCodec`): the body as the task's own request model, the task's neu
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from service.errors import NotReady, ShuttingDown
+from service.errors import BadRequest, NotReady, ShuttingDown
 from service.http import schemas
 from service.http.dispatch import json_answer
+from service.http.events import event_stream
 from service.http.pipeline import Codec, Decoded, Run
 from service.http.scope import Call
 from service.http.state import scope_state
-from service.http.table import Auth, Route
+from service.http.table import Auth, Protocol, Route
 from service.metrics import CONTENT_TYPE
 from service.serving import ModelSet, VersionView
 from service.settings import Settings
@@ -75,8 +77,16 @@ async def list_models(call: Call) -> ASGIApp:
     return json_answer(schemas.ModelsResponse(models=[model_info(v) for v in snapshot.versions]))
 
 
-class RestCodec(Codec[Q, R, R], Generic[Q, R]):
-    """A task's native REST API: its `Request` body in, its `Response` out."""
+@dataclass(frozen=True)
+class Streamed:
+    """A run that becomes the answer's stream: the work, not yet run."""
+
+    work: Work
+
+
+class RestCodec(Codec[Q, R, "R | Streamed"], Generic[Q, R]):
+    """A task's native REST API: its `Request` body in, its `Response` out; with `"stream": true`,
+    its events (`service.http.events`): the run is the stream, after every check of the pipeline."""
 
     def __init__(self, cls: type[Task[Q, R]], rules: Mapping[str, str]) -> None:
         self.cls, self.rules = cls, rules
@@ -84,6 +94,8 @@ class RestCodec(Codec[Q, R, R], Generic[Q, R]):
     async def decode(self, call: Call, settings: Settings) -> Decoded[Q]:
         body = schemas.parse_json(call.body, self.cls.rest_request, self.rules)
         schemas.check_texts(body.inputs, settings.max_texts, settings.max_text_chars)
+        if body.streamed and (conflicts := body.stream_conflicts()):
+            raise BadRequest(f"stream cannot be combined with {' or '.join(conflicts)}")
         return Decoded(body, body.inputs, body.timeout_s)
 
     def resolve(self, request: Q, models: ModelSet) -> Task[Q, R]:
@@ -92,10 +104,12 @@ class RestCodec(Codec[Q, R, R], Generic[Q, R]):
     def work(self, request: Q, task: Task[Any, R], deadline: float) -> Work:
         return self.cls.rest_work(request, deadline)
 
-    async def execute(self, request: Q, run: Run[R], work: Work) -> R:
-        return await run(work)
+    async def execute(self, request: Q, run: Run[R], work: Work) -> R | Streamed:
+        return Streamed(work) if request.streamed else await run(work)
 
-    async def encode(self, request: Q, task: Task[Any, R], done: R) -> ASGIApp:
+    async def encode(self, request: Q, task: Task[Any, R], done: R | Streamed) -> ASGIApp:
+        if isinstance(done, Streamed):
+            return event_stream(task.rest_events(request, done.work), Protocol.REST)
         return json_answer(task.rest_answer(request, done))
 
 
@@ -136,6 +150,7 @@ def routes(tasks: Iterable[type[Task]], rules: Mapping[str, str]) -> list[Route]
                 summary=cls.summary,
                 body=cls.Request,
                 response=cls.Response,
+                events=cls.rest_events_doc,
                 auth=Auth.BEARER,
                 errors=TASK_ERRORS,
                 metric=cls.rest_path,

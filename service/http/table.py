@@ -97,6 +97,7 @@ class Route:
     response: type[BaseModel] | None = None  # the 200 body (JSON)
     media_type: str = "application/json"  # of the 200 answer
     media_types: tuple[str, ...] = ()  # the 200 answer's other media types (a file route's formats)
+    events: str = ""  # its stream option answers text/event-stream (`http.events`): what the events are
     auth: Auth = Auth.OPEN
     errors: tuple[int, ...] = ()  # statuses the handler itself can answer, beyond the rules below
     metric: str | None = None  # label of the request metrics; None: not counted

@@ -14,7 +14,7 @@ protocols is declared here: its native REST body and answer (`Request`/`Response
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Generic, TypeVar, cast
 
@@ -22,6 +22,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_valida
 
 from service.contract.manifest import LANGUAGE_CODE_PATTERN, MAX_MODEL_NAME, MODEL_NAME_PATTERN
 from service.engine.runtime import LoadOptions
+from service.errors import BadRequest
 from service.metrics import BatchMetrics
 from service.settings import Settings
 from service.store import StoreEntry
@@ -81,6 +82,15 @@ class TextsRequest(StrictModel):
     def inputs(self) -> Sequence[str]:
         """Every text the model reads for the request: what its client is charged for."""
         return self.texts
+
+    @property
+    def streamed(self) -> bool:
+        """The answer is asked for as a stream of events (a task whose body has `stream`)."""
+        return False
+
+    def stream_conflicts(self) -> list[str]:
+        """The options set that a stream cannot carry (refused with `stream`)."""
+        return []
 
 
 class AttentionRequest(TextsRequest):
@@ -148,6 +158,7 @@ class Task(ABC, Generic[Q, R]):
     Options: ClassVar[type[StrictModel]]  # per-request options, whatever the protocol
     Request: ClassVar[type[TextsRequest]]  # the REST body: texts, model, version and the options
     Response: ClassVar[type[BaseModel]]  # the REST answer
+    rest_events_doc: ClassVar[str] = ""  # a REST body with `stream`: its events, for the API document
 
     def __init__(self, entry: StoreEntry, variant: str) -> None:
         self.entry, self.variant = entry, variant
@@ -208,3 +219,8 @@ class Task(ABC, Generic[Q, R]):
     @abstractmethod
     def rest_answer(self, body: Q, result: R) -> BaseModel:
         """A result as the `Response` to `body`."""
+
+    def rest_events(self, body: Q, work: Work) -> AsyncIterator[Mapping[str, object]]:
+        """The REST answer as events, for a body that asks for a stream (`streamed`): refused
+        now (busy, bad input) or at its first event, never after it but as an error event."""
+        raise BadRequest(f"{self.name} answers whole: stream is not an option of {self.rest_path}")

@@ -137,21 +137,42 @@ class Seq2SeqTask(Task[Q, R]):
         next step. With a `trace`, its parts become children of the request's span: tokenize,
         queue (submitted to the encoder run), encoder, decode (first join to last leave: steps,
         rows, lane), assembly."""
+        _, events = self.open(work, tokens, trace)
+        async with contextlib.aclosing(events) as progress:
+            async for event in progress:
+                yield event
+
+    def open(
+        self, work: Work, tokens: bool = False, trace: Trace | None = None
+    ) -> tuple[Prepared, AsyncGenerator[Progress, None]]:
+        """The work's sources and its `stream`, refused now (busy, a bad text or option) rather
+        than at its first read: a streamed answer's errors before its first byte."""
         self.queue.refuse_if_busy(work.deadline, len(work.texts))
         t0 = time.time_ns() if trace is not None else 0
         prepared, searches, first = self.sources(work.texts, cast(Decoding, work.options))
-        items = list(zip(prepared.sources, searches, strict=True))
-        jobs: list[Job] | None = None
         if trace is not None:
             t0 = trace_sources(trace, t0, len(work.texts), prepared.sources)
-            jobs = []
+        return prepared, self._progress(prepared, searches, first, work.deadline, tokens, trace, t0)
+
+    async def _progress(
+        self,
+        prepared: Prepared,
+        searches: list[Search],
+        first: DecodeParams,
+        deadline: float,
+        tokens: bool,
+        trace: Trace | None = None,
+        submitted_ns: int = 0,
+    ) -> AsyncGenerator[Progress, None]:
+        items = list(zip(prepared.sources, searches, strict=True))
+        jobs: list[Job] | None = [] if trace is not None else None
         hyps: list[list[Hypothesis]] = [[] for _ in items]
         codec = self.engine.codec
         so_far: dict[tuple[int, int], list[int]] = {}
         if items:
             try:
                 # closed with this stream (its reader left): the scheduler's frees the rows at once, not when collected
-                async with contextlib.aclosing(self.queue.stream(items, work.deadline, tokens, jobs)) as progress:
+                async with contextlib.aclosing(self.queue.stream(items, deadline, tokens, jobs)) as progress:
                     async for events in progress:
                         for event in events:
                             if isinstance(event, Tokens):
@@ -166,7 +187,7 @@ class Seq2SeqTask(Task[Q, R]):
                 if trace is not None and jobs:
                     express = policy.express_job(jobs[0], self.queue.limits)
                     for job in jobs:
-                        trace_job(trace, job, t0, time.time_ns(), express)
+                        trace_job(trace, job, submitted_ns, time.time_ns(), express)
         t2 = time.time_ns() if trace is not None else 0
         outputs = self.preparation.assemble(prepared, hyps, first.length_penalty)
         if trace is not None:

@@ -6,10 +6,11 @@ Sentences run on the model's step scheduler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
@@ -38,6 +39,7 @@ from service.tasks.base import (
     TensorSpec,
     Work,
 )
+from service.tasks.deltas import Delta, TextEvent, text_deltas
 from service.tasks.seq2seq import Seq2SeqTask
 from service.tracing import Trace
 
@@ -152,9 +154,16 @@ def _sentence_seed(seed: int | None, sentence: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{base}:{sentence}".encode()).digest()[:8], "big") >> 1
 
 
+ONE_OUTPUT_TO_STREAM: dict[str, Any] = {
+    "if": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+    "then": {"properties": {"num_hypotheses": {"maximum": 1}, "return_attention": {"const": False}}},
+}
+"""The API document's form of the rule "a stream carries one output per text, no attention" (a 400)."""
+
+
 class TranslateRequest(AttentionRequest, DecodeOptions):
     model_config = DecodeOptions.model_config | {
-        "json_schema_extra": {"allOf": [*_cross_field_rules()["allOf"], ONE_TEXT_FOR_ATTENTION]}
+        "json_schema_extra": {"allOf": [*_cross_field_rules()["allOf"], ONE_TEXT_FOR_ATTENTION, ONE_OUTPUT_TO_STREAM]}
     }
 
     texts: list[str] = Field(min_length=1, description="texts to translate")
@@ -166,10 +175,26 @@ class TranslateRequest(AttentionRequest, DecodeOptions):
     return_attention: bool = Field(
         default=False, description="cross-attention of the best hypothesis, per sentence (one text per request)"
     )
+    stream: bool = Field(
+        default=False,
+        description="answer text/event-stream: per text its final text as deltas, a last event with its "
+        "finish_reason (and score), then [DONE]; not with num_hypotheses > 1 or return_attention",
+    )
 
     @property
     def timeout_s(self) -> float | None:
         return self.timeout_ms / 1000 if self.timeout_ms is not None else None
+
+    @property
+    def streamed(self) -> bool:
+        return self.stream
+
+    def stream_conflicts(self) -> list[str]:
+        return [
+            name
+            for name, on in (("num_hypotheses", self.num_hypotheses > 1), ("return_attention", self.return_attention))
+            if on
+        ]
 
 
 class ScoredText(ResponseModel):
@@ -218,6 +243,11 @@ class TranslationTask(Seq2SeqTask[TranslateRequest, Translated]):
     Options = DecodeOptions
     Request = TranslateRequest
     Response = TranslateResponse
+    rest_events_doc = """With "stream": true, Server-Sent Events: `data: {"index": i, "text": "<delta>"}` as text
+    i's output grows (its deltas joined are the text answered without stream), `data: {"index": i,
+    "text": "", "finish_reason": ..., "score"?: ...}` once text i is complete, then `data: [DONE]`. An
+    error after the first event is `data: {"error": ..., "type": ...}`, then the stream ends; before it,
+    the JSON error and its status."""
 
     def __init__(self, entry: StoreEntry, engine: TranslatorEngine, context: TaskContext) -> None:
         super().__init__(entry, engine, context)
@@ -274,6 +304,9 @@ class TranslationTask(Seq2SeqTask[TranslateRequest, Translated]):
         attention = await self._attention(done.prepared, done.hypotheses) if work.attention else None
         return Translated(done.outputs, attention)
 
+    def rest_events(self, body: TranslateRequest, work: Work) -> AsyncIterator[Mapping[str, object]]:
+        return _events(text_deltas(self, work), body.return_scores)
+
     def tensors(self, result: Translated) -> list[OutputTensor]:
         return [OutputTensor("translation", "BYTES", [len(result.rows)], [row[0].text for row in result.rows])]
 
@@ -295,6 +328,19 @@ class TranslationTask(Seq2SeqTask[TranslateRequest, Translated]):
                 )
             )
         return TranslateResponse(model=self.entry.name, version=self.entry.version, translations=out)
+
+
+async def _events(deltas: AsyncGenerator[TextEvent, None], scores: bool) -> AsyncGenerator[Mapping[str, object], None]:
+    """A translation's stream: `{"index", "text"}` per delta; per text, last, its `finish_reason` (and score)."""
+    async with contextlib.aclosing(deltas) as events:
+        async for event in events:
+            if isinstance(event, Delta):
+                yield {"index": event.index, "text": event.text}
+            else:
+                end: dict[str, object] = {"index": event.index, "text": "", "finish_reason": event.output.finish_reason}
+                if scores:
+                    end["score"] = finite(event.output.score)
+                yield end
 
 
 def finite(x: float) -> float:

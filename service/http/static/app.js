@@ -41,6 +41,49 @@ async function call(path, body) {
   return data;
 }
 
+/** POST with "stream": true: calls `onEvent` with each Server-Sent Event's data as it arrives; a
+ * refusal (JSON, before the first event) or an error event becomes an ApiError. */
+async function callStream(path, body, onEvent) {
+  return readStream(path, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ ...body, stream: true }),
+  }, onEvent);
+}
+
+/** Sends `init` to `path` and reads its answer as Server-Sent Events (see callStream). */
+async function readStream(path, init, onEvent) {
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (err) {
+    throw new ApiError(`${path}: the service did not answer (${err.message})`);
+  }
+  if (!response.ok || !response.body) {
+    const data = await response.json().catch(() => null);
+    const what = data && data.error ? data.error : response.statusText || "no message";
+    throw new ApiError(`${what} (HTTP ${response.status}${data && data.type ? `, ${data.type}` : ""})`);
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffered = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) throw new ApiError(`${path}: the stream ended before [DONE]`);
+    buffered += value;
+    let end;
+    while ((end = buffered.indexOf("\n\n")) >= 0) {
+      const line = buffered.slice(0, end);
+      buffered = buffered.slice(end + 2);
+      if (!line.startsWith("data: ")) continue;
+      const payload = line.slice("data: ".length);
+      if (payload === "[DONE]") return;
+      const data = JSON.parse(payload);
+      if (data.error) throw new ApiError(`${data.error} (${data.type || "error"})`);
+      onEvent(data);
+    }
+  }
+}
+
 function showError(id, err) {
   const box = $(id);
   box.textContent = err ? (err instanceof ApiError ? err.message : `Error: ${err.message || err}`) : "";
@@ -287,6 +330,7 @@ function decodeRequest(text) {
   const decode = $("decode").value;
   const body = { texts: [text], decode, return_scores: true, return_attention: true };
   if (decode === "beam") body.beam_size = Number($("beam-size").value);
+  if (decode === "sample") body.seed = Math.floor(Math.random() * 2 ** 32); // the streamed draws and the answer's agree
   if (decode !== "greedy") body.num_hypotheses = Number($("num-hypotheses").value);
   if ($("translate-model").value) body.model = $("translate-model").value;
   if (!$("language-box").hidden) {
@@ -374,7 +418,19 @@ syncDecodeOptions();
 $("translate-form").addEventListener("submit", (event) => {
   event.preventDefault();
   run("translate", async () => {
-    const data = await call("/translate", decodeRequest($("translate-input").value));
+    const body = decodeRequest($("translate-input").value);
+    // The best translation as it is produced (a long text's sentences appear as they end), then
+    // the whole answer for the n-best list and the attention maps, which a stream does not carry.
+    const { num_hypotheses: _n, return_attention: _a, ...streamed } = body;
+    $("translation").textContent = "";
+    $("translation-meta").textContent = "translating…";
+    $("nbest-box").hidden = true;
+    $("translate-attention").hidden = true;
+    $("translate-result").hidden = false;
+    await callStream("/translate", streamed, (e) => {
+      if (e.text) $("translation").textContent += e.text;
+    });
+    const data = await call("/translate", body);
     showTranslation(data.translations[0]);
     return `${data.model} v${data.version}`;
   });
@@ -382,29 +438,34 @@ $("translate-form").addEventListener("submit", (event) => {
 
 // -- documents ---------------------------------------------------------------------------------
 
-/** The translated file of POST /translate_file, its name and the counts its headers carry. */
+/** The translated file of POST /translate_file (streamed: its progress moves the bar), its name
+ * and its counts. */
 async function translateFile(form) {
-  let response;
+  form.append("stream", "true");
+  const bar = $("document-progress");
+  bar.value = 0;
+  bar.hidden = false;
+  let file = null;
   try {
-    response = await fetch("/translate_file", { method: "POST", body: form });
-  } catch (err) {
-    throw new ApiError(`/translate_file: the service did not answer (${err.message})`);
+    await readStream("/translate_file", { method: "POST", body: form }, (e) => {
+      if (e.data === undefined) {
+        bar.max = Math.max(e.total, 1);
+        bar.value = e.done;
+      } else {
+        file = e;
+      }
+    });
+  } finally {
+    bar.hidden = true;
   }
-  if (!response.ok) {
-    let data = null;
-    try { data = await response.json(); } catch (err) { data = null; }
-    const what = data && data.error ? data.error : response.statusText || "no message";
-    throw new ApiError(`${what} (HTTP ${response.status}${data && data.type ? `, ${data.type}` : ""})`);
-  }
-  const disposition = response.headers.get("content-disposition") || "";
-  const name = /filename\*=UTF-8''([^;]+)/.exec(disposition);
-  const count = (h) => Number(response.headers.get(h) || 0);
+  if (file === null) throw new ApiError("/translate_file: the stream ended without the file");
+  const bytes = Uint8Array.from(atob(file.data), (c) => c.charCodeAt(0));
   return {
-    blob: await response.blob(),
-    name: name ? decodeURIComponent(name[1]) : "translated",
-    translated: count("x-translated-entries"),
-    kept: count("x-kept-entries"),
-    failed: count("x-failed-entries"),
+    blob: new Blob([bytes], { type: file.media_type }),
+    name: file.filename,
+    translated: file.translated,
+    kept: file.kept,
+    failed: file.failed,
   };
 }
 
