@@ -15,7 +15,6 @@ from service.scheduling.policy import (
     Sentence,
     StepLimits,
     Usage,
-    expected_wait,
     express_turn,
     next_lane,
     plan,
@@ -177,56 +176,3 @@ def test_the_policy_chooses_the_lane_that_steps() -> None:
     # the turns the engine's batch takes alone (`LaneBatch.step()` with `turn`) are the same rule
     for express_s in (0.0, 1.0, 2.4, 2.5, 9.0):
         assert (lane(3, 2, express_s) is Lane.EXPRESS) == express_turn(express_s, 5.0, 0.5)
-
-
-def costed(widths: Sequence[int], work: int, admitted: int = 0) -> Job:
-    """`job`, each sentence `work` row-steps, its first `admitted` sentences in the batch."""
-    j = job(widths)
-    for s in j.sentences:
-        s.work = work
-    j.work, j.admitted = work * len(j.sentences), admitted
-    return j
-
-
-def test_a_request_waits_for_its_turns_not_for_the_whole_queue() -> None:
-    """Round-robin counted in row-steps: behind a waiting request of five sentences, a request of
-    two waits for two of them, then its own; one of six waits for all, as first come first served
-    would. Two rows a step: the work, not the steps, bounds the wait here."""
-    limits, ahead = StepLimits(max_rows=2), costed([1] * 5, work=100)
-    assert expected_wait([ahead], costed([1, 1], work=100), limits, rate=10.0) == (2 * 100 + 200) / 10
-    assert expected_wait([ahead], costed([1] * 6, work=100), limits, rate=10.0) == (500 + 600) / 10
-    running = costed([1] * 5, work=100, admitted=3)  # three in the batch: they count whole
-    assert expected_wait([running], costed([1], work=100), limits, rate=10.0) == (3 * 100 + 100 + 100) / 10
-    running.cancelled = CancelReason.DISCONNECT  # leaves at the next step
-    assert expected_wait([running], costed([1], work=100), limits, rate=10.0) == 100 / 10  # its own work
-
-
-def test_a_short_greedy_request_behind_heavy_beams_is_admitted_and_a_heavy_one_is_not() -> None:
-    """The issue's case: three requests of 64 beam-8 sentences, fourteen of them running, fill the
-    queue with about 60 s of work; a one-sentence greedy request waits for its 20 steps in the
-    express lane (at most one full main step each: 1.3 s), whatever the queue holds; without the
-    express lane it joins the main lane's turns: the running sentences and one of each request's
-    waiting ones (5.5 s). Either fits 30 % of the service's 30 s deadline; first come first served
-    said 60 s. A fourth heavy request waits for all of it, as before."""
-    heavy = [costed([8] * 64, work=640, admitted=14), costed([8] * 64, work=640), costed([8] * 64, work=640)]
-    queued = sum(j.work for j in heavy)
-    short, big, rate = costed([1], work=20), costed([8] * 64, work=640), 2000.0
-    express = StepLimits(express_share=0.5)
-    assert (queued + short.work) / rate > 60  # the old estimate: refused at any deadline under 200 s
-    assert expected_wait(heavy, short, express, rate) == 20 * 128 / rate * 0.3  # steps: against the whole time left
-    assert expected_wait(heavy, big, express, rate) == (queued + big.work) / rate
-    main = StepLimits()
-    assert expected_wait(heavy, short, main, rate) == (14 * 640 + 3 * 640 + 20) / rate  # 5.5 s
-    assert expected_wait(heavy, big, main, rate) == (queued + big.work) / rate
-
-
-def test_the_express_lane_waits_for_its_own_work_at_its_share() -> None:
-    """Small greedy requests queue among themselves in the express lane, which runs half the time
-    while the main lane has work, all the time when it has none."""
-    limits = StepLimits(max_rows=4, express_share=0.5, express_work=100)
-    small, other, beams = costed([1], work=10), costed([1, 1], work=30), costed([4] * 8, work=400)
-    assert expected_wait([other, beams], small, limits, rate=1.0) == (30 + 10) / 0.5
-    assert expected_wait([other], small, limits, rate=1.0) == 30 + 10
-    wide = StepLimits(max_rows=16, express_share=0.5, express_work=100)  # beams fill all 16 rows
-    steps = expected_wait([beams], small, wide, rate=1.0)  # 10 steps of 16 rows, against the whole time left
-    assert steps == pytest.approx(10 * 16 * 0.3) and steps > 10 / 0.5

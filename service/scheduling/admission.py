@@ -1,12 +1,9 @@
 """Cost-aware admission, one object per queue (the classifier's batcher, each translator's step
 scheduler): a request is refused at once (`QueueFull`, 429 with a Retry-After) when the queue
-cannot hold it now (`PayloadTooLarge`, 413, when it never could), or when it would not be
-answered within `admit_share` of its deadline at the throughput the queue measured. Under
-overload a client then gets a fast 429 instead of a 504 after waiting. How long a request would
-wait is its owner's estimate under its own order of service (`check_wait`; the step scheduler's:
-its turn under the policy, `policy.expected_wait`); the batcher serves first come first served,
-so its request waits for all the admitted work and its own (`check_time`). Knows nothing about
-models or HTTP.
+cannot hold it now (`PayloadTooLarge`, 413, when it never could), or when the work already
+admitted plus its own would not finish within `admit_share` of its deadline at the throughput
+the queue measured. Under overload a client then gets a fast 429 instead of a 504 after
+waiting. Knows nothing about models or HTTP.
 
 Work is counted in the owner's units (the batcher's item sizes; the step scheduler's row-steps,
 `estimate_work`); the owner keeps the count of work admitted and not yet done.
@@ -15,7 +12,6 @@ Work is counted in the owner's units (the batcher's item sizes; the step schedul
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 from service.errors import PayloadTooLarge, QueueFull
 
@@ -72,23 +68,15 @@ class Admission:
 
     def check_time(self, queued_work: float, work: float, time_left: float) -> None:
         """QueueFull when the queued work plus `work` would not finish within `admit_share` of
-        `time_left` at the measured throughput (first come first served: the batcher's order)."""
-        self.check_wait(lambda rate: (queued_work + work) / rate, queued_work, time_left, "of queued work")
-
-    def check_wait(
-        self, wait: Callable[[float], float], queued_work: float, time_left: float, what: str = "of queued work"
-    ) -> None:
-        """QueueFull when the request's expected wait, `wait(rate)` seconds at the measured
-        throughput (its owner's estimate under its own order of service; `what` names it), would
-        exceed `admit_share` of `time_left`; Retry-After: the time `queued_work` needs. An idle
-        queue admits anything: one request alone runs as fast as it can, whatever the estimate says."""
+        `time_left` at the measured throughput. An idle queue admits anything: one request alone
+        runs as fast as it can, whatever the estimate says."""
         if not (self.rate and queued_work):
             return
-        projected = wait(self.rate)
+        projected = (queued_work + work) / self.rate
         if projected > self.admit_share * time_left:
             error = QueueFull(
-                f"model {self.name} is busy: about {projected:.1f} s {what}, more than this request's deadline "
-                "allows; retry later"
+                f"model {self.name} is busy: about {projected:.1f} s of queued work, more than this request's "
+                "deadline allows; retry later"
             )
             error.retry_after = max(1, math.ceil(queued_work / self.rate))
             raise error

@@ -50,9 +50,8 @@ class StepLimits:
     max_cache_tokens: int = 65536  # admitted rows x (source + max new tokens), reserved at admission
     max_queue: int = 512  # sentences waiting or running before 429
     starvation_s: float = 0.5  # a passed-over sentence is admitted first after waiting this long
-    admit_share: float = 0.3  # admit when the work ahead of a request's answer (`expected_wait`) fits in
-    # this share of the time left (greedy sentences overtake beams in the rows kept for them, so a
-    # beam may finish later than projected;
+    admit_share: float = 0.3  # admit when the queued work fits in this share of the time left (greedy
+    # sentences overtake beams in the rows kept for them, so a beam may finish later than projected;
     # with beam rows cheaper than greedy ones since IO contract 6, a row-step is a looser unit: at 0.35
     # the overload check's slowest admitted request took 3.4-4.3 s of its 5, at 0.3 3.0-3.7 s)
     encode_ahead: int = 16  # waiting sentences encoded with those joining, held until their turn
@@ -211,48 +210,13 @@ def _ahead(queue: deque[Job], cursor: dict[Job, int], gone: set[Job], limit: int
 
 
 def takes_express(s: Sentence, limits: StepLimits) -> bool:
-    """Whether a sentence runs in the express batch: its request's (`express_job`)."""
-    return express_job(s.job, limits)
-
-
-def express_job(job: Job, limits: StepLimits) -> bool:
-    """Whether a request's sentences run in the express batch: one-row sentences (greedy or a
-    single sample; its answer waits for its slowest), small enough (`express_work`) to be someone
+    """Whether a sentence runs in the express batch: a request of one-row sentences (greedy or a
+    single sample; its answer waits for its slowest) small enough (`express_work`) to be someone
     waiting at a screen, not a batch job."""
+    job = s.job
     return (
         limits.express_share > 0 and job.work <= limits.express_work and all(x.search.width == 1 for x in job.sentences)
     )
-
-
-def expected_wait(jobs: Iterable[Job], job: Job, limits: StepLimits, rate: float) -> float:
-    """How long `job` would wait for its answer if it joined the unanswered `jobs` now, as this
-    policy serves them, at `rate` row-steps a second (the loaded batch's): the seconds admission
-    weighs against `admit_share` of the time left to its deadline. The larger of two bounds:
-    - work: what runs in its lane (`express_job`) before its last sentence ends. Turns are
-      round-robin, so of another request's waiting sentences only as many count as it has (in
-      turn order); sentences already admitted count whole (at their request's mean cost), and its
-      own whole. The express lane runs at its share of the time while the main lane has work. A
-      request larger than every other counts its lane's whole queue, as first come first served;
-    - steps: a sentence takes one step per token, and while it runs each step holds the rows in
-      flight (up to `max_rows`); in the express lane, at most one main step per express step.
-      This is about the time its longest sentence takes (whose length is a cautious guess
-      already), so it is weighed against the whole time left: scaled by `admit_share` here.
-    """
-    n, lane = len(job.sentences), express_job(job, limits)
-    work, rows, other_lane = job.work, max(s.search.width for s in job.sentences), False
-    for k in jobs:
-        if k is job or k.cancelled is not None or not k.sentences:
-            continue
-        waiting = [s for s in k.sentences[k.admitted :] if not s.search.done]  # not admitted: static
-        running = max(0, k.remaining - len(waiting))
-        rows += sum(s.search.width for s in k.sentences) * k.remaining // len(k.sentences)
-        if express_job(k, limits) != lane:
-            other_lane = True
-            continue
-        work += running * k.work // len(k.sentences) + sum(s.work for s in waiting[:n])
-    share = limits.express_share if lane and other_lane else 1.0
-    steps = max(s.work // s.search.width for s in job.sentences)
-    return max(work / (rate * share), steps * min(rows, limits.max_rows) / rate * limits.admit_share)
 
 
 def express_turn(express_s: float, main_s: float, share: float) -> bool:

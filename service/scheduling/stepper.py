@@ -11,13 +11,12 @@ sentence's `Search` keeps it independent of its neighbours. The batch may be any
 (one running batch, shards on threads, or two lanes of them: `LaneBatch`).
 
 Admission (`Admission`, as the classifier's batcher) refuses a request at once (`QueueFull`,
-429) when the queued sentences would overflow `max_queue`, or when the request would not be
-answered before its deadline waiting its turn under the policy (`policy.expected_wait`: its
-sentences among the other requests' turns, in its lane, not the whole queue's work) at the
-throughput measured while the batch is at least half full (rows over the time of every step
-and encoder run, the express lane's included); work is estimated in row-steps (rows x expected
-tokens). A request whose reader left (its awaiting task is cancelled, or it closed its stream),
-whose deadline passed, or that is still running at shutdown leaves the batch at the next step.
+429) when the queued work would overflow `max_queue` sentences or could not finish before the
+request's deadline at the throughput measured while the batch is at least half full (rows over
+the time of every step and encoder run, the express lane's included); work is estimated in
+row-steps (rows x expected tokens). A request whose reader left (its awaiting task is
+cancelled, or it closed its stream), whose deadline passed, or that is still running at
+shutdown leaves the batch at the next step.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Protocol
 
-from service.engine.decoding import DecodeParams, Hypothesis, Search
+from service.engine.decoding import Hypothesis, Search
 from service.engine.running import DecoderBatch, LaneBatch, StepError
 from service.errors import DeadlineExceeded, InputTooLong, InvalidInput, NotReady, ShuttingDown
 from service.priority import lower_priority
@@ -42,8 +41,6 @@ from service.scheduling.progress import Channel, Event, Finished, Tokens
 __all__ = ["CancelReason", "Job", "Sentence", "StepLimits", "StepObserver", "StepScheduler"]
 
 log = logging.getLogger(__name__)
-
-_PROBE_STEPS = 8  # `_probe`'s sentences: estimate_work's guess for an empty source
 
 
 class StepObserver(Protocol):
@@ -175,25 +172,12 @@ class StepScheduler:
                 job.cancelled = reason
                 self._cv.notify()
 
-    def refuse_if_busy(self, deadline: float, texts: int = 1) -> None:
-        """Raises the QueueFull a request of `texts` texts would get now, were each one short
-        greedy sentence (`_probe`): checked before its texts are split and tokenized, so an
-        overloaded server refuses what surely does not fit at the cost of reading the JSON, not of
-        preparing the texts; the rest is checked once its sentences are known."""
-        probe = _probe(deadline, texts)
+    def refuse_if_busy(self, deadline: float) -> None:
+        """Raises the QueueFull any request would get now: the queued work alone would not finish
+        in the deadline's share. Checked before a request's texts are split and tokenized, so an
+        overloaded server refuses at the cost of reading the JSON, not of preparing the texts."""
         with self._cv:
-            self._check_wait(probe, time.monotonic())
-
-    def _check_wait(self, job: Job, now: float) -> None:
-        """QueueFull when `job` would not be answered in its deadline's share, waiting its turn
-        under the policy (`policy.expected_wait`) among the unanswered jobs (under the lock)."""
-        jobs, limits = self._jobs, self.limits
-        self.admission.check_wait(
-            lambda rate: policy.expected_wait(jobs, job, limits, rate),
-            self._work,
-            job.deadline - now,
-            "until this request's answer in its turn",
-        )
+            self.admission.check_time(self._work, 0, deadline - time.monotonic())
 
     def _admit_job(self, job: Job, now: float) -> None:
         """Refuses a job the queue cannot hold or could not finish in time (under the lock)."""
@@ -209,7 +193,7 @@ class StepScheduler:
                 f"a sentence needs {largest} cache tokens (rows x (source + max_new_tokens)); this server holds "
                 f"{self.limits.max_cache_tokens}: lower max_new_tokens or the beam size"
             )
-        self._check_wait(job, now)
+        self.admission.check_time(self._work, job.work, job.deadline - now)
         self._sentences += job.remaining
         self._work += job.work
 
@@ -392,18 +376,6 @@ class StepScheduler:
     def _depth(self) -> int:
         """Sentences waiting to be admitted (under the lock)."""
         return sum(len(j.sentences) - j.admitted for j in self._waiting)
-
-
-def _probe(deadline: float, texts: int) -> Job:
-    """The cheapest job `texts` texts can make, as far as the estimate goes: one greedy sentence
-    each, of the fewest row-steps `estimate_work` counts (a request can cost less only with
-    `max_new_tokens` under that guess)."""
-    search = Search(DecodeParams(beam_size=1, max_new_tokens=_PROBE_STEPS), 0, 1)  # read, never stepped
-    job = Job(deadline, 0.0)
-    work = estimate_work(0, 1, _PROBE_STEPS)
-    job.sentences = [Sentence(job, i, (), search, work, 0) for i in range(max(1, texts))]
-    job.remaining, job.work = len(job.sentences), work * len(job.sentences)
-    return job
 
 
 def _new_tokens(s: Sentence, shown: list[int]) -> list[Event]:

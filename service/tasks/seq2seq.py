@@ -147,7 +147,7 @@ class Seq2SeqTask(Task[Q, R]):
     ) -> tuple[Prepared, AsyncGenerator[Progress, None]]:
         """The work's sources and its `stream`, refused now (busy, a bad text or option) rather
         than at its first read: a streamed answer's errors before its first byte."""
-        self.queue.refuse_if_busy(work.deadline, len(work.texts))
+        self.queue.refuse_if_busy(work.deadline)
         t0 = time.time_ns() if trace is not None else 0
         prepared, searches, first = self.sources(work.texts, cast(Decoding, work.options))
         if trace is not None:
