@@ -185,7 +185,7 @@ class Seq2SeqTask(Task[Q, R]):
                                 yield event
             finally:
                 if trace is not None and jobs:
-                    express = policy.express_job(jobs[0], self.queue.limits)
+                    express = policy.takes_express(jobs[0].sentences[0], self.queue.limits)
                     for job in jobs:
                         trace_job(trace, job, submitted_ns, time.time_ns(), express)
         t2 = time.time_ns() if trace is not None else 0
