@@ -280,8 +280,8 @@ def mask(
     return Masked(_replace(text, spans, list(range(1, len(spans) + 1))), tuple(text[s.start : s.end] for s in spans))
 
 
-def unmask(translation: str, spans: tuple[str, ...] | list[str]) -> str:
-    """Puts the original spans back; every span ends up in the result exactly once."""
+def _restore(translation: str, spans: tuple[str, ...] | list[str]) -> tuple[str, set[int]]:
+    """The translation with each placeholder's span back (once each), and which were used."""
     used: set[int] = set()
 
     def restore(m: re.Match[str]) -> str:
@@ -291,7 +291,12 @@ def unmask(translation: str, spans: tuple[str, ...] | list[str]) -> str:
             return before + spans[k] + after
         return " " if before and after else ""  # a repeated or unknown placeholder goes, with one space
 
-    out = _OUTPUT_PLACEHOLDER.sub(restore, translation)
+    return _OUTPUT_PLACEHOLDER.sub(restore, translation), used
+
+
+def unmask(translation: str, spans: tuple[str, ...] | list[str]) -> str:
+    """Puts the original spans back; every span ends up in the result exactly once."""
+    out, used = _restore(translation, spans)
     missing = [s for k, s in enumerate(spans) if k not in used]
     if missing:  # only spaces are trimmed: a restored span may itself be white space (NEL, a form feed)
         out = " ".join([out.rstrip(" "), *missing]) if out.strip(" ") else " ".join(missing)
@@ -305,16 +310,7 @@ def unmask_prefix(partial: str, spans: tuple[str, ...] | list[str]) -> str:
     them before spans it appends); the spans missing so far are not appended."""
     cut = partial.rfind(PLACEHOLDER_OPEN)
     head = partial if cut < 0 or partial.find(PLACEHOLDER_CLOSE, cut) not in (-1, len(partial) - 1) else partial[:cut]
-    used: set[int] = set()
-
-    def restore(m: re.Match[str]) -> str:
-        before, k, after = m.group(1), int(m.group(2)) - 1, m.group(3)
-        if 0 <= k < len(spans) and k not in used:
-            used.add(k)
-            return before + spans[k] + after
-        return " " if before and after else ""
-
-    return _OUTPUT_PLACEHOLDER.sub(restore, head.rstrip(" ")).rstrip(" ")
+    return _restore(head.rstrip(" "), spans)[0].rstrip(" ")
 
 
 def pair_spans(
