@@ -86,3 +86,31 @@ class FakeRuntime:
             out[r] = table_logprobs(self.seed, int(sentence[0]), fed[1:], self.vocab)
         new = tokens.reshape(-1, 1, 1, 1).astype(np.float32)
         return DecoderStep(out, [new, new])
+
+
+class Observer:
+    """A step scheduler's observer that records what the tests assert: cancellations by reason, sentences
+    admitted, the compute stages timed."""
+
+    def __init__(self) -> None:
+        self.cancelled_by: dict[str, int] = {}
+        self.admitted = 0
+        self.stages: list[str] = []
+
+    def queue_depth(self, depth: int) -> None:
+        pass
+
+    def batch_started(self, size: int, queue_waits: Sequence[float]) -> None:
+        self.admitted += size
+
+    def compute_time(self, stage: str, seconds: float) -> None:
+        self.stages.append(stage)
+
+    def generated(self, tokens: int) -> None:
+        pass
+
+    def active(self, sentences: int, rows: int) -> None:
+        pass
+
+    def cancelled(self, reason: str, sentences: int) -> None:
+        self.cancelled_by[reason] = self.cancelled_by.get(reason, 0) + sentences

@@ -297,6 +297,14 @@ def test_imported_models_answer_every_protocol(
         assert set(r.json()["predictions"][0]["scores"]) == {"sad", "glad", "meh"}
 
 
+def assert_refused(folder: Path, store: Path, capsys: pytest.CaptureFixture[str], message: str) -> None:
+    """The import exits 2 with one `import failed:` line naming `message`, and writes nothing."""
+    assert main([str(folder), "--name", "broken", "--store", str(store)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("import failed:") and message in err[0], err
+    assert not store.exists() or list(store.rglob("*")) == []
+
+
 def _unsupported_option(folder: Path) -> None:
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "is_decoder": True}))
@@ -333,11 +341,7 @@ def test_a_bad_checkpoint_is_one_message_exit_2_and_nothing_written(
 ) -> None:
     folder = shutil.copytree(imported["marian"][0], tmp_path / "ckpt")
     damage(folder)
-    store = tmp_path / "store"
-    assert main([str(folder), "--name", "broken", "--store", str(store)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("import failed:") and message in err[0], err
-    assert not store.exists() or list(store.rglob("*")) == []
+    assert_refused(folder, tmp_path / "store", capsys, message)
 
 
 def test_a_hub_name_is_refused_without_downloading(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -454,11 +458,7 @@ def test_a_t5_the_engine_cannot_serve_is_one_message_and_nothing_written(
 ) -> None:
     folder = shutil.copytree(imported["flan_t5"][0], tmp_path / "ckpt")
     damage(folder)
-    store = tmp_path / "store"
-    assert main([str(folder), "--name", "broken", "--store", str(store)]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("import failed:") and message in err[0], err
-    assert not store.exists() or list(store.rglob("*")) == []
+    assert_refused(folder, tmp_path / "store", capsys, message)
 
 
 def test_t5_variants_are_checked_against_fp32_and_one_that_overflows_is_refused(

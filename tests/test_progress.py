@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -17,27 +16,7 @@ from service.engine.decoding import DecodeParams, Hypothesis, Search
 from service.engine.running import DecoderBatch, LaneBatch, RunningBatch, ShardedBatch
 from service.scheduling.progress import Event, Finished, Tokens
 from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
-from tests.fakes import BOS, EOS, PAD, FakeRuntime
-
-
-class Observer:
-    def __init__(self) -> None:
-        self.cancelled_by: dict[str, int] = {}
-
-    def queue_depth(self, depth: int) -> None:
-        pass
-
-    def batch_started(self, size: int, queue_waits: Sequence[float]) -> None:
-        pass
-
-    def generated(self, tokens: int) -> None:
-        pass
-
-    def active(self, sentences: int, rows: int) -> None:
-        pass
-
-    def cancelled(self, reason: str, sentences: int) -> None:
-        self.cancelled_by[reason] = self.cancelled_by.get(reason, 0) + sentences
+from tests.fakes import BOS, EOS, PAD, FakeRuntime, Observer
 
 
 def started(rt: FakeRuntime, obs: Observer, layout: str = "one") -> StepScheduler:

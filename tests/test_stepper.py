@@ -27,7 +27,7 @@ from service.engine.running import (
 from service.errors import DeadlineExceeded, InputTooLong, QueueFull, ShuttingDown
 from service.scheduling import policy
 from service.scheduling.stepper import Sentence, StepLimits, StepScheduler
-from tests.fakes import BOS, EOS, PAD, FakeRuntime
+from tests.fakes import BOS, EOS, PAD, FakeRuntime, Observer
 
 params_strategy = st.one_of(
     st.builds(
@@ -249,31 +249,6 @@ def test_shards_do_not_wait_for_each_other() -> None:
 
 
 # -- the scheduler thread --------------------------------------------------------------------
-
-
-class Observer:
-    def __init__(self) -> None:
-        self.cancelled_by: dict[str, int] = {}
-        self.admitted = 0
-        self.stages: list[str] = []
-
-    def queue_depth(self, depth: int) -> None:
-        pass
-
-    def batch_started(self, size: int, queue_waits: Sequence[float]) -> None:
-        self.admitted += size
-
-    def compute_time(self, stage: str, seconds: float) -> None:
-        self.stages.append(stage)
-
-    def generated(self, tokens: int) -> None:
-        pass
-
-    def active(self, sentences: int, rows: int) -> None:
-        pass
-
-    def cancelled(self, reason: str, sentences: int) -> None:
-        self.cancelled_by[reason] = self.cancelled_by.get(reason, 0) + sentences
 
 
 def scheduler(

@@ -13,7 +13,7 @@ from starlette.types import ASGIApp
 from service.errors import PayloadTooLarge
 from service.http import schemas
 from service.http.dispatch import json_answer
-from service.http.pipeline import Codec, Decoded, Run
+from service.http.pipeline import Codec, Decoded
 from service.http.rest import TASK_ERRORS
 from service.http.scope import Call
 from service.http.table import Auth, Route
@@ -53,9 +53,6 @@ class RerankCodec(Codec[RerankRequest, Classified, Classified]):
         pairs = [(request.query, text) for text in request.texts]
         return Work((), ClassifyOptions(truncate=request.truncate), deadline, pairs=pairs)
 
-    async def execute(self, request: RerankRequest, run: Run[Classified], work: Work) -> Classified:
-        return await run(work)
-
     async def encode(self, request: RerankRequest, task: Task[Any, Classified], done: Classified) -> ASGIApp:
         ranks = rerank(done.logits or [], request.texts, request.raw_scores, request.return_text)
         return json_answer(RerankResponse(ranks))
@@ -85,9 +82,6 @@ class ZeroShotCodec(Codec[ZeroShotRequest, Classified, Classified]):
     def work(self, request: ZeroShotRequest, task: Task[Any, Classified], deadline: float) -> Work:
         nli_ids(task.manifest.labels)  # an NLI model, or 422 before any work
         return Work((), ClassifyOptions(), deadline, pairs=request.pairs())
-
-    async def execute(self, request: ZeroShotRequest, run: Run[Classified], work: Work) -> Classified:
-        return await run(work)
 
     async def encode(self, request: ZeroShotRequest, task: Task[Any, Classified], done: Classified) -> ASGIApp:
         results = zero_shot(done.logits or [], request.candidate_labels, task.manifest.labels, request.multi_label)

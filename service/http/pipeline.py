@@ -33,7 +33,7 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from opentelemetry.util.types import AttributeValue
 from starlette.types import ASGIApp
@@ -194,9 +194,10 @@ class Codec(ABC, Generic[D, R, Out]):
     def work(self, request: D, task: Task[Any, R], deadline: float) -> Work:
         """The request as the task's protocol-neutral work, its options checked against `task`."""
 
-    @abstractmethod
     async def execute(self, request: D, run: Run[R], work: Work) -> Out:
-        """The work run: once (`await run(work)`), not at all (nothing to run), or in parts."""
+        """The work run: once, as here (`Out` is `R`); a codec overrides it to run it not at all
+        (nothing to run), in parts, or as a stream."""
+        return cast(Out, await run(work))
 
     def document_attributes(self, request: D) -> Mapping[str, AttributeValue] | None:
         """A document's trace attributes (its segment counts), traced as one span; None: not a document."""
