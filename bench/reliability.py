@@ -101,7 +101,7 @@ def fitting(url: str, candidates: Sequence[str]) -> list[str]:
 def served(url: str) -> dict[str, list[dict[str, Any]]]:
     """The serving models by task."""
     out: dict[str, list[dict[str, Any]]] = {}
-    for m in httpx.get(url + "/v1/models", timeout=10).json()["models"]:
+    for m in httpx.get(url + "/v1/models", timeout=10).json()["data"]:
         if m.get("status") == "ready" and m.get("current", True):
             out.setdefault(m["task"], []).append(m)
     return out
@@ -633,7 +633,7 @@ async def settled_versions(url: str, name: str, timeout_s: float = 60) -> dict[i
     slower; what counts is the state a version settles in, not how fast)."""
     deadline = time.monotonic() + timeout_s
     while True:
-        models = httpx.get(url + "/v1/models", timeout=10).json()["models"]
+        models = httpx.get(url + "/v1/models", timeout=10).json()["data"]
         versions = {m["version"]: m["status"] for m in models if m["name"] == name}
         if "loading" not in versions.values() or time.monotonic() > deadline:
             return versions

@@ -70,6 +70,10 @@ def import_checkpoint(folder: Path, store: Path, options: ImportOptions, log=pri
         raise ImportProblem(f"{folder}/config.json: {exc}") from exc
     family = family_of(config)
     kind = spec_for(family)
+    if kind.task != "translation" and (options.task or options.prefix):
+        raise ImportProblem(
+            f"--task and --prefix are for encoder-decoders; a {config.model_type} classifier has neither"
+        )
     # fp32 is always made (the reference); the rest as asked, when the kind is published in them
     variants = tuple(dict.fromkeys(("fp32", *options.variants)))
     if unmade := [v for v in variants if v not in kind.made_variants]:
@@ -97,6 +101,16 @@ def build_parser(prog: str = "python -m export.import_hf") -> argparse.ArgumentP
     p.add_argument(
         "--languages", default="", help="a one-pair translator's source,target, e.g. en,de (default: the checkpoint's)"
     )
+    p.add_argument(
+        "--task",
+        choices=("translation", "text2text"),
+        default=None,
+        help="an encoder-decoder's task (default: text2text for T5 and BART, translation for the others "
+        "or when --languages is given)",
+    )
+    p.add_argument(
+        "--prefix", default="", help='text2text: prepended to every input, e.g. "summarize: " (default: none)'
+    )
     p.add_argument("--threads", type=int, default=2, help="PyTorch and ONNX Runtime threads")
     p.add_argument("--verbose", action="store_true", help="progress, third-party warnings and every metric")
     return p
@@ -115,6 +129,8 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m export.import
             default_variant=args.default_variant,
             calibration=texts,
             languages=_pair(args.languages),
+            task=args.task,
+            prefix=args.prefix,
         )
         with quiet(args.verbose):
             folder = import_checkpoint(args.checkpoint, args.store, options, print if args.verbose else _silent)

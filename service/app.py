@@ -23,7 +23,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service import priority, tracing
-from service.http import apidocs, files, libretranslate, oip, openapi, page, pairs, rest
+from service.http import apidocs, files, libretranslate, oip, openai, openapi, page, pairs, rest
 from service.http.auth import ApiKeys, KeyRing
 from service.http.dispatch import Endpoint, Router
 from service.http.downloads import Downloads
@@ -112,8 +112,10 @@ def create_app(settings: Settings) -> ServiceApp:
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.serve = state
-    rules = field_rules(*(cls.Request for cls in tasks), OipInferRequest, RerankRequest, ZeroShotRequest)
-    api = [*rest.routes(tasks, rules), *pairs.routes(rules), *files.routes(), *oip.routes()]
+    rules = field_rules(
+        *(cls.Request for cls in tasks), OipInferRequest, RerankRequest, ZeroShotRequest, openai.CompletionRequest
+    )
+    api = [*rest.routes(tasks, rules), *pairs.routes(rules), *files.routes(), *oip.routes(), *openai.routes(rules)]
     api += [*libretranslate.routes(), *page.routes()]
     document = openapi.builder(tuple(api), settings, state.models)
     app.table = RouteTable([*api, *openapi.routes(document), *apidocs.routes(openapi.TITLE, settings.api_pages)])

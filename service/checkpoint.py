@@ -46,6 +46,8 @@ class ImportChoice:
     variants: tuple[str, ...] = ("fp32",)
     default_variant: str = "fp32"
     calibration: tuple[str, ...] = ()  # texts (int8's activation scales)
+    task: str | None = None  # an encoder-decoder's: translation or text2text; None: its family's default
+    prefix: str = ""  # text2text: prepended to every input
 
 
 def is_checkpoint(folder: Path) -> bool:
@@ -128,6 +130,8 @@ def _importer() -> Importer:
             default_variant=choice.default_variant,
             calibration=choice.calibration,
             languages=choice.languages,
+            task=choice.task,
+            prefix=choice.prefix,
         )
         try:
             with quiet(log.isEnabledFor(logging.DEBUG)):

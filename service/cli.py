@@ -114,6 +114,16 @@ def serve_parser(prog: str) -> argparse.ArgumentParser:
         help="a one-pair translator's source,target, e.g. en,de [default: the checkpoint's]",
     )
     imports.add_argument(
+        "--task",
+        default=None,
+        metavar="TASK",
+        help="an encoder-decoder's task, translation or text2text [default: text2text for T5 and BART, "
+        "translation for the others]",
+    )
+    imports.add_argument(
+        "--prefix", default="", metavar="TEXT", help='text2text: prepended to every input, e.g. "summarize: "'
+    )
+    imports.add_argument(
         "--variants", default="fp32", metavar="LIST", help="comma list of fp32,fp16,int8 [default: fp32]"
     )
     imports.add_argument(
@@ -133,7 +143,7 @@ def serve_parser(prog: str) -> argparse.ArgumentParser:
     return parser
 
 
-IMPORT_OPTIONS = ("name", "languages", "variants", "default_variant", "calibration")
+IMPORT_OPTIONS = ("name", "languages", "task", "prefix", "variants", "default_variant", "calibration")
 
 
 def serve_main(argv: Sequence[str], prog: str = f"{PROG} serve") -> int:
@@ -182,6 +192,8 @@ def import_choice(args: argparse.Namespace) -> ImportChoice:
         variants=tuple(v.strip() for v in args.variants.split(",") if v.strip()),
         default_variant=args.default_variant,
         calibration=calibration,
+        task=args.task,
+        prefix=args.prefix,
     )
 
 

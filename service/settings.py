@@ -56,6 +56,12 @@ class Settings(BaseSettings):
     translation_threads: int = Field(
         default=0, ge=0, le=256, description="threads of the translator's step scheduler; 0: the rest, at least 1"
     )
+    text2text_threads: int = Field(
+        default=0,
+        ge=0,
+        le=256,
+        description="threads of a text-to-text model's step scheduler; 0: shares the rest with the translator",
+    )
     model_versions: str = Field(
         default="",
         pattern=r"^\s*([a-z0-9][a-z0-9._-]*=\d+\s*(,\s*|$))*$",
@@ -66,6 +72,9 @@ class Settings(BaseSettings):
     )
     default_classifier: str | None = Field(default=None, description="model used by /predict without `model`")
     default_translator: str | None = Field(default=None, description="model used by /translate without `model`")
+    default_generator: str | None = Field(
+        default=None, description="text-to-text model used by /generate without `model`"
+    )
     # batching
     max_batch_size: int = Field(default=32, ge=1, le=1024, description="items (texts) per batch")
     max_batch_tokens: int = Field(default=8192, ge=1, description="padded tokens per batch (rows x longest x beams)")

@@ -111,7 +111,7 @@ def test_figures_route_serves_the_pinned_png(client: TestClient, tiny_store: Pat
     assert r.headers["etag"] == f'"{sha256_file(tiny_store / "tiny-mt" / "1" / "curves.png")}"'
     r = client.get("/v1/models/tiny-clf/figures/positions")
     assert r.status_code == 200 and r.content.startswith(PNG)
-    listed = {m["name"]: m.get("figures") for m in client.get("/v1/models").json()["models"]}
+    listed = {m["name"]: m.get("figures") for m in client.get("/v1/models").json()["data"]}
     assert listed == {"tiny-clf": ["positions"], "tiny-mt": ["curves", "positions"]}
 
 

@@ -100,7 +100,7 @@ async def test_predict_and_rerank_answer_as_transformers(pair_store) -> None:
         assert all("text" not in x for x in raw)
         assert np.abs(np.array([x["score"] for x in raw]) - np.sort(logits)[::-1]).max() <= 1e-4
 
-        models = {m["name"]: m for m in (await c.get("/v1/models")).json()["models"]}
+        models = {m["name"]: m for m in (await c.get("/v1/models")).json()["data"]}
         assert models["xenc"].get("pairs") is True and "pairs" not in models["tiny-clf"]
 
 

@@ -23,7 +23,7 @@ def refused(url: str) -> float:
 
 
 def listed(url: str) -> set[int]:
-    models = httpx.get(url + "/v1/models", timeout=30).json()["models"]
+    models = httpx.get(url + "/v1/models", timeout=30).json()["data"]
     return {m["version"] for m in models if m["name"] == "tiny-mt"}
 
 
@@ -70,7 +70,7 @@ def test_a_new_version_takes_over_without_losing_a_request(tiny_store: Path, tmp
             for t in threads:
                 t.join(30)
         with httpx.Client(base_url=server.url, timeout=30) as c:
-            models = c.get("/v1/models").json()["models"]
+            models = c.get("/v1/models").json()["data"]
             metrics = c.get("/metrics").text
     assert set(statuses) == {200}, statuses  # nothing failed or was dropped during the switch
     assert texts == {expected_translation("The cat sees a dog.")}

@@ -242,7 +242,7 @@ async def test_models_health_and_metrics(client: httpx.AsyncClient) -> None:
     assert (await client.get("/healthz")).json() == {"status": "ok"}
     ready = await client.get("/readyz")
     assert ready.status_code == 200 and ready.json()["models"] == ["tiny-clf", "tiny-mt"]
-    models = {m["name"]: m for m in (await client.get("/v1/models")).json()["models"]}
+    models = {m["name"]: m for m in (await client.get("/v1/models")).json()["data"]}
     assert models["tiny-clf"]["labels"] == ["negative", "neutral", "positive"]
     assert models["tiny-clf"]["task"] == "classification" and models["tiny-clf"]["status"] == "ready"
     assert models["tiny-mt"]["max_source_tokens"] == 23 and models["tiny-mt"]["max_new_tokens"] == 24
@@ -595,7 +595,7 @@ async def test_corrupted_store_is_never_ready(tiny_store: Path, tmp_path: Path) 
     async with serving(application, ready=False) as client:
         await until(lambda: bool(state_of(application).models.loaded))
         error_of(await client.get("/readyz"), 503, "not_ready", "tiny-mt", "decoder.onnx", "sha256")
-        models = {m["name"]: m for m in (await client.get("/v1/models")).json()["models"]}
+        models = {m["name"]: m for m in (await client.get("/v1/models")).json()["data"]}
         assert models["tiny-mt"]["status"] == "failed" and models["tiny-clf"]["status"] == "ready"
         error_of(await client.post("/translate", json={"texts": ["a"]}), 503, "not_ready", "failed")
         assert (await client.post("/predict", json={"texts": ["a"]})).status_code == 200
@@ -679,7 +679,7 @@ async def test_versioned_oip_infer_is_counted_like_the_unversioned_route(client:
 async def test_decode_options_are_checked_against_the_model_even_without_sentences(client: httpx.AsyncClient) -> None:
     """An empty text has no sentence to decode; a max_new_tokens above the model's limit is
     still refused (schemathesis found it answered 200)."""
-    limit = next(m for m in (await client.get("/v1/models")).json()["models"] if m["name"] == "tiny-mt")
+    limit = next(m for m in (await client.get("/v1/models")).json()["data"] if m["name"] == "tiny-mt")
     r = await client.post("/translate", json={"texts": [""], "max_new_tokens": limit["max_new_tokens"] + 1})
     assert r.status_code == 422 and "max_new_tokens" in r.json()["error"]
 

@@ -134,7 +134,7 @@ def client(tiny_store: Path, tiny_tokenizer: Tokenizer, tmp_path: Path) -> Itera
 
 def test_a_registered_task_is_served_everywhere(client: TestClient, tiny_tokenizer: Tokenizer) -> None:
     assert client.get("/readyz").status_code == 200
-    models = {m["name"]: m for m in client.get("/v1/models").json()["models"]}
+    models = {m["name"]: m for m in client.get("/v1/models").json()["data"]}
     assert models["counter"] == {
         "name": "counter",
         "version": 1,
@@ -168,7 +168,7 @@ def test_an_unknown_task_fails_its_version_only(tiny_store: Path, tiny_tokenizer
     counter_version(store / "counter" / "1", tiny_tokenizer)  # token_count is not registered here
     with TestClient(create_app(Settings(model_store=store, threads=1, model_thread_priority="nice"))) as c:
         for _ in range(6000):
-            models = {m["name"]: m for m in c.get("/v1/models").json()["models"]}
+            models = {m["name"]: m for m in c.get("/v1/models").json()["data"]}
             if models.get("tiny-clf", {}).get("status") == "ready":
                 break
             time.sleep(0.02)

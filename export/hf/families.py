@@ -40,7 +40,9 @@ class Family:
     """Everything the importer knows of one family: a `config.model_type` served as one task."""
 
     model_type: str
-    task: Literal["translation", "classification"]  # the spec that publishes it (`export.specs.imported`)
+    # the spec that publishes it (`export.specs.imported`): "translation", an encoder-decoder (served
+    # for translation or text2text), or a classifier
+    task: Literal["translation", "classification"]
     architecture: Callable[[Config], dict[str, int | float | str]]  # config mapping: the manifest's dimensions
     check: Callable[[Config], None]  # ImportProblem naming what of a config its graph would not reproduce
     graph: StepBuilder | ClassifierLayout  # a translator's step model builder, a classifier's layout
@@ -50,6 +52,9 @@ class Family:
     # a translator's fp16 and int8 graphs checked against fp32 before they are published (T5: fp16
     # overflows in T5 1.1's feed-forward); the other families' pass the batch-invariance gate only
     variants_checked: bool = False
+    # an encoder-decoder published as text-to-text unless told otherwise (T5, BART: summarizers and
+    # instruction models read a text whole); the others as translators (`export.specs.imported.served_as`)
+    text2text: bool = False
 
     def tokenization_for(self, folder: Path) -> Tokenization:
         """The tokenization of the checkpoint in `folder`: a variant its declared tokenizer class names."""
@@ -67,11 +72,15 @@ _BPE_FILES = (("tokenizer.json",), ("vocab.json", "merges.txt"))
 _WORDPIECE_FILES = (("tokenizer.json",), ("vocab.txt",))
 
 
-def _bart_layout(model_type: str, layout: Layout, tokenization: Tokenization, **variants: Tokenization) -> Family:
+def _bart_layout(
+    model_type: str, layout: Layout, tokenization: Tokenization, text2text: bool = False, **variants: Tokenization
+) -> Family:
     """A translator of the BART layer layout (`export.hf.seq2seq`) with its quirks."""
     check = partial(seq2seq.check_supported, layout=layout)
     build = partial(seq2seq.Seq2Seq, layout=layout)
-    return Family(model_type, "translation", seq2seq.architecture, check, build, tokenization, variants)
+    return Family(
+        model_type, "translation", seq2seq.architecture, check, build, tokenization, variants, text2text=text2text
+    )
 
 
 def _t5(model_type: str) -> Family:
@@ -80,7 +89,14 @@ def _t5(model_type: str) -> Family:
     own T5 tokenizer when no tokenizer.json is shipped; labels carry no prefix (targets: none)."""
     tokenization = Tokenization(model_type, (("tokenizer.json",), ("spiece.model",)), tok.label_prefix_targets)
     return Family(
-        model_type, "translation", t5.architecture, t5.check_supported, t5.T5Step, tokenization, variants_checked=True
+        model_type,
+        "translation",
+        t5.architecture,
+        t5.check_supported,
+        t5.T5Step,
+        tokenization,
+        variants_checked=True,
+        text2text=True,
     )
 
 
@@ -106,6 +122,7 @@ FAMILIES: tuple[Family, ...] = (
         "bart",
         Layout(pre_norm=False, position_offset="offset"),
         Tokenization("bart", _BPE_FILES, tok.label_prefix_targets),
+        text2text=True,
     ),
     _bart_layout(
         "mbart",

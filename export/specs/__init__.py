@@ -72,6 +72,7 @@ class Description:
     labels: list[str] = field(default_factory=list)
     source_language: str | None = None
     target_language: str | None = None
+    prefix: str = ""
     sources: dict[str, Framing] = field(default_factory=dict)
     targets: dict[str, list[int]] = field(default_factory=dict)
     pair: PairFraming | None = None

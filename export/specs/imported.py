@@ -41,8 +41,6 @@ _OFF: dict[str, tuple[object, ...]] = {
     "do_sample": (False, None),
     "num_beam_groups": (1, None),
     "diversity_penalty": (0.0, None),
-    "min_length": (0, None),
-    "min_new_tokens": (0, None),
     "repetition_penalty": (1.0, None),
     "encoder_no_repeat_ngram_size": (0, None),
     "forced_decoder_ids": (None,),
@@ -65,6 +63,8 @@ class ImportOptions:
     default_variant: str = "fp32"
     calibration: tuple[str, ...] = ()  # texts whose activations set the int8 scales
     languages: tuple[str, str] | None = None  # a monolingual translator's source and target (BCP 47)
+    task: str | None = None  # an encoder-decoder's task: translation or text2text; None: its family's default
+    prefix: str = ""  # text2text: prepended to every input (T5's "summarize: ")
 
 
 class ImportedSpec(ModelSpec):
@@ -147,13 +147,14 @@ class ImportedTranslator(ImportedSpec):
     as the bundled translator's graphs, with the checkpoint's decoder start, suppressed ids, framing
     and decoding defaults."""
 
-    task = "translation"
+    task = "translation"  # or text2text (`served_as`), per checkpoint
     output = "logprobs"
     auto_class = transformers.AutoModelForSeq2SeqLM
     model: steps.ImportedStep
 
     def setup(self) -> None:
         hf, config, tok, folder, options = self.hf, self.config, self.tok, self.folder, self.options
+        self.task = served_as(self.family, options)
         self.generation, self.raw_generation = generation_of(hf.generation_config)
         start = hf.generation_config.decoder_start_token_id
         if start is None:
@@ -223,7 +224,8 @@ class ImportedTranslator(ImportedSpec):
             max_new_tokens=min(MAX_NEW_TOKENS, positions - 1, _length_limit(raw)),
             targets={code: list(ids) for code, ids in _targets(raw, tok.targets).items()},
             generation=self.generation,
-            **self.languages,
+            prefix=self.options.prefix,
+            **(self.languages if self.task == "translation" else {}),
         )
 
 
@@ -279,6 +281,25 @@ def spec_for(family: Family) -> type[ImportedSpec]:
     return SPECS[family.task]
 
 
+def served_as(family: Family, options: ImportOptions) -> str:
+    """The task an encoder-decoder is published for: `--task`, else text2text for the families
+    that are (T5, BART summarizers) unless languages are named, else translation. A prefix is a
+    text-to-text model's; languages a translator's."""
+    task = options.task or ("text2text" if family.text2text and options.languages is None else "translation")
+    if task not in TEXT_TASKS:
+        raise ImportProblem(f"--task {task!r}: an encoder-decoder is published for {' or '.join(TEXT_TASKS)}")
+    if task == "translation" and options.prefix:
+        raise ImportProblem("--prefix is for text2text models; a translator's input is its sentences as written")
+    if task == "text2text" and options.languages is not None:
+        raise ImportProblem(
+            "--languages is for translators; a text2text model has none (drop it or --task translation)"
+        )
+    return task
+
+
+TEXT_TASKS = ("translation", "text2text")
+
+
 def generation_of(gen: object) -> tuple[Generation, dict[str, object]]:
     """The decoding defaults of the model's generation config (what `generate` uses: its
     generation_config.json, else its config.json) and the raw options kept."""
@@ -294,8 +315,11 @@ def generation_of(gen: object) -> tuple[Generation, dict[str, object]]:
         raise ImportProblem(f"generation_config: early_stopping={gen.early_stopping!r} is not supported")
     if (gen.num_beams or 1) > 8:
         raise ImportProblem(f"generation_config: num_beams={gen.num_beams} (the engine's beams are at most 8)")
+    # transformers' min_length counts the decoder start token; min_new_tokens only generated ones
+    least = max(int(gen.min_new_tokens or 0), int(gen.min_length or 0) - 1)  # type: ignore[attr-defined]
     defaults = Generation(
         beam_size=int(gen.num_beams or 1),
+        min_new_tokens=least,
         length_penalty=float(gen.length_penalty if gen.length_penalty is not None else 1.0),
         early_stopping=stopping,
         no_repeat_ngram_size=int(gen.no_repeat_ngram_size or 0),

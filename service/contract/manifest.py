@@ -88,6 +88,7 @@ class Generation(BaseModel):
     early_stopping: bool | Literal["never"] = True
     no_repeat_ngram_size: int = Field(default=0, ge=0)
     forced_eos: bool = False  # the last token a length limit allows is EOS
+    min_new_tokens: int = Field(default=0, ge=0)  # no EOS before this many tokens (a summarizer's min_length - 1)
 
 
 class Manifest(BaseModel):
@@ -113,6 +114,8 @@ class Manifest(BaseModel):
     max_new_tokens: int = Field(ge=0, le=MAX_NEW_TOKENS)
     source_language: str | None = None  # BCP 47 ("en"); translators only; a multilingual model's default
     target_language: str | None = None
+    # text2text: prepended to every input before it is tokenized (T5's "summarize: ")
+    prefix: str = Field(default="", max_length=1000)
     # IO contract 4. Source language ("": any) -> framing; none: a translator source ends with EOS.
     sources: dict[str, Framing] = Field(default_factory=dict)
     # Target language ("": the only one) -> the tokens a translation starts with (forced, score 0).

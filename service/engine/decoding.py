@@ -59,6 +59,7 @@ class DecodeParams:
     seed: int = 0  # sampling: the same seed draws the same tokens
     repetition_penalty: float = 1.0  # > 0; a generated token's log-prob is multiplied by it
     no_repeat_ngram_size: int = 0  # 0: off; n: no n-gram occurs twice in a hypothesis
+    min_new_tokens: int = 0  # no EOS before this many tokens (transformers' min_new_tokens; min_length - 1)
     # When beam search stops (transformers' `early_stopping`): True once beam_size hypotheses
     # ended; False (transformers' default) also once no live beam, at its current length, can beat
     # the worst of them; "never" assumes a live beam could reach max_new_tokens first.
@@ -70,6 +71,7 @@ class DecodeParams:
         _check_int("num_hypotheses", self.num_hypotheses, 1, MAX_BEAM_SIZE if self.sample else self.beam_size)
         _check_int("top_k", self.top_k, 0, None)
         _check_int("no_repeat_ngram_size", self.no_repeat_ngram_size, 0, None)
+        _check_int("min_new_tokens", self.min_new_tokens, 0, None)
         _check_int("seed", self.seed, 0, None)
         _check_float("length_penalty", self.length_penalty, 0.0, 2.0)
         _check_float("temperature", self.temperature, 0.0, None, low_open=True)
@@ -158,10 +160,15 @@ class Search:
 
     @property
     def penalised(self) -> bool:
-        """A repetition penalty, n-gram blocking or a forced token: this step needs its rows' own
-        processed log-probabilities."""
+        """A repetition penalty, n-gram blocking, a forced token or an EOS not allowed yet: this
+        step needs its rows' own processed log-probabilities."""
         p = self.params
-        return p.repetition_penalty != 1.0 or p.no_repeat_ngram_size > 0 or self.forced_token() is not None
+        return (
+            p.repetition_penalty != 1.0
+            or p.no_repeat_ngram_size > 0
+            or self.t < p.min_new_tokens
+            or self.forced_token() is not None
+        )
 
     def forced_token(self, step: int | None = None) -> int | None:
         """The token that step (0: the first generated token; default: the coming one) must take, if any."""
@@ -181,16 +188,22 @@ class Search:
         return sorted(self.found, key=lambda h: -h.score)[: self.params.num_hypotheses]
 
     def penalised_logprobs(self, logp: NDArray[np.floating]) -> NDArray[np.floating]:
-        """Repetition penalty and n-gram blocking on the rows' own history, or the forced token
-        alone at 0 (a copy when any applies); called after `t` counts this step."""
+        """Repetition penalty and n-gram blocking on the rows' own history and no EOS before the
+        minimum, or the forced token alone at 0 (a copy when any applies); called after `t` counts
+        this step. As transformers' processors: log-probabilities masked, not renormalised."""
         p, done = self.params, self.t - 1  # tokens generated before this step
         if (forced := self.forced_token(done)) is not None:
             one = np.full(logp.shape, -np.inf)
             one[:, forced] = 0.0
             return one
-        if (p.repetition_penalty == 1.0 and not p.no_repeat_ngram_size) or done == 0:
+        early = done < p.min_new_tokens
+        if not early and ((p.repetition_penalty == 1.0 and not p.no_repeat_ngram_size) or done == 0):
             return logp
         logp = np.array(logp, dtype=np.float64)
+        if early:
+            logp[:, self.eos_id] = -np.inf
+        if done == 0:
+            return logp
         n = p.no_repeat_ngram_size
         for r in range(self.rows):
             hist = self.hist[r, :done]
@@ -223,7 +236,8 @@ class Strategy(ABC):
 
 class Greedy(Strategy):
     """Argmax with width 1 and no penalties: one pass over the batch finds every row's best token
-    (the lowest id among equals); each sentence then takes it in a few scalar steps."""
+    (the lowest id among equals); each sentence then takes it in a few scalar steps (an EOS before
+    the sentence's minimum length gives way to its best other token)."""
 
     def check(self, params: DecodeParams) -> None:
         p = params
@@ -233,7 +247,20 @@ class Greedy(Strategy):
     def step(self, searches: Sequence[Search], logp: np.ndarray, starts: NDArray[np.int64]) -> list[np.ndarray | None]:
         best = logp.argmax(axis=1)[starts]
         best_lp = logp[starts, best].tolist()
-        return [_take(s, tok, lp) for s, tok, lp in zip(searches, best.tolist(), best_lp, strict=True)]
+        chosen = best.tolist()
+        ends = (
+            [i for i, s in enumerate(searches) if chosen[i] == s.eos_id]
+            if chosen and searches[0].eos_id in chosen
+            else []
+        )
+        for i in ends:
+            s = searches[i]
+            if s.t < s.params.min_new_tokens:  # EOS not allowed yet: the best other token
+                row = np.array(logp[starts[i]], dtype=np.float64)
+                row[s.eos_id] = -np.inf
+                chosen[i] = int(row.argmax())
+                best_lp[i] = float(row[chosen[i]])
+        return [_take(s, tok, lp) for s, tok, lp in zip(searches, chosen, best_lp, strict=True)]
 
 
 def _take(s: Search, tok: int, logprob: float) -> np.ndarray | None:

@@ -25,6 +25,7 @@ class SourceOptions:
 
     source_language: str | None = None
     target_language: str | None = None
+    truncate: bool = False  # a source past the model's limit loses its end instead of being refused
 
 
 @dataclass(frozen=True)
@@ -70,15 +71,19 @@ class Preparation(Protocol[P]):
 
 
 class WholeText:
-    """Text-to-text: each text is one source, read whole (no lines, sentences or masks), framed
-    as the model frames any source; its hypotheses are its outputs."""
+    """Text-to-text: each text is one source, read whole (no lines, sentences or masks), after the
+    model's `prefix` (T5's "summarize: "), framed as the model frames any source; its hypotheses
+    are its outputs."""
 
-    def __init__(self, codec: TextCodec, forced: Sequence[int] = ()) -> None:
-        self.codec, self.forced = codec, tuple(forced)
+    def __init__(self, codec: TextCodec, forced: Sequence[int] = (), prefix: str = "") -> None:
+        self.codec, self.forced, self.prefix = codec, tuple(forced), prefix
 
     def prepare(self, texts: Sequence[str], options: SourceOptions) -> Prepared:
         names = [f"texts[{i}]" for i in range(len(texts))]
-        return Prepared(self.codec.encode(texts, names), list(range(len(texts))), self.forced)
+        whole = [self.prefix + t for t in texts] if self.prefix else texts
+        return Prepared(
+            self.codec.encode(whole, names, truncate=options.truncate), list(range(len(texts))), self.forced
+        )
 
     def assemble(
         self, prepared: Prepared, hyps: Sequence[Sequence[Hypothesis]], length_penalty: float

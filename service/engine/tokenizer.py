@@ -81,15 +81,22 @@ class TextCodec:
         return codec
 
     def encode(
-        self, texts: Sequence[str], names: Sequence[str] | None = None, framing: Framing | None = None
+        self,
+        texts: Sequence[str],
+        names: Sequence[str] | None = None,
+        framing: Framing | None = None,
+        truncate: bool = False,
     ) -> list[list[int]]:
         """Token ids per text, framed; an empty text becomes a single <unk> so every row has one
-        real token. `names` say which input each text is, for the error of one that is too long."""
+        real token. `names` say which input each text is, for the error of one that is too long;
+        with `truncate` it loses its end instead (as transformers' `truncation=True`)."""
         f = framing or self.framing
         out = []
         for i, enc in enumerate(self._encodings(texts)):
             ids = enc.ids or [self.unk_id]
-            if len(ids) > self.max_tokens:
+            if truncate:
+                ids = ids[: self.max_tokens]
+            elif len(ids) > self.max_tokens:
                 name = names[i] if names is not None else f"texts[{i}]"
                 raise InputTooLong(f"{name} has {len(ids)} tokens; this model accepts at most {self.max_tokens}")
             out.append([*f.prefix, *ids, *f.suffix])

@@ -61,7 +61,7 @@ class TranslatorEngine:
         self.generation = manifest.generation
         # the plug-ins that turn its texts into sources and back (`seq2seq.Preparation`)
         self.translation = Translation(manifest, codec)
-        self.whole_text = WholeText(codec, manifest.targets.get("", ()))
+        self.whole_text = WholeText(codec, manifest.targets.get("", ()), manifest.prefix)
         self.verbatim = self.translation.verbatim
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
@@ -101,6 +101,7 @@ class TranslatorEngine:
             length_penalty=g.length_penalty,
             no_repeat_ngram_size=g.no_repeat_ngram_size,
             early_stopping=g.early_stopping,
+            min_new_tokens=g.min_new_tokens,
         )
 
     def search(self, params: DecodeParams, limit: int | None = None, forced: Sequence[int] = ()) -> Search:

@@ -4,7 +4,8 @@ An error kind is a `ServiceError` class, declared once with its status and Retry
 domain's in `service.errors`, the HTTP layer's below). REST routes answer
 ``{"error": "<message>", "type": "<kind>"}``; the Open Inference Protocol and the LibreTranslate
 API answer ``{"error": "<message>"}`` as they say, LibreTranslate with its own codes
-(`Protocol.status`: every client error is a 400, a key problem a 403). Which applies is the
+(`Protocol.status`: every client error is a 400, a key problem a 403); the OpenAI-compatible
+routes ``{"error": {"message", "type", "param", "code"}}`` (the kind is the code). Which applies is the
 route's declared protocol (`service.http.table.Route.protocol`). Messages never echo request
 values, and the JSON is ASCII-escaped, so odd input (lone surrogates) cannot break an error answer.
 """
@@ -85,10 +86,22 @@ class AsciiJSONResponse(JSONResponse):
         return json.dumps(content, ensure_ascii=True, allow_nan=False, separators=(",", ":")).encode("ascii")
 
 
+def error_body(protocol: Protocol, exc: ServiceError) -> dict[str, object]:
+    """`exc` as `protocol`'s error body (also a stream's error event)."""
+    message = str(exc) or exc.kind
+    if protocol is Protocol.OPENAI:
+        kind = _OPENAI_TYPES.get(exc.status, "server_error" if exc.status >= 500 else "invalid_request_error")
+        return {"error": {"message": message, "type": kind, "param": None, "code": exc.kind}}
+    if protocol is Protocol.REST:
+        return {"error": message, "type": exc.kind}
+    return {"error": message}
+
+
+_OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error", 429: "rate_limit_error"}
+"""OpenAI's error types by status (its API reference); the project's kind is the error's `code`."""
+
+
 def answer_error(protocol: Protocol, exc: ServiceError) -> Response:
     """`exc` as `protocol` answers it: its body, its status, and Retry-After where the kind has one."""
-    body: dict[str, str] = {"error": str(exc) or exc.kind}
-    if protocol is Protocol.REST:
-        body["type"] = exc.kind
     headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else None
-    return AsciiJSONResponse(body, status_code=protocol.status(exc.status), headers=headers)
+    return AsciiJSONResponse(error_body(protocol, exc), status_code=protocol.status(exc.status), headers=headers)

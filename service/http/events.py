@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Mapping
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ServiceError
-from service.http.errors import answer_error
+from service.http.errors import InternalError, answer_error, error_body
 from service.http.limits import hold
 from service.http.scope import request_info
 from service.http.state import scope_state
@@ -57,11 +57,8 @@ def error_event(exc: BaseException, protocol: Protocol) -> bytes:
     """An error after the first byte, in the shape of the route's JSON errors."""
     if not isinstance(exc, ServiceError):
         log.error("a streamed answer failed", exc_info=exc)
-        return event({"error": "internal error", "type": "internal"})
-    body: dict[str, object] = {"error": str(exc) or exc.kind}
-    if protocol is Protocol.REST:
-        body["type"] = exc.kind
-    return event(body)
+        exc = InternalError("internal error")
+    return event(error_body(protocol, exc))
 
 
 _END = object()  # the producer's last item: the stream is complete

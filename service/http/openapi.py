@@ -55,6 +55,25 @@ ERROR_SCHEMAS: dict[Protocol, tuple[str, dict[str, Any]]] = {
         "LibreTranslateError",
         {"type": "object", "required": ["error"], "properties": {"error": {"type": "string"}}},
     ),
+    Protocol.OPENAI: (
+        "OpenAIError",
+        {
+            "type": "object",
+            "required": ["error"],
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["message", "type", "param", "code"],
+                    "properties": {
+                        "message": {"type": "string"},
+                        "type": {"type": "string"},
+                        "param": {"type": ["string", "null"]},
+                        "code": {"type": ["string", "null"]},
+                    },
+                }
+            },
+        },
+    ),
 }
 TITLE = "transformer-serve"
 _REF = "#/components/schemas/{model}"

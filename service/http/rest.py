@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
 from starlette.responses import Response
@@ -57,6 +58,7 @@ async def metrics(call: Call) -> ASGIApp:
 
 def model_info(v: VersionView) -> schemas.ModelInfo:
     info: dict[str, object] = {
+        "id": v.name,
         "name": v.name,
         "version": v.version,
         "task": v.task_name if v.held else None,
@@ -65,16 +67,26 @@ def model_info(v: VersionView) -> schemas.ModelInfo:
         "error": v.error,
     }
     if v.task is not None:
-        info |= {"variant": v.task.variant, **v.task.describe()}
+        info |= {"variant": v.task.variant, "created": published(v.task.manifest.created), **v.task.describe()}
         info["figures"] = sorted(v.task.manifest.figures) or None
     return schemas.ModelInfo.model_validate(info)
 
 
 async def list_models(call: Call) -> ASGIApp:
     """Every loaded version of every model (`current`: the one requests without a version get), and
-    the versions refused (files that do not match their manifest, or a failed load)."""
+    the versions refused (files that do not match their manifest, or a failed load), in OpenAI's
+    list shape: `{"object": "list", "data": [...]}`, each entry a model object with its `id`."""
     snapshot = scope_state(call.scope).models.snapshot()
-    return json_answer(schemas.ModelsResponse(models=[model_info(v) for v in snapshot.versions]))
+    return json_answer(schemas.ModelsResponse(data=[model_info(v) for v in snapshot.versions]))
+
+
+def published(created: str) -> int:
+    """A manifest's `created` (ISO 8601) as Unix time; 0 when it does not read as one."""
+    try:
+        stamp = datetime.fromisoformat(created)
+    except ValueError:
+        return 0
+    return int((stamp if stamp.tzinfo else stamp.replace(tzinfo=UTC)).timestamp())
 
 
 @dataclass(frozen=True)

@@ -76,6 +76,13 @@ def text_limits(schema: dict[str, Any], max_texts: int, max_chars: int, invalid:
 
 
 class ModelInfo(ResponseModel):
+    """One version of a model: OpenAI's model object (`id`, `object`, `created`, `owned_by`) with the
+    project's fields."""
+
+    id: str = Field(description="the model's name, as `model` takes it (one entry per version)")
+    object: Literal["model"] = "model"
+    created: int = Field(default=0, description="Unix time the version was published; 0: not known")
+    owned_by: str = "transformer-serve"
     name: str
     version: int
     task: str | None = None
@@ -90,12 +97,16 @@ class ModelInfo(ResponseModel):
     target_language: str | None = None
     source_languages: list[str] | None = Field(default=None, description="translators: the `source_language` values")
     target_languages: list[str] | None = Field(default=None, description="translators: the `target_language` values")
+    prefix: str | None = Field(default=None, description="text-to-text models: what every input is read after")
     figures: list[str] | None = Field(default=None, description="pictures at /v1/models/{name}/figures/{figure}")
     error: str | None = None
 
 
 class ModelsResponse(ResponseModel):
-    models: list[ModelInfo]
+    """OpenAI's list shape (`client.models.list()` reads it)."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelInfo]
 
 
 # -- Open Inference Protocol v2 (KServe) ---------------------------------------------------------

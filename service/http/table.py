@@ -36,6 +36,7 @@ class Protocol(enum.Enum):
     REST = "rest"  # {"error": ..., "type": ...}
     OIP = "oip"  # {"error": ...}, as the Open Inference Protocol says
     LIBRETRANSLATE = "libretranslate"  # {"error": ...}, with LibreTranslate's codes (400 for bad input)
+    OPENAI = "openai"  # {"error": {"message", "type", "param", "code"}}, as OpenAI's API answers
 
     def status(self, status: int) -> int:
         """The status this protocol answers for `status`: LibreTranslate folds every bad request

@@ -35,10 +35,13 @@ class Delta:
 
 @dataclass(frozen=True)
 class Ended:
-    """Text `index`'s output is complete (after its last delta); `output` as the answer gives it."""
+    """Text `index`'s output is complete (after its last delta); `output` as the answer gives it;
+    `source_tokens` and `tokens`, what the model read and generated for it (usage)."""
 
     index: int
     output: Generated
+    source_tokens: int = 0
+    tokens: int = 0
 
 
 TextEvent = Delta | Ended
@@ -105,8 +108,18 @@ class Deltas:
             if not best.text.startswith(self.shown[index]):
                 raise Diverged(f"text {index}: streamed {self.shown[index]!r}, answer {best.text!r}")
             out += self._grow(index, best.text)
-            out.append(Ended(index, best))
+            read, generated = usage(done, index, 1)
+            out.append(Ended(index, best, read, generated))
         return out
+
+
+def usage(done: Done, index: int, n: int) -> tuple[int, int]:
+    """Text `index`'s tokens read (its sources, framed) and generated (EOS included) for its `n`
+    best outputs (each output takes one hypothesis of each of its sources)."""
+    sources = [k for k, owner in enumerate(done.prepared.owner) if owner == index]
+    read = sum(len(done.prepared.sources[k]) for k in sources)
+    generated = sum(len(h.tokens) + int(h.finished) for k in sources for h in done.hypotheses[k][:n])
+    return read, generated
 
 
 def text_deltas(task: Seq2SeqTask[Any, Any], work: Work) -> AsyncGenerator[TextEvent, None]:

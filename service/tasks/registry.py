@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from service.tasks.base import Task
 from service.tasks.classification import ClassificationTask
+from service.tasks.text2text import Text2TextTask
 from service.tasks.translation import TranslationTask
 
 _TASKS: dict[str, type[Task]] = {}
@@ -34,3 +35,4 @@ def tasks() -> list[type[Task]]:
 
 register(ClassificationTask)
 register(TranslationTask)
+register(Text2TextTask)

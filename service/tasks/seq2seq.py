@@ -7,7 +7,7 @@ seed), and the step scheduler decodes them, publishing progress as it goes
 (`service.scheduling.progress`). `stream(work)` yields that progress and, last, the answer the
 plug-in assembles (`Done`); `run(work)` is that last event: a one-shot answer and a stream read
 the same events. Knows nothing about sentences, spans or languages (it hands the request's
-languages to the plug-in unread), nor about any protocol.
+source options to the plug-in unread), nor about any protocol.
 """
 
 from __future__ import annotations
@@ -36,11 +36,7 @@ from service.tracing import Trace
 class Decoding(Protocol):
     """A request's options as this task reads them (the task's `Options`)."""
 
-    @property
-    def source_language(self) -> str | None: ...
-
-    @property
-    def target_language(self) -> str | None: ...
+    def source_options(self) -> SourceOptions: ...
 
     def params(self, model_limit: int, sentence: int, defaults: Generation | None = None) -> DecodeParams: ...
 
@@ -119,7 +115,7 @@ class Seq2SeqTask(Task[Q, R]):
         the same for every source, but for sampling's seeds (each source draws from its own
         generator)."""
         engine = self.engine
-        prepared = self.preparation.prepare(texts, SourceOptions(options.source_language, options.target_language))
+        prepared = self.preparation.prepare(texts, options.source_options())
         limit, defaults = engine.max_new_tokens, engine.generation
         first = options.params(limit, 0, defaults)  # the options hold for this model even with no source
         searches = [

@@ -528,7 +528,7 @@ function figureBlock(model) {
 async function loadModels() {
   try {
     const data = await call("/v1/models");
-    const serving = data.models.filter((m) => m.current !== false && m.status !== "refused");
+    const serving = data.data.filter((m) => m.current !== false && m.status !== "refused");
     $("models").textContent = serving.length
       ? `Serving ${serving.map((m) => `${m.name} v${m.version} (${m.task || "?"}, ${m.status})`).join(" · ")}`
       : "No model is served.";
@@ -543,7 +543,7 @@ async function loadModels() {
       none.textContent = "The served versions keep no training figures (exported before figures were kept).";
       $("figures").append(none);
     }
-    if (data.models.some((m) => m.status === "loading")) setTimeout(loadModels, 2000);
+    if (data.data.some((m) => m.status === "loading")) setTimeout(loadModels, 2000);
   } catch (err) {
     $("models").textContent = "";
     $("figures").replaceChildren();
