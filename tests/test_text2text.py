@@ -275,7 +275,7 @@ def test_generate_refuses_what_it_cannot_answer(server: Server) -> None:
     r = httpx.post(server.url + "/translate", json={"model": "flan", "texts": DOCS}, timeout=60)
     assert r.status_code == 422 and "is a text2text model" in r.json()["error"]
     r = httpx.post(url, json={"model": "flan", "texts": DOCS, "min_new_tokens": 30, "max_new_tokens": 10}, timeout=60)
-    assert r.status_code == 422 and "min_new_tokens must be at most max_new_tokens" in r.json()["error"]
+    assert [g["finish_reason"] for g in r.json()["generations"]] == ["length"] * 3  # no end before the maximum
 
 
 @pytest.mark.slow
@@ -312,6 +312,9 @@ def test_the_openai_client_completes_on_every_sequence_to_sequence_model(
     opus = httpx.post(server.url + "/translate", json={"model": "opus", "texts": DOCS, "decode": "greedy"}, timeout=60)
     translated = client.completions.create(model="opus", prompt=DOCS, temperature=0)
     assert [c.text for c in translated.choices] == [t["text"] for t in opus.json()["translations"]]
+    chunks = list(client.completions.create(model="opus", prompt=DOCS, temperature=0, stream=True))
+    texts = ["".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in range(3)]
+    assert texts == [c.text for c in translated.choices]
 
     summaries = references(imported["bart-cnn"], DOCS, num_beams=1)  # at least 9 tokens each
     k = max(range(3), key=lambda i: len(summaries[i]))
@@ -335,7 +338,24 @@ def test_completions_errors_are_openais(server: Server) -> None:
     with pytest.raises(openai.APIStatusError) as big:
         client.completions.create(model="flan", prompt=" ".join(DOCS * 8))
     assert big.value.status_code == 413
-    r = httpx.post(server.url + "/v1/completions", json={"model": "flan", "prompt": "x", "n": 2, "temperature": 0})
+    r = httpx.post(server.url + "/v1/completions", json={"model": "flan", "prompt": "x", "n": 3, "best_of": 2})
     error = r.json()["error"]
     assert r.status_code == 422 and set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == "invalid_request_error" and "n > 1 with temperature 0" in error["message"]
+    assert error["type"] == "invalid_request_error" and "n (3) must be at most best_of (2)" in error["message"]
+    r = httpx.post(server.url + "/v1/completions", json={"model": "flan", "prompt": "x", "n": 2, "stream": True})
+    assert r.status_code == 422 and "stream carries one output per prompt" in r.json()["error"]["message"]
+
+
+@pytest.mark.slow
+def test_completions_draw_best_of_and_repeat_a_greedy_output(server: Server) -> None:
+    """Sampling: best_of draws, the n likeliest answered (a fixed seed draws the same); temperature
+    0 with n > 1: the greedy output n times, as OpenAI's."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    body = {"model": "bart-cnn", "prompt": DOCS[:2], "seed": 5, "temperature": 1.0}
+    drawn = client.completions.create(**body, n=4)  # type: ignore[arg-type]
+    best = client.completions.create(**body, n=2, best_of=4)  # type: ignore[arg-type]
+    assert [c.text for c in best.choices] == [drawn.choices[k].text for k in (0, 1, 4, 5)]
+    assert best.usage is not None and drawn.usage is not None
+    assert best.usage.completion_tokens == drawn.usage.completion_tokens  # all four draws were generated
+    greedy = client.completions.create(model="bart-cnn", prompt=DOCS[0], temperature=0, n=3)
+    assert len({c.text for c in greedy.choices}) == 1 and [c.index for c in greedy.choices] == [0, 1, 2]

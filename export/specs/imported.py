@@ -34,6 +34,7 @@ from export.specs import CALIBRATION_SENTENCES, MAX_NEW_TOKENS, Description, Fee
 from export.validate import ExportError
 from service.contract.manifest import Framing, Generation
 
+TEXT2TEXT_MAX_NEW_TOKENS = 256  # a text-to-text model's limit where its own allows that many (the request bound)
 MIN_SOURCE_TOKENS = 8  # a position table with room for fewer source ids is refused
 PROBE_STEPS = 16  # decoder steps of the batch-invariance gate's probes (fewer where the positions end)
 # generation_config.json options the engine does not implement, with the values that mean "off"
@@ -181,6 +182,12 @@ class ImportedTranslator(ImportedSpec):
             "target_language": default_target(self.raw_generation, tok.targets),
         } | _named_pair(options.languages, tok.sources)
 
+    @property
+    def new_tokens_cap(self) -> int:
+        """A translation's sentences are short; a summary may be longer (bart-large-cnn asks for up
+        to 141 tokens): the request's bound."""
+        return TEXT2TEXT_MAX_NEW_TOKENS if self.task == "text2text" else MAX_NEW_TOKENS
+
     def write_graphs(self, folder: Path) -> dict[str, str]:
         return steps.export_translator(self.model, folder)
 
@@ -221,7 +228,7 @@ class ImportedTranslator(ImportedSpec):
                 "decoder_start_id": self.start,
             },
             max_source_tokens=positions - framing,
-            max_new_tokens=min(MAX_NEW_TOKENS, positions - 1, _length_limit(raw)),
+            max_new_tokens=min(self.new_tokens_cap, positions - 1, _length_limit(raw)),
             targets={code: list(ids) for code, ids in _targets(raw, tok.targets).items()},
             generation=self.generation,
             prefix=self.options.prefix,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -24,7 +24,7 @@ from pydantic import Field, ValidationError, model_validator
 from starlette.types import ASGIApp
 
 from service.engine.decoding import MAX_BEAM_SIZE
-from service.errors import BadRequest, InvalidInput
+from service.errors import InvalidInput
 from service.http import schemas
 from service.http.dispatch import json_answer
 from service.http.events import event_stream
@@ -42,6 +42,7 @@ from service.tasks.seq2seq import Done, Seq2SeqTask
 from service.validation import describe_validation
 
 MAX_STOPS = 4  # OpenAI's bound on `stop`
+MAX_STOP_CHARS = 256
 FINISH = {"eos": "stop", "length": "length"}
 
 
@@ -50,10 +51,44 @@ class StreamOptions(StrictModel):
 
 
 Count = Annotated[int, Field(ge=1, le=MAX_BEAM_SIZE), INTEGRAL]
+Stop = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
+
+
+def _off(value: object) -> Callable[[dict[str, Any]], None]:
+    """The API document's form of an OpenAI field this server does not do: only its "off" value."""
+
+    def schema(s: dict[str, Any]) -> None:
+        description = s.get("description", "")
+        s.clear()
+        s.update({"const": value, "description": description})
+
+    return schema
+
+
+def _cross_field_rules() -> dict[str, Any]:
+    """`CompletionRequest`'s rules between fields as JSON Schema `if`/`then`, one per value where
+    two fields are compared (JSON Schema cannot compare them), so the document announces every 422."""
+    beam = {"properties": {"use_beam_search": {"const": True}}, "required": ["use_beam_search"]}
+    rules: list[dict[str, Any]] = [
+        {
+            "if": {"properties": {"stream": {"const": True}}, "required": ["stream"]},
+            "then": {"properties": {"n": {"maximum": 1}}, "anyOf": [beam, {"properties": {"best_of": {"maximum": 1}}}]},
+        }
+    ]
+    for k in range(1, MAX_BEAM_SIZE):
+        rules.append(
+            {
+                "if": {"properties": {"best_of": {"const": k}}, "required": ["best_of"]},
+                "then": {"properties": {"n": {"maximum": k}}},
+            }
+        )
+    return {"allOf": rules}
 
 
 class CompletionRequest(StrictModel):
     """OpenAI's completions body, with vLLM's beam-search fields."""
+
+    model_config = StrictModel.model_config | {"json_schema_extra": _cross_field_rules()}
 
     model: ModelName = Field(description="a served translator or text-to-text model (GET /v1/models)")
     prompt: str | Annotated[list[str], Field(min_length=1)] = Field(description="one text, or a list of texts")
@@ -66,23 +101,30 @@ class CompletionRequest(StrictModel):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0, description="0: greedy; otherwise sampling")
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: Annotated[int, Field(ge=-1), INTEGRAL] = Field(default=-1, description="-1 or 0: every token")
-    n: Count = Field(default=1, description="outputs per prompt: sampled draws, or the beam's n best")
-    best_of: Count | None = Field(default=None, description="with use_beam_search: the beam width")
+    n: Count = Field(default=1, description="outputs per prompt (at most best_of)")
+    best_of: Count | None = Field(
+        default=None,
+        description="sampling: draws per prompt, the n likeliest answered; with use_beam_search: the beam width",
+    )
     use_beam_search: bool = Field(default=False, description="beam search (vLLM's field); temperature is not read")
     length_penalty: float | None = Field(default=None, ge=0.0, le=2.0, description="beam search; default: the model's")
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0)
     seed: Annotated[int, Field(ge=0, le=2**53 - 1), INTEGRAL] | None = None
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = Field(
+    stop: Stop | Annotated[list[Stop], Field(max_length=MAX_STOPS)] | None = Field(
         default=None, description="up to 4 texts; an output ends before the first it contains (finish_reason stop)"
     )
-    stream: bool = False
+    stream: bool = Field(default=False, description="chunks as they are produced; n 1, best_of 1 unless beam search")
     stream_options: StreamOptions | None = None
-    echo: bool = Field(default=False, description="not supported: false only")
-    logprobs: Annotated[int, Field(ge=0), INTEGRAL] | None = Field(default=None, description="not supported: null")
-    suffix: str | None = Field(default=None, description="not supported: null")
-    presence_penalty: float = Field(default=0.0, description="not supported: 0 only")
-    frequency_penalty: float = Field(default=0.0, description="not supported: 0 only")
-    logit_bias: dict[str, float] | None = Field(default=None, description="not supported: null or empty")
+    echo: bool = Field(default=False, description="not supported: false only", json_schema_extra=_off(False))
+    logprobs: Annotated[int, Field(ge=0), INTEGRAL] | None = Field(
+        default=None, description="not supported: null only", json_schema_extra=_off(None)
+    )
+    suffix: str | None = Field(default=None, description="not supported: null only", json_schema_extra=_off(None))
+    presence_penalty: float = Field(default=0.0, description="not supported: 0 only", json_schema_extra=_off(0))
+    frequency_penalty: float = Field(default=0.0, description="not supported: 0 only", json_schema_extra=_off(0))
+    logit_bias: dict[str, float] | None = Field(
+        default=None, description="not supported: null only", json_schema_extra=_off(None)
+    )
     user: str | None = Field(default=None, description="read and ignored")
 
     @model_validator(mode="after")
@@ -93,12 +135,14 @@ class CompletionRequest(StrictModel):
             "suffix": self.suffix is not None,
             "presence_penalty": self.presence_penalty != 0,
             "frequency_penalty": self.frequency_penalty != 0,
-            "logit_bias": bool(self.logit_bias),
+            "logit_bias": self.logit_bias is not None,
         }
         if asked := [name for name, on in unsupported.items() if on]:
             raise ValueError(f"{', '.join(asked)}: not supported by this server's completions")
-        if any(not s for s in self.stops):
-            raise ValueError("stop: an empty text would end every output at once")
+        if self.best_of is not None and self.n > self.best_of:
+            raise ValueError(f"n ({self.n}) must be at most best_of ({self.best_of})")
+        if self.stream and (self.n > 1 or (self.draws > 1 and not self.use_beam_search)):
+            raise ValueError("stream carries one output per prompt: n and best_of must be 1 (but for beam search)")
         return self
 
     @property
@@ -109,30 +153,35 @@ class CompletionRequest(StrictModel):
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    @property
+    def draws(self) -> int:
+        return self.best_of if self.best_of is not None else self.n
+
+    @property
+    def greedy(self) -> bool:
+        return not self.use_beam_search and self.temperature == 0
+
     def options(self) -> dict[str, object]:
-        """The task options this body asks for; what it leaves out stays the model's default."""
+        """The task options this body asks for; what it leaves out stays the model's default. A
+        greedy body's n outputs are its one output n times (as OpenAI's at temperature 0)."""
         out: dict[str, object] = {}
         if self.use_beam_search:
             out["decode"] = "beam"
             if self.best_of is not None:
-                if self.n > self.best_of:
-                    raise InvalidInput(f"n ({self.n}) must be at most best_of ({self.best_of}), the beam width")
                 out["beam_size"] = self.best_of
             if self.length_penalty is not None:
                 out["length_penalty"] = self.length_penalty
-        elif self.best_of is not None and self.best_of != self.n:
-            raise InvalidInput("best_of other than n needs use_beam_search (it is the beam width)")
-        elif self.temperature == 0:
             if self.n > 1:
-                raise InvalidInput("n > 1 with temperature 0 would repeat one greedy output: sample or use beam search")
+                out["num_hypotheses"] = self.n
+        elif self.greedy:
             out["decode"] = "greedy"
         else:
             out |= {"decode": "sample", "temperature": self.temperature, "top_p": self.top_p}
             out["top_k"] = max(self.top_k, 0)
             if self.seed is not None:
                 out["seed"] = self.seed
-        if self.n > 1:
-            out["num_hypotheses"] = self.n
+            if self.draws > 1:
+                out["num_hypotheses"] = self.draws
         for mine, theirs in (
             ("max_tokens", "max_new_tokens"),
             ("min_tokens", "min_new_tokens"),
@@ -211,8 +260,6 @@ class CompletionsCodec(Codec[CompletionRequest, Any, Pending]):
     async def decode(self, call: Call, settings: Settings) -> Decoded[CompletionRequest]:
         body = schemas.parse_json(call.body, CompletionRequest.model_validate, self.rules)
         schemas.check_texts(body.prompts, settings.max_texts, settings.max_text_chars, "prompt")
-        if body.stream and body.n > 1:
-            raise BadRequest("stream carries one output per prompt: n must be 1")
         return Decoded(body, body.prompts)
 
     def resolve(self, request: CompletionRequest, models: ModelSet) -> Task[Any, Any]:
@@ -242,21 +289,20 @@ class CompletionsCodec(Codec[CompletionRequest, Any, Pending]):
 
 
 def completion(request: CompletionRequest, done: Done, head: Mapping[str, Any]) -> Completion:
-    """The whole answer: per prompt its `n` outputs (choice `prompt * n + j`), cut at a stop text."""
+    """The whole answer: per prompt its `n` outputs (choice `prompt * n + j`; greedy: its one
+    output n times), each cut at a stop text; usage counts every choice's tokens."""
     n, stops = request.n, request.stops
     choices, read, generated = [], 0, 0
     for i, row in enumerate(done.outputs):
-        for j, output in enumerate(row[:n]):
+        outputs = row[:1] * n if request.greedy else row[:n]
+        for j, output in enumerate(outputs):
             text, stopped = cut(output.text, stops)
             reason = "stop" if stopped else FINISH[output.finish_reason]
             choices.append(Choice(index=i * n + j, text=text, finish_reason=reason))  # type: ignore[arg-type]
-        r, g = usage(done, i, n)
-        read, generated = read + r, generated + g
-    return Completion(
-        **head,
-        choices=choices,
-        usage=Usage(prompt_tokens=read, completion_tokens=generated, total_tokens=read + generated),
-    )
+        r, g = usage(done, i, 1 if request.greedy else request.draws)  # every draw of best_of is generated
+        read, generated = read + r, generated + (g * n if request.greedy else g)
+    tokens = Usage(prompt_tokens=read, completion_tokens=generated, total_tokens=read + generated)
+    return Completion(**head, choices=choices, usage=tokens)
 
 
 async def _chunks(
@@ -312,12 +358,15 @@ def completions_doc(settings: Settings, served: Served) -> Mapping[str, Any]:
         "the model's tokens: 413",
     }
     kinds = {cls.name for cls in registry.tasks() if issubclass(cls, Seq2SeqTask)}
-    names = [name for name, task, _, _ in served if task in kinds]
+    mine = [(name, dict(limits)) for name, task, limits, _ in served if task in kinds]
     model: dict[str, Any] = {"type": "string", "description": "a served translator or text-to-text model"}
-    if names:
-        model["enum"] = names
+    fields: dict[str, Any] = {"prompt": prompt, "model": model}
+    if mine:
+        model["enum"] = [name for name, _ in mine]
+        most = max(limits.get("max_new_tokens", MAX_NEW_TOKENS) for _, limits in mine)
+        fields["max_tokens"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": most}, {"type": "null"}]}
     ref = {"$ref": "#/components/schemas/CompletionRequest"}
-    body = {"allOf": [ref, {"properties": {"prompt": prompt, "model": model}}]}
+    body = {"allOf": [ref, {"properties": fields}]}
     return {"requestBody": {"required": True, "content": {"application/json": {"schema": body}}}}
 
 

@@ -88,7 +88,8 @@ class SearchOptions(StrictModel):
     )
     no_repeat_ngram_size: Int = Field(default=0, ge=0, le=16, description="no n-gram of this size occurs twice; 0: off")
     min_new_tokens: Annotated[int, Field(ge=0, le=MAX_NEW_TOKENS), INTEGRAL] | None = Field(
-        default=None, description="no end before this many generated tokens; default: the model's (a summarizer's)"
+        default=None,
+        description="no end before this many generated tokens (past max_new_tokens: cut there); default: the model's",
     )
 
     @model_validator(mode="after")
@@ -108,9 +109,8 @@ class SearchOptions(StrictModel):
         if wanted > model_limit:
             raise InvalidInput(f"max_new_tokens must be between 1 and {model_limit} for this model")
         given, d = self.model_fields_set, defaults or Generation()
-        if self.min_new_tokens is not None and self.min_new_tokens > wanted:
-            raise InvalidInput(f"min_new_tokens must be at most max_new_tokens ({wanted})")
-        least = self.min_new_tokens if self.min_new_tokens is not None else min(d.min_new_tokens, wanted)
+        # a minimum past the maximum ends every output at the maximum, as transformers' does
+        least = min(self.min_new_tokens if self.min_new_tokens is not None else d.min_new_tokens, wanted)
         beam = self.beam_size
         if "beam_size" not in given and self.decode == "beam":  # the model's, widened to the hypotheses asked
             beam = max(d.beam_size, self.num_hypotheses)
