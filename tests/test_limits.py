@@ -249,10 +249,12 @@ def test_limits_apply_to_the_inference_routes_only(tiny_store: Path) -> None:
     limited = sorted(r.name for r in table.routes if r.inference)
     assert limited == [
         "classification",
+        "completions",
         "infer",
         "libretranslate_translate",
         "libretranslate_translate_file",
         "rerank",
+        "text2text",
         "translate_file",
         "translation",
         "version_infer",

@@ -198,7 +198,7 @@ async def test_each_sampled_sentence_draws_from_its_own_seed(
 ) -> None:
     """A request's sentences share one set of decoding parameters, except that sampling gives each
     sentence its own seed (the request's seed and the sentence's place)."""
-    from service.tasks.translation import _sentence_seed
+    from service.tasks.options import sentence_seed
 
     seen: list[DecodeParams] = []
     search = TranslatorEngine.search
@@ -211,7 +211,7 @@ async def test_each_sampled_sentence_draws_from_its_own_seed(
     texts = ["The red cat. The blue dog. A dog runs."]
     r = await client.post("/translate", json={"texts": texts, "decode": "sample", "seed": 7})
     assert r.status_code == 200, r.text
-    assert [p.seed for p in seen] == [_sentence_seed(7, k) for k in range(3)] and len(set(seen)) == 3
+    assert [p.seed for p in seen] == [sentence_seed(7, k) for k in range(3)] and len(set(seen)) == 3
     seen.clear()
     assert (await client.post("/translate", json={"texts": texts, "beam_size": 2})).status_code == 200
     assert len(seen) == 3 and len(set(seen)) == 1 and seen[0].seed == 0

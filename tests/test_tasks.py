@@ -136,6 +136,10 @@ def test_a_registered_task_is_served_everywhere(client: TestClient, tiny_tokeniz
     assert client.get("/readyz").status_code == 200
     models = {m["name"]: m for m in client.get("/v1/models").json()["data"]}
     assert models["counter"] == {
+        "id": "counter",
+        "object": "model",
+        "created": models["counter"]["created"],
+        "owned_by": "transformer-serve",
         "name": "counter",
         "version": 1,
         "task": "token_count",

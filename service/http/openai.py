@@ -23,7 +23,6 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, ValidationError, model_validator
 from starlette.types import ASGIApp
 
-from service.engine.decoding import MAX_BEAM_SIZE
 from service.errors import InvalidInput
 from service.http import schemas
 from service.http.dispatch import json_answer
@@ -37,7 +36,7 @@ from service.settings import Settings
 from service.tasks import registry
 from service.tasks.base import INTEGRAL, ModelName, ResponseModel, StrictModel, Task, Work
 from service.tasks.deltas import Delta, text_deltas, usage
-from service.tasks.options import MAX_NEW_TOKENS
+from service.tasks.options import MAX_BEAM_SIZE, MAX_NEW_TOKENS
 from service.tasks.seq2seq import Done, Seq2SeqTask
 from service.validation import describe_validation
 
