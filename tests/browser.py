@@ -12,6 +12,8 @@ from pathlib import Path
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service as ChromeService
 from selenium.webdriver.chrome.webdriver import WebDriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.helpers import ROOT
@@ -51,6 +53,17 @@ def start_chromium(folder: Path, *flags: str) -> WebDriver:
 
 def wait_for(driver: WebDriver, what: str, condition: Callable[[WebDriver], object], timeout: float = 60) -> None:
     WebDriverWait(driver, timeout).until(condition, f"timed out waiting for {what}")
+
+
+def by_id(driver: WebDriver, testid: str) -> WebElement:
+    """The page's element with this data-testid."""
+    return driver.find_element(By.CSS_SELECTOR, f'[data-testid="{testid}"]')
+
+
+def type_into(driver: WebDriver, testid: str, text: str) -> None:
+    box = by_id(driver, testid)
+    box.clear()
+    box.send_keys(text)
 
 
 def severe(driver: WebDriver) -> list[str]:

@@ -15,11 +15,10 @@ import httpx
 import pytest
 from selenium.webdriver.chrome.webdriver import WebDriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.remote.webelement import WebElement
 from selenium.webdriver.support.ui import Select
 
 from service.http import page
-from tests.browser import screenshot, severe, start_chromium, wait_for
+from tests.browser import by_id, screenshot, severe, start_chromium, type_into, wait_for
 from tests.conftest import CHECKED_TEXTS
 from tests.helpers import Server, run_server
 from tests.tiny import expected_label, expected_translation
@@ -43,16 +42,6 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
         yield driver
     finally:
         driver.quit()
-
-
-def by_id(driver: WebDriver, testid: str) -> WebElement:
-    return driver.find_element(By.CSS_SELECTOR, f'[data-testid="{testid}"]')
-
-
-def type_into(driver: WebDriver, testid: str, text: str) -> None:
-    box = by_id(driver, testid)
-    box.clear()
-    box.send_keys(text)
 
 
 def painted(driver: WebDriver, testid: str) -> bool:
@@ -83,6 +72,8 @@ def test_page_classifies_translates_and_draws_attention(server: Server, browser:
     wait_for(browser, "the translation", lambda d: by_id(d, "translation").is_displayed())
     wait_for(browser, "the cross-attention heatmap", lambda d: painted(d, "attention-map"))
     wait_for(browser, "the self-attention heatmap", lambda d: painted(d, "sentiment-attention-map"))
+    wait_for(browser, "the model list", lambda d: d.find_element(By.ID, "models").text.startswith("Serving"))
+    assert not by_id(browser, "text2text").is_displayed()  # no text-to-text model in this store
 
     # The page shows what the API answers for the same request (the page's default decoding).
     with httpx.Client(base_url=server.url, timeout=30) as c:

@@ -1,4 +1,4 @@
-// The try-it page: calls /predict and /translate, draws their attention, shows the training figures.
+// The try-it page: calls /predict, /translate and /generate, draws their attention, shows the training figures.
 // Plain JavaScript, no build step, no outside requests (the page's CSP allows only this origin).
 "use strict";
 
@@ -498,6 +498,49 @@ $("document-form").addEventListener("submit", (event) => {
   });
 });
 
+// -- text to text ------------------------------------------------------------------------------
+
+// The text-to-text models served (T5, Flan-T5, BART summarizers): the card shows when one is ready.
+let generators = [];
+
+/** What the chosen model reads: its prefix (e.g. "summarize: ") before the text. */
+function showPrefix() {
+  const model = generators.find((m) => m.name === $("generate-model").value);
+  const prefix = model && model.prefix ? model.prefix : "";
+  $("generate-prefix").textContent = prefix ? `reads: ${prefix}…` : "reads the text as it is";
+}
+
+function showGenerators(serving) {
+  generators = serving.filter((m) => m.task === "text2text" && m.status === "ready");
+  fillSelect($("generate-model"), generators.map((m) => [m.name, m.name]), true);
+  $("text2text").hidden = generators.length === 0;
+  showPrefix();
+}
+
+$("generate-model").addEventListener("change", showPrefix);
+$("generate-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  run("generate", async () => {
+    const model = $("generate-model").value;
+    // "beam" without a beam size: the model's own (its generation config's num_beams).
+    const body = { model, texts: [$("generate-input").value], decode: $("generate-decode").value, return_scores: true };
+    $("generation").textContent = "";
+    $("generation-meta").textContent = "generating…";
+    $("generate-result").hidden = false;
+    let end = null;
+    await callStream("/generate", body, (e) => {
+      if (e.text) $("generation").textContent += e.text;
+      if (e.finish_reason) end = e;
+    });
+    const score = end && typeof end.score === "number" ? ` · score ${end.score.toFixed(3)}` : "";
+    const cut = end && end.finish_reason === "length" ? " · cut at the length limit" : "";
+    const decode = $("generate-decode");
+    $("generation-meta").textContent = `${decode.options[decode.selectedIndex].text}${score}${cut}`;
+    const version = generators.find((m) => m.name === model);
+    return version ? `${model} v${version.version}` : model;
+  });
+});
+
 // -- models and their training figures --------------------------------------------------------
 
 function figureBlock(model) {
@@ -535,6 +578,7 @@ async function loadModels() {
     translators = serving.filter((m) => m.task === "translation" && m.status === "ready");
     fillSelect($("translate-model"), [["", "the default"], ...translators.map((m) => [m.name, m.name])], true);
     showLanguages();
+    showGenerators(serving);
     const withFigures = serving.filter((m) => m.figures && m.figures.length);
     $("figures").replaceChildren(...withFigures.map(figureBlock));
     if (!withFigures.length) {
