@@ -216,7 +216,9 @@ def _models(doc: dict[str, Any], now: Served) -> None:
         props = schemas.get(cls.Request.__name__, {}).get("properties", {})
         mine = [(name, dict(limits)) for name, task, limits, _ in now if task == cls.name]
         lists = [dict(choices) for _, task, _, choices in now if task == cls.name]
-        if not mine:
+        if not mine:  # no model of the task is served: a request can only name none (and get a 404)
+            if "model" in props:
+                props["model"] = {"type": "null", "description": f"no {cls.name} model is served now"}
             continue
         props["model"] = {
             "anyOf": [{"type": "string", "enum": [name for name, _ in mine]}, {"type": "null"}],
