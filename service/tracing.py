@@ -71,6 +71,7 @@ class Tracing:
     event: Callable[[str, Attributes | None], Event]
     resource: Resource
     scope: InstrumentationScope
+    roots_dropped: bool = False  # the sampler keeps no request without a sampled caller (`drops_roots`)
 
     async def close(self, timeout_s: float) -> None:
         """Exports what is queued, waiting up to `timeout_s`: the export runs on a daemon thread
@@ -121,7 +122,28 @@ def start(metrics: Metrics, environ: Mapping[str, str] | None = None) -> Tracing
     protocol = _protocol(environ)
     log.info("tracing on: OTLP %s to %s", protocol, next(environ[n] for n in ENDPOINT_VARIABLES if environ.get(n)))
     scope = InstrumentationScope("service")
-    return Tracing(provider, provider.sampler, processor.on_end, ReadableSpan, Event, resource, scope)
+    sampler = provider.sampler
+    return Tracing(
+        provider, sampler, processor.on_end, ReadableSpan, Event, resource, scope, roots_dropped=drops_roots(sampler)
+    )
+
+
+def drops_roots(sampler: Sampler) -> bool:
+    """Whether the sampler drops every request that carries no trace context (`always_off`,
+    `traceidratio` 0, or those as a parent-based sampler's root): such a request then runs
+    untraced without an id drawn or the sampler asked. Only the SDK's own samplers are read so,
+    which decide by the trace id alone: the id 1, the likeliest kept under a ratio, dropped means
+    every id is."""
+    from opentelemetry.sdk.trace.sampling import Decision
+
+    if type(sampler).__module__ != "opentelemetry.sdk.trace.sampling":
+        return False
+    return sampler.should_sample(None, 1, "probe").decision is Decision.DROP
+
+
+def carries_context(headers: Sequence[tuple[bytes, bytes]]) -> bool:
+    """The request names a caller's trace (a `traceparent` header)."""
+    return any(key == b"traceparent" for key, _ in headers)
 
 
 def _protocol(environ: Mapping[str, str]) -> str:

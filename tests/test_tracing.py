@@ -25,7 +25,7 @@ from bench.serverproc import free_port
 from service.metrics import Metrics
 from service.scheduling.policy import Job, Mark, Sentence
 from service.tasks.seq2seq import trace_job
-from service.tracing import configured, start
+from service.tracing import carries_context, configured, drops_roots, start
 from tests.helpers import metric, run_server, until
 
 
@@ -203,6 +203,27 @@ def test_tracing_is_off_without_a_collector() -> None:
     assert start(Metrics(), {}) is None
     with pytest.raises(ValueError, match="http/protobuf or grpc"):
         start(Metrics(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
+
+
+def test_a_sampler_that_keeps_no_root_is_told_without_asking_it_per_request() -> None:
+    """`drops_roots`: a request without a caller's context then runs untraced at once; a parent-based
+    sampler still follows a sampled caller (such a request is asked as before: `carries_context`)."""
+    from opentelemetry.sdk.trace import sampling
+
+    dropping = [sampling.ALWAYS_OFF, sampling.TraceIdRatioBased(0), sampling.ParentBased(sampling.TraceIdRatioBased(0))]
+    keeping = [sampling.ALWAYS_ON, sampling.TraceIdRatioBased(1e-9), sampling.ParentBased(sampling.ALWAYS_ON)]
+
+    class Custom(sampling.Sampler):  # not the SDK's: never assumed to decide by the id alone
+        def should_sample(self, *args: Any, **kwargs: Any) -> sampling.SamplingResult:
+            return sampling.SamplingResult(sampling.Decision.DROP)
+
+        def get_description(self) -> str:
+            return "custom"
+
+    assert [drops_roots(s) for s in dropping] == [True] * 3
+    assert [drops_roots(s) for s in [*keeping, Custom()]] == [False] * 4
+    assert carries_context([(b"traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")])
+    assert not carries_context([(b"tracestate", b"a=b"), (b"x-traceparent", b"1")])
 
 
 class Children:

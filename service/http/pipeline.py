@@ -18,7 +18,8 @@ in this order, for every protocol:
 
 With tracing on (`service.tracing`), `serve` wraps the same path in the request's SERVER span
 (`traced`): the task's traced run adds its parts as children; an error or a client gone is an event
-on it. With tracing off, the one check of `serve` is all that runs of it.
+on it. With tracing off, the one check of `serve` is all that runs of it; so with a sampler that
+keeps no request without a sampled caller (ratio 0), for a request that names none.
 
 A domain error raised anywhere is answered in the route's protocol by `dispatch.Endpoint`. A
 codec is the route's handler (`Route.handler`): the dispatcher calls `serve` through it, with no
@@ -45,7 +46,7 @@ from service.http.table import Auth, Protocol, route_of
 from service.serving import ModelSet
 from service.settings import Settings
 from service.tasks.base import Task, Work
-from service.tracing import Trace, Tracing, server_span
+from service.tracing import Trace, Tracing, carries_context, server_span
 
 D = TypeVar("D")  # a protocol's decoded request
 R = TypeVar("R")  # the result of the task the codec is typed against
@@ -67,7 +68,7 @@ class Decoded(Generic[D]):
 async def serve(codec: Codec[Any, Any, Any], call: Call) -> ASGIApp:
     """The request's answer: the one pipeline (this module's docstring has the order)."""
     tracing = scope_state(call.scope).tracing
-    if tracing is None:
+    if tracing is None or (tracing.roots_dropped and not carries_context(call.scope.get("headers", ()))):
         return await _serve(codec, call, None)
     return await traced(codec, call, tracing)
 
