@@ -1,4 +1,5 @@
-// The try-it page: calls /predict, /translate and /generate, draws their attention, shows the training figures.
+// The try-it page: calls /predict, /translate, /generate, /rerank and /zero-shot-classification,
+// draws their attention, shows the training figures.
 // Plain JavaScript, no build step, no outside requests (the page's CSP allows only this origin).
 "use strict";
 
@@ -252,9 +253,33 @@ window.addEventListener("resize", () => {
   resizeTimer = setTimeout(() => redraws.forEach((f) => f()), 150);
 });
 
+/** A labelled bar of a probability: the label, a track filled to it, the percentage. */
+function bar(label, prob, best) {
+  const li = document.createElement("li");
+  li.className = best ? "best" : "";
+  const name = document.createElement("span");
+  name.className = "name";
+  name.textContent = label;
+  const track = document.createElement("span");
+  track.className = "track";
+  const fill = document.createElement("span");
+  fill.className = "fill";
+  fill.style.width = `${(100 * prob).toFixed(1)}%`;
+  track.append(fill);
+  const value = document.createElement("span");
+  value.className = "value";
+  value.textContent = percent(prob);
+  li.append(name, track, value);
+  return li;
+}
+
 // -- sentiment -------------------------------------------------------------------------------
 
 const sentiment = { attention: null };
+
+// The classifier the card asks: the service's default, unless pair classifiers are served beside
+// single-text ones (the default is then ambiguous): the first single-text one, named.
+let sentimentModel = null;
 
 function drawSentimentAttention() {
   const att = sentiment.attention;
@@ -271,24 +296,7 @@ function showPrediction(p) {
   $("sentiment-label").textContent = p.label;
   $("sentiment-score").textContent = percent(p.score);
   $("sentiment-label").dataset.label = p.label;
-  const items = Object.entries(p.scores).map(([label, prob]) => {
-    const li = document.createElement("li");
-    li.className = label === p.label ? "best" : "";
-    const name = document.createElement("span");
-    name.className = "name";
-    name.textContent = label;
-    const track = document.createElement("span");
-    track.className = "track";
-    const fill = document.createElement("span");
-    fill.className = "fill";
-    fill.style.width = `${(100 * prob).toFixed(1)}%`;
-    track.append(fill);
-    const value = document.createElement("span");
-    value.className = "value";
-    value.textContent = percent(prob);
-    li.append(name, track, value);
-    return li;
-  });
+  const items = Object.entries(p.scores).map(([label, prob]) => bar(label, prob, label === p.label));
   $("sentiment-bars").replaceChildren(...items);
   $("sentiment-result").hidden = false;
 
@@ -306,7 +314,9 @@ $("sentiment-form").addEventListener("submit", (event) => {
   event.preventDefault();
   run("sentiment", async () => {
     const text = $("sentiment-input").value;
-    const data = await call("/predict", { texts: [text], return_attention: true });
+    const body = { texts: [text], return_attention: true };
+    if (sentimentModel) body.model = sentimentModel;
+    const data = await call("/predict", body);
     showPrediction(data.predictions[0]);
     return `${data.model} v${data.version}`;
   });
@@ -541,6 +551,102 @@ $("generate-form").addEventListener("submit", (event) => {
   });
 });
 
+// -- sentence pairs: rerank and zero-shot -------------------------------------------------------
+
+// The pair classifiers served (cross-encoders, NLI models): the rerank card offers each (a
+// one-label scorer first), the zero-shot card those with an entailment label.
+let pairModels = [];
+
+/** Whether the service would run zero-shot on this model: as service/tasks/pairs.py `nli_ids`
+ * decides, a label starting with "entail" (any case) among two or more. */
+function isNli(model) {
+  const labels = model.labels || [];
+  return labels.length >= 2 && labels.some((l) => l.toLowerCase().startsWith("entail"));
+}
+
+function versionNote(model) {
+  const m = pairModels.find((p) => p.name === model);
+  return m ? `${model} v${m.version}` : model;
+}
+
+function showPairModels(serving) {
+  const ready = serving.filter((m) => m.task === "classification" && m.status === "ready");
+  pairModels = ready.filter((m) => m.pairs === true);
+  const scorer = (m) => ((m.labels || []).length === 1 ? 0 : 1);
+  const scorersFirst = [...pairModels].sort((a, b) => scorer(a) - scorer(b));
+  fillSelect($("rerank-model"), scorersFirst.map((m) => [m.name, m.name]), true);
+  $("rerank").hidden = pairModels.length === 0;
+  const nli = pairModels.filter(isNli);
+  fillSelect($("zeroshot-model"), nli.map((m) => [m.name, m.name]), true);
+  $("zero-shot").hidden = nli.length === 0;
+  const singles = ready.filter((m) => m.pairs !== true);
+  sentimentModel = pairModels.length && singles.length ? singles[0].name : null;
+}
+
+function showRanks(ranks, texts) {
+  $("ranks").replaceChildren(...ranks.map((r) => {
+    const li = document.createElement("li");
+    li.dataset.index = String(r.index);
+    li.dataset.score = String(r.score);
+    const doc = document.createElement("span");
+    doc.className = "doc";
+    doc.textContent = texts[r.index];
+    const where = document.createElement("small");
+    where.className = "where";
+    where.textContent = `#${r.index + 1}`;
+    doc.append(" ", where);
+    const track = document.createElement("span");
+    track.className = "track";
+    const fill = document.createElement("span");
+    fill.className = "fill";
+    fill.style.width = `${(100 * Math.min(Math.max(r.score, 0), 1)).toFixed(1)}%`;
+    track.append(fill);
+    const value = document.createElement("span");
+    value.className = "value";
+    value.textContent = r.score.toFixed(4);
+    li.append(doc, track, value);
+    return li;
+  }));
+  $("rerank-result").hidden = false;
+}
+
+$("rerank-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  run("rerank", async () => {
+    const model = $("rerank-model").value;
+    // One document a line; blank lines are no documents (none at all: the service's 422).
+    const texts = $("rerank-texts").value.split("\n").map((t) => t.trim()).filter((t) => t !== "");
+    const body = { model, query: $("rerank-query").value, texts, truncate: $("rerank-truncate").checked };
+    showRanks(await call("/rerank", body), texts);
+    return `${versionNote(model)} · ${texts.length} documents`;
+  });
+});
+
+$("zeroshot-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  run("zeroshot", async () => {
+    const multi = $("zeroshot-multi").checked;
+    const body = {
+      model: $("zeroshot-model").value,
+      texts: [$("zeroshot-input").value],
+      candidate_labels: $("zeroshot-labels").value.split(",").map((l) => l.trim()).filter((l) => l !== ""),
+      hypothesis_template: $("zeroshot-template").value,
+      multi_label: multi,
+    };
+    const data = await call("/zero-shot-classification", body);
+    const result = data.results[0];
+    // One label: the best; several that may hold together: each more likely than not.
+    $("zeroshot-bars").replaceChildren(...result.labels.map((label, i) => {
+      const prob = result.scores[i];
+      const li = bar(label, prob, multi ? prob >= 0.5 : i === 0);
+      li.dataset.score = String(prob);
+      return li;
+    }));
+    $("zeroshot-result").hidden = false;
+    return `${data.model} v${data.version}`;
+  });
+});
+
 // -- models and their training figures --------------------------------------------------------
 
 function figureBlock(model) {
@@ -579,6 +685,7 @@ async function loadModels() {
     fillSelect($("translate-model"), [["", "the default"], ...translators.map((m) => [m.name, m.name])], true);
     showLanguages();
     showGenerators(serving);
+    showPairModels(serving);
     const withFigures = serving.filter((m) => m.figures && m.figures.length);
     $("figures").replaceChildren(...withFigures.map(figureBlock));
     if (!withFigures.length) {
