@@ -9,6 +9,7 @@ import base64
 import json
 import shutil
 import subprocess
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,10 @@ from service.errors import DeadlineExceeded
 from service.http.events import event_stream
 from service.http.table import Protocol
 from service.settings import Settings
+from service.tasks.base import Work
 from service.tasks.deltas import settled
+from service.tasks.seq2seq import Done
+from service.tasks.translation import DecodeOptions
 from tests.conftest import CHECKED_TEXTS
 from tests.helpers import Server, metric, run_server, until
 
@@ -184,6 +188,18 @@ async def test_streamed_deltas_add_up_to_the_whole_answer(client: httpx.AsyncCli
         assert joined == [t["text"] for t in answer]
         assert [e["finish_reason"] for e in ends] == [t["finish_reason"] for t in answer]
         assert [e["score"] for e in ends] == [t["score"] for t in answer]
+
+
+async def test_a_streamed_text_decodes_its_first_sentence_alone(app: FastAPI) -> None:
+    """A stream is read in order: its first sentence decodes alone, then the others together, so
+    it comes out after its own steps, not after steps shared with every row of the text."""
+    task = app.state.serve.models.resolve(None, "translation")
+    text = "The red cat sees a dog. Open the file. Save it now. Close the window."
+    work = Work([text], DecodeOptions(decode="greedy"), time.monotonic() + 60)
+    order = [(type(e).__name__, e.source) async for e in task.stream(work, tokens=True) if not isinstance(e, Done)]
+    first_done = order.index(("Finished", 0))
+    assert {source for _, source in order[:first_done]} == {0} and len(order) > first_done + 3
+    assert sorted(source for kind, source in order if kind == "Finished") == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize(
