@@ -139,7 +139,7 @@ class BatchLimits:
     max_batch_size: int = 32
     max_wait_s: float = 0.001
     max_queue: int = 512
-    max_batch_cost: int = 8192  # padded size units per batch; one oversized item still runs alone
+    max_batch_cost: int = 512  # padded size units per batch; one oversized item still runs alone
     admit_share: float = 0.5  # admit when the admitted work fits in this share of the time left
 
     def __post_init__(self) -> None:
