@@ -77,7 +77,7 @@ class Settings(BaseSettings):
     )
     # batching
     max_batch_size: int = Field(default=32, ge=1, le=1024, description="items (texts) per batch")
-    max_batch_tokens: int = Field(default=8192, ge=1, description="padded tokens per batch (rows x longest x beams)")
+    max_batch_tokens: int = Field(default=512, ge=1, description="padded tokens per batch (rows x longest row)")
     max_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="a batch closes this long after its first item")
     max_queue: int = Field(default=512, ge=1, description="queued items (translation: sentences) per model before 429")
     # translation: step-level scheduling

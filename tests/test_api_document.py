@@ -73,6 +73,7 @@ def test_predict_attention_rule_agrees(components: dict[str, Any], attention: bo
 def test_text_limits_are_in_the_document_with_their_status(tmp_path: Path) -> None:
     doc = create_app(Settings(model_store=tmp_path, max_texts=3, max_text_chars=10)).openapi()
     schemas = doc["components"]["schemas"]
+    assert schemas["PredictRequest"]["properties"]["pairs"]["maxItems"] == 3  # a pair counts as one text
     for texts in (schemas["PredictRequest"]["properties"]["texts"], schemas["OipTensor"]["properties"]["data"]):
         assert texts["maxItems"] == 3 and texts["items"]["maxLength"] == 10
         # the document's limits are a 422, as any field out of range; the model's tokens a 413

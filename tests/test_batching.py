@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Hashable
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import pytest
 
 from service.errors import DeadlineExceeded, PayloadTooLarge, QueueFull, ShuttingDown
 from service.scheduling.admission import Admission, LoadedSpan
-from service.scheduling.batcher import BatchLimits, DynamicBatcher
+from service.scheduling.batcher import BatchLimits, DynamicBatcher, next_batch
 
 
 class Model:
@@ -30,6 +32,25 @@ class Model:
         if any(x < 0 for x in items):
             raise ValueError("negative input")
         return [2 * x + 1 for x in items]
+
+
+class Item(NamedTuple):
+    """A waiting item as the batch policy sees it."""
+
+    request: int
+    size: int
+    key: Hashable = None
+
+
+def drain(waiting: list[Item], max_items: int, max_cost: int) -> list[list[Item]]:
+    """Every batch `next_batch` forms until nothing waits (no new arrivals)."""
+    batches = []
+    while waiting:
+        picked = next_batch(waiting, max_items, max_cost)
+        assert picked, "a batch of nothing while items wait"
+        batches.append([waiting[i] for i in picked])
+        waiting = [w for i, w in enumerate(waiting) if i not in set(picked)]
+    return batches
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -323,3 +344,76 @@ def test_the_loaded_throughput_counts_every_step_since_the_last_full_one() -> No
     assert span.add(True, 1, 0.005) is None
     assert span.add(False, 60, 0.010) is None  # the batch emptied: what was carried is dropped
     assert span.add(True, 32, 0.004) == (32, 0.004)
+
+
+def test_a_one_item_request_queued_after_256_items_rides_in_the_first_batch() -> None:
+    """The fairness first come, first served lacks: a rerank of 256 documents queued before a
+    one-text request must not make it wait for all 256 (FCFS: 8 batches of 32)."""
+    waiting = [Item(0, 20) for _ in range(256)] + [Item(1, 20)]
+    first = next_batch(waiting, max_items=32, max_cost=100_000)
+    assert 256 in first and len(first) == 32
+    # a share per request under the token budget too: 4 items of 20 tokens fit in 80
+    assert sorted(next_batch(waiting, max_items=32, max_cost=80)) == [0, 1, 2, 256]
+
+
+def test_requests_take_turns_one_item_each_in_the_order_they_came() -> None:
+    waiting = [Item(0, 5)] * 4 + [Item(1, 5)] * 2 + [Item(2, 5)]
+    batches = drain(waiting, max_items=4, max_cost=1000)
+    assert [[w.request for w in b] for b in batches] == [[0, 1, 2, 0], [0, 1, 0]]
+
+
+def test_the_budget_counts_padded_tokens_and_a_batch_is_sorted_by_length() -> None:
+    """Rows x the longest row within the cost; a request's shortest items go first, so its batches
+    pad little; an item over the budget runs alone, and nothing is left behind."""
+    waiting = [Item(0, n) for n in (30, 4, 12, 3, 500)] + [Item(1, 8)]
+    batches = drain(waiting, max_items=32, max_cost=40)
+    assert [[w.size for w in b] for b in batches] == [[3, 4, 8], [12], [30], [500]]
+    for b in batches[:-1]:
+        assert len(b) * max(w.size for w in b) <= 40
+
+
+def test_only_the_oldest_items_key_and_a_full_batch_stops_at_max_items() -> None:
+    waiting = [Item(0, 1, "a"), Item(1, 1, "b"), Item(2, 1, "a"), Item(3, 1, "a")]
+    assert next_batch(waiting, max_items=8, max_cost=100) == [0, 2, 3]
+    assert next_batch(waiting, max_items=2, max_cost=100) == [0, 2]
+    assert next_batch([], max_items=8, max_cost=100) == []
+
+
+def test_the_oldest_request_advances_in_every_batch_under_a_stream_of_small_ones() -> None:
+    """No starvation: new one-item requests arrive before every batch, yet each batch takes an
+    item of the oldest request, so the large one finishes."""
+    waiting = [Item(0, 10) for _ in range(20)]
+    left, n = 20, 1
+    for _ in range(20):
+        waiting += [Item(n + k, 10) for k in range(6)]  # six new small requests per batch
+        n += 6
+        picked = next_batch(waiting, max_items=4, max_cost=1000)
+        assert any(waiting[i].request == 0 for i in picked)
+        left -= sum(waiting[i].request == 0 for i in picked)
+        waiting = [w for i, w in enumerate(waiting) if i not in set(picked)]
+    assert left == 0
+
+
+def test_a_small_request_is_answered_before_a_large_one_queued_before_it() -> None:
+    """The batcher with the policy: 64 items submitted together, then one: the one is in the
+    first batch that runs after it arrived, not behind all 64."""
+    model = Model()
+    model.gate.clear()  # the first batch waits in the worker: both requests are queued meanwhile
+
+    async def main() -> tuple[list[int], int]:
+        b = make(model, max_batch_size=8, max_wait_s=0.001)
+        b.start()
+        large = asyncio.ensure_future(b.submit_many(list(range(1, 65))))
+        await asyncio.sleep(0.05)
+        small = asyncio.ensure_future(b.submit(1000))
+        await asyncio.sleep(0.05)
+        model.gate.set()
+        out = await small
+        assert not large.done()
+        await large
+        await b.close(1)
+        return [1000 in batch for batch in model.batches], out
+
+    where, out = run(main())
+    assert out == 2001
+    assert where.index(True) <= 1  # FCFS: the ninth batch

@@ -56,8 +56,10 @@ def pair_store(
 
 
 @contextlib.asynccontextmanager
-async def serving(store: Path) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(Settings(model_store=store, threads=1, max_wait_ms=2, model_thread_priority="nice"))
+async def serving(store: Path, **settings: object) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(
+        Settings(model_store=store, threads=1, max_wait_ms=2, model_thread_priority="nice", **settings)  # type: ignore[arg-type]
+    )
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test", timeout=60) as client:
@@ -151,6 +153,42 @@ async def test_bad_pair_input_is_a_clear_4xx_and_others_go_on(pair_store) -> Non
         long = {"model": "xenc", "query": "a " * 200, "texts": ["b"], "truncate": True}
         assert (await c.post("/rerank", json=long)).status_code == 200
         assert (await c.post("/predict", json={"model": "tiny-clf", "texts": ["fine"]})).status_code == 200
+
+
+async def test_a_pair_counts_as_one_text_against_max_texts(pair_store) -> None:
+    """One rule for every pair protocol: a pair is one text of SERVE_MAX_TEXTS (/predict pairs, a
+    rerank's documents, OIP rows); zero-shot counts its texts (its texts x labels: SERVE_MAX_QUEUE)."""
+    store, _ = pair_store
+    rows = [["a b", "c d"], ["e f", "g h"]]
+
+    def oip(n: int) -> dict[str, object]:
+        return {
+            "inputs": [
+                {"name": "text", "shape": [n], "datatype": "BYTES", "data": [a for a, _ in rows * 2][:n]},
+                {"name": "text_pair", "shape": [n], "datatype": "BYTES", "data": [b for _, b in rows * 2][:n]},
+            ]
+        }
+
+    zs = {"model": "nli", "candidate_labels": LABELS}
+    async with serving(store, max_texts=2) as c:
+        within = [
+            ("/predict", {"model": "xenc", "pairs": rows}),  # four texts, two pairs
+            ("/rerank", {"model": "xenc", "query": "q", "texts": ["a", "b"]}),
+            ("/v2/models/xenc/infer", oip(2)),
+            ("/zero-shot-classification", zs | {"texts": TEXTS}),  # six pairs
+        ]
+        for path, body in within:
+            r = await c.post(path, json=body)
+            assert r.status_code == 200, (path, r.text)
+        over = [
+            ("/predict", {"model": "xenc", "pairs": [*rows, ["i", "j"]]}, "pairs has 3 items; at most 2"),
+            ("/rerank", {"model": "xenc", "query": "q", "texts": ["a", "b", "c"]}, "texts has 3 items"),
+            ("/v2/models/xenc/infer", oip(3), "has 3 items; at most 2"),
+            ("/zero-shot-classification", zs | {"texts": [*TEXTS, "x"]}, "texts has 3 items"),
+        ]
+        for path, body, fragment in over:
+            r = await c.post(path, json=body)
+            assert r.status_code == 422 and fragment in r.json()["error"], (path, r.text)
 
 
 async def test_the_api_document_describes_the_pair_bodies(pair_store) -> None:

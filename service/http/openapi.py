@@ -205,6 +205,9 @@ def _limits(doc: dict[str, Any], settings: Settings) -> None:
         texts = schema.get("properties", {}).get(TEXT_LISTS.get(name, "texts"))
         if texts and texts.get("type") == "array":
             text_limits(texts, settings.max_texts, settings.max_text_chars)
+        pairs = schema.get("properties", {}).get("pairs")
+        if pairs and pairs.get("type") == "array":
+            pairs["maxItems"] = settings.max_texts  # a pair counts as one text
 
 
 def _models(doc: dict[str, Any], now: Served) -> None:

@@ -105,7 +105,7 @@ class RestCodec(Codec[Q, R, "R | Streamed"], Generic[Q, R]):
 
     async def decode(self, call: Call, settings: Settings) -> Decoded[Q]:
         body = schemas.parse_json(call.body, self.cls.rest_request, self.rules)
-        schemas.check_texts(body.inputs, settings.max_texts, settings.max_text_chars)
+        schemas.check_texts(body.inputs, settings.max_texts, settings.max_text_chars, listed=body.listed)
         if body.streamed and (conflicts := body.stream_conflicts()):
             raise BadRequest(f"stream cannot be combined with {' or '.join(conflicts)}")
         return Decoded(body, body.inputs, body.timeout_s)

@@ -45,11 +45,15 @@ def parse_json(body: bytes, validate: Callable[[Any], T], rules: Mapping[str, st
         raise InvalidInput(describe_validation(exc.errors(), rules)) from None
 
 
-def check_texts(texts: Sequence[str], max_texts: int, max_chars: int, field: str = "texts") -> None:
+def check_texts(
+    texts: Sequence[str], max_texts: int, max_chars: int, field: str = "texts", listed: tuple[str, int] | None = None
+) -> None:
     """The settings' text limits, and text the tokenizer cannot take (lone surrogates): 422, as
-    any field out of the range the API document states (`text_limits`; LibreTranslate: 400)."""
-    if len(texts) > max_texts:
-        raise InvalidInput(f"{field} has {len(texts)} items; at most {max_texts} per request")
+    any field out of the range the API document states (`text_limits`; LibreTranslate: 400).
+    `listed`: the field and count against `max_texts` where `texts` are not one per item (pairs)."""
+    name, items = listed or (field, len(texts))
+    if items > max_texts:
+        raise InvalidInput(f"{name} has {items} items; at most {max_texts} per request")
     for i, text in enumerate(texts):
         if len(text) > max_chars:
             raise InvalidInput(f"{field}[{i}] has {len(text)} characters; at most {max_chars} per text")

@@ -5,12 +5,14 @@ A batch starts with the oldest waiting item and closes when `max_batch_size` ite
 key are waiting or `max_wait_s` after that oldest item arrived, or earlier, as soon as as many
 items wait as the key's previous batch ran with: a lone client (previous batch 1) never waits,
 while under steady load a batch still fills up to the level it had. Its items are chosen when the
-worker thread is free to start it (an item that arrives until then may join). From the waiting
-items with the oldest item's key it takes those closest in size to it (size ~ tokens), as long as the padded
-cost ``len(batch) * max(size)`` stays within `max_batch_cost`; the rest stay waiting in arrival
-order. So one batch never mixes keys, padding stays small, and every item is eventually the
-oldest one, so nothing starves: every submitted item is in `_waiting` (or running) from the
-moment `submit_many` returns control, where `depth`, deadlines and `close()` see it.
+worker thread is free to start it (an item that arrives until then may join), by `next_batch`, a
+pure function: round-robin over the waiting requests (each `submit_many` call is one), one item
+of each in turn, a request's shortest items first (size ~ tokens), as long as the padded cost
+``len(batch) * max(size)`` stays within `max_batch_cost`. So one batch never mixes keys, a
+request of 256 items does not hold back the one-item request queued after it (it rides in the
+next batch), and nothing starves: every batch takes an item of the oldest request. Every
+submitted item is in `_waiting` (or running) from the moment `submit_many` returns control,
+where `depth`, deadlines and `close()` see it.
 
 Admission is cost-aware, by the same `Admission` as the step scheduler's: the batcher measures
 its throughput (size units per second of model work) and refuses a request (QueueFull, with a
@@ -28,8 +30,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -60,10 +64,58 @@ class _NoObserver:
         pass
 
 
+class Waiting(Protocol):
+    """What the batch policy sees of a waiting item."""
+
+    @property
+    def request(self) -> int: ...  # the `submit_many` call it came with
+
+    @property
+    def key(self) -> Hashable: ...  # items of different keys never share a batch
+
+    @property
+    def size(self) -> int: ...  # its cost in a batch (tokens)
+
+
+def next_batch(waiting: Sequence[Waiting], max_items: int, max_cost: int) -> list[int]:
+    """The next batch: indices into `waiting` (arrival order), shortest first. Items of the oldest
+    item's key, taken round-robin over their requests (in the order of their oldest item), one
+    item of each in turn, a request's shortest first, while the batch has at most `max_items`
+    and its padded cost (items x the longest) stays within `max_cost`; a request whose next item
+    does not fit is done for this batch (its later items are no shorter). The oldest request's
+    shortest item always goes, alone if it is over the cost. First come, first served would keep
+    a one-item request waiting behind every item of a large one queued before it."""
+    if not waiting:
+        return []
+    key = waiting[0].key
+    lines: dict[int, list[int]] = {}
+    for i, w in enumerate(waiting):
+        if w.key == key:
+            lines.setdefault(w.request, []).append(i)
+    turns = [deque(sorted(line, key=lambda i: waiting[i].size)) for line in lines.values()]  # stable
+    chosen: list[int] = []
+    longest = 0
+    while turns and len(chosen) < max_items:
+        still = []
+        for line in turns:
+            if len(chosen) >= max_items:
+                break
+            size = waiting[line[0]].size
+            if chosen and (len(chosen) + 1) * max(longest, size) > max_cost:
+                continue  # full for this request
+            chosen.append(line.popleft())
+            longest = max(longest, size)
+            if line:
+                still.append(line)
+        turns = still
+    return sorted(chosen, key=lambda i: waiting[i].size)
+
+
 @dataclass(eq=False)
 class _Pending(Generic[T, R]):
     item: T
     future: asyncio.Future[R]
+    request: int
     key: Hashable
     size: int
     enqueued: float  # time.monotonic()
@@ -87,7 +139,7 @@ class BatchLimits:
     max_batch_size: int = 32
     max_wait_s: float = 0.001
     max_queue: int = 512
-    max_batch_cost: int = 8192  # padded size units per batch; one oversized item still runs alone
+    max_batch_cost: int = 512  # padded size units per batch; one oversized item still runs alone
     admit_share: float = 0.5  # admit when the admitted work fits in this share of the time left
 
     def __post_init__(self) -> None:
@@ -121,6 +173,7 @@ class DynamicBatcher(Generic[T, R]):
         self._admitted = 0  # the sizes of the items admitted and not finished: what a newcomer waits behind
         self.admission = Admission(name, limits.max_queue, limits.admit_share, "items")  # rate: size units/s
         self.batches = 0  # executed batches (for tests and logs)
+        self._requests = itertools.count()  # numbers each `submit_many` call: the policy's requests
 
     # -- client side -------------------------------------------------------------------------
 
@@ -162,8 +215,9 @@ class DynamicBatcher(Generic[T, R]):
         if deadline is not None and deadline <= now:
             raise DeadlineExceeded("the request deadline passed before it was queued")
         loop = asyncio.get_running_loop()
+        request = next(self._requests)
         pending = [
-            _Pending(item, loop.create_future(), self._key(item), max(1, self._size(item)), now, deadline)
+            _Pending(item, loop.create_future(), request, self._key(item), max(1, self._size(item)), now, deadline)
             for item in items
         ]
         size = sum(p.size for p in pending)
@@ -273,21 +327,11 @@ class DynamicBatcher(Generic[T, R]):
         return len(self._waiting) >= target and sum(1 for p in self._waiting if p.key == key) >= target
 
     def _select(self) -> list[_Pending[T, R]]:
-        """The oldest item plus the same-key items closest to it in size, within size and cost limits."""
-        if not self._waiting:
-            return []
-        first = self._waiting[0]
-        same = [p for p in self._waiting[1:] if p.key == first.key]
-        same.sort(key=lambda p: abs(p.size - first.size))  # stable: ties keep arrival order
-        chosen, longest = [first], first.size
-        for p in same:
-            if len(chosen) >= self.limits.max_batch_size:
-                break
-            if (len(chosen) + 1) * max(longest, p.size) <= self.limits.max_batch_cost:
-                chosen.append(p)
-                longest = max(longest, p.size)
-        taken = set(map(id, chosen))
-        self._waiting = [p for p in self._waiting if id(p) not in taken]
+        """Takes the next batch's items out of `_waiting` (`next_batch`)."""
+        picked = next_batch(self._waiting, self.limits.max_batch_size, self.limits.max_batch_cost)
+        taken = set(picked)
+        chosen = [self._waiting[i] for i in picked]
+        self._waiting = [p for i, p in enumerate(self._waiting) if i not in taken]
         return chosen
 
     async def _run_next(self) -> None:

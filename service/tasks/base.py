@@ -84,6 +84,12 @@ class TextsRequest(StrictModel):
         return self.texts
 
     @property
+    def listed(self) -> tuple[str, int]:
+        """The field of the inputs the request lists and how many, counted against SERVE_MAX_TEXTS:
+        a text, or a pair of texts, is one (as a rerank's document and an OIP text/text_pair row)."""
+        return "texts", len(self.texts)
+
+    @property
     def streamed(self) -> bool:
         """The answer is asked for as a stream of events (a task whose body has `stream`)."""
         return False

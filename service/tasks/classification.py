@@ -79,6 +79,10 @@ class PredictRequest(AttentionRequest, ClassifyOptions):
     def inputs(self) -> Sequence[str]:
         return [t for pair in self.pairs for t in pair] if self.pairs else self.texts
 
+    @property
+    def listed(self) -> tuple[str, int]:
+        return ("pairs", len(self.pairs)) if self.pairs else super().listed
+
 
 class SelfAttention(ResponseModel):
     tokens: list[str]
