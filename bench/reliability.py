@@ -682,8 +682,9 @@ async def streams_async(args: argparse.Namespace, server: ServerProcess) -> Scen
     probe = probe_shot(server.url)
     # Storms before the measured one bring the process to the working set of a full batch of these
     # shapes (allocator arenas, the runtime's buffers): on the bundled translator its resident memory
-    # climbs over the first three or four storms, then stays within 380-435 MB over 24 of them (a
-    # storm's drop leaves it anywhere in that band). Growth counts from the highest of the warm-ups.
+    # climbed over the first three or four storms, then stayed within 380-435 MB over 24 of them (each
+    # storm leaves it anywhere in that band), while 24 storms of the same requests unstreamed, left
+    # after 50 ms, went from 258 to 280 MB. Growth counts from the highest of the warm-ups.
     rss_start = rss_mb(server.pid)
     warm_rss = []
     for _ in range(args.stream_warm_ups):
@@ -745,10 +746,10 @@ async def streams_async(args: argparse.Namespace, server: ServerProcess) -> Scen
     # each client that left mid-way had at least one sentence running or queued
     sc.check("the cancellations counted (disconnect)", sc.figures["cancelled_sentences"] >= len(mid_way))
     sc.check("threads and file descriptors back where they were", threads1 <= threads0 and fds1 <= fds0 + 2)
-    # A leak of what a dropped request holds (its rows' caches: ~1 MB a beam-4 sentence of the bundled
-    # translator, a storm cancels ~250 sentences, half of them beams) would be ~100 MB a storm; 5 % of
-    # ~420 MB (21 MB) is within the band a storm leaves after the warm-ups.
-    sc.check("resident memory growth <= 5 % of the warm-ups' highest", sc.figures["rss_growth"] <= 0.05)
+    # 10 %: the band a storm leaves after the warm-ups reaches 5 % over their highest. A leak of the
+    # dropped rows' caches would exceed it in one storm: a full step of 128 rows of this translator
+    # holds ~6 KB a cache token (3 layers x key and value x 256 x 4 B), ~75 MB at ~100 tokens a row.
+    sc.check("resident memory growth <= 10 % of the warm-ups' highest", sc.figures["rss_growth"] <= 0.10)
     sc.check("no error in the server log", not errors)
     sc.check("served after it all", len(ok) == len(next_ones))
     sc.check(

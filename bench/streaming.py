@@ -226,34 +226,54 @@ def first_event(client: httpx.Client, rounds: int) -> dict[str, Any]:
     }
 
 
-def greedy_first_token(client: httpx.Client, rounds: int) -> dict[str, Any]:
-    """One-sentence greedy streams on the idle server: arrival to first event, and its parts."""
-    rows = []
-    for k in range(rounds + 1):
-        text = GREEDY_SENTENCES[k % len(GREEDY_SENTENCES)]
-        before = counters(client)
-        s = stream(client, {"texts": [text], "decode": "greedy"}, 1)
-        d = difference(counters(client), before)
-        if s.status != 200 or s.error or d["steps"] < 1:
-            raise RuntimeError(f"greedy stream failed: {s.status} {s.body or s.error} {d}")
-        if k == 0:
-            continue  # warm-up
-        deltas = s.at[:-2]  # the token deltas: the last two are the text's end and [DONE]
-        rows.append(
-            {
-                "text": text,
-                "client_first_s": s.first_s,
-                "server_first_event_s": d["first_event_s"],
-                "queue_wait_s": d["queue_wait_s"],
-                "encode_s": d["encode_s"],
-                "decode_steps": d["steps"],
-                "decode_compute_s": d["decode_s"] / d["steps"],
-                "admission_to_first_s": d["first_event_s"] - d["queue_wait_s"] - d["encode_s"],
-                "event_gap_s": median([b - a for a, b in zip(deltas, deltas[1:], strict=False)]),
-                "events": len(s.at),
-            }
-        )
+def greedy_round(client: httpx.Client, text: str) -> dict[str, Any]:
+    """One one-sentence greedy stream on the idle server: arrival to first event, and its parts."""
+    before = counters(client)
+    s = stream(client, {"texts": [text], "decode": "greedy"}, 1)
+    d = difference(counters(client), before)
+    if s.status != 200 or s.error or d["steps"] < 1:
+        raise RuntimeError(f"greedy stream failed: {s.status} {s.body or s.error} {d}")
+    deltas = s.at[:-2]  # the token deltas: the last two are the text's end and [DONE]
     return {
+        "text": text,
+        "client_first_s": s.first_s,
+        "server_first_event_s": d["first_event_s"],
+        "queue_wait_s": d["queue_wait_s"],
+        "encode_s": d["encode_s"],
+        "decode_steps": d["steps"],
+        "decode_compute_s": d["decode_s"] / d["steps"],
+        "admission_to_first_s": d["first_event_s"] - d["queue_wait_s"] - d["encode_s"],
+        # steady streaming: about a step; far less: the deltas came in bursts
+        "event_gap_s": (deltas[-1] - deltas[0]) / (len(deltas) - 1) if len(deltas) > 1 else 0.0,
+        "events": len(s.at),
+    }
+
+
+def slope_round(client: httpx.Client) -> dict[int, float]:
+    """The long sentence's latency at 1 and at 33 new tokens (both must end on `length`)."""
+    out = {}
+    for n in (SLOPE_TOKENS, 1):
+        seconds, r = whole(client, {"texts": [LONG_SENTENCE], "decode": "greedy", "max_new_tokens": n})
+        r.raise_for_status()
+        if r.json()["translations"][0]["finish_reason"] != "length":
+            raise RuntimeError(f"the long sentence ended before {n} tokens: {r.text}")
+        out[n] = seconds
+    return out
+
+
+def greedy_first_token(client: httpx.Client, rounds: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Greedy one-sentence streams and the decoder step's wall time, in interleaved rounds (the
+    machine's drift enters both alike), after a warm-up of each. The step: the idle per-token
+    latency, (latency at 33 new tokens - at 1) / 32; one token is one decoder step of one row, so
+    this is a step's wall time (the decoder's run, the search, the publication), which the compute
+    metric's decoder time leaves out."""
+    greedy_round(client, GREEDY_SENTENCES[0]), slope_round(client)  # warm-up
+    rows, times = [], []
+    for k in range(rounds):
+        rows.append(greedy_round(client, GREEDY_SENTENCES[k % len(GREEDY_SENTENCES)]))
+        times.append(slope_round(client))
+    one, many = median([t[1] for t in times]), median([t[SLOPE_TOKENS] for t in times])
+    greedy = {
         "rounds": rounds,
         "client_first_event_s": median([r["client_first_s"] for r in rows]),
         "server_first_event_s": median([r["server_first_event_s"] for r in rows]),
@@ -265,28 +285,8 @@ def greedy_first_token(client: httpx.Client, rounds: int) -> dict[str, Any]:
         "event_gap_s": median([r["event_gap_s"] for r in rows]),
         "rounds_detail": rows,
     }
-
-
-def step_by_slope(client: httpx.Client, rounds: int) -> dict[str, Any]:
-    """The idle per-token latency: (latency at 33 new tokens - at 1) / 32, medians of alternating
-    rounds. One token is one decoder step of one row: this is a step's wall time (the decoder's run,
-    the search, the publication), what the compute metric's decoder time leaves out."""
-    times: dict[int, list[float]] = {1: [], SLOPE_TOKENS: []}
-    for k in range(rounds + 1):
-        for n in (1, SLOPE_TOKENS) if k % 2 else (SLOPE_TOKENS, 1):
-            seconds, r = whole(client, {"texts": [LONG_SENTENCE], "decode": "greedy", "max_new_tokens": n})
-            r.raise_for_status()
-            if r.json()["translations"][0]["finish_reason"] != "length":
-                raise RuntimeError(f"the long sentence ended before {n} tokens: {r.text}")
-            if k:
-                times[n].append(seconds)
-    per_token = (median(times[SLOPE_TOKENS]) - median(times[1])) / (SLOPE_TOKENS - 1)
-    return {
-        "rounds": rounds,
-        "latency_1_s": median(times[1]),
-        "latency_33_s": median(times[SLOPE_TOKENS]),
-        "per_token_s": per_token,
-    }
+    slope = {"latency_1_s": one, "latency_33_s": many, "per_token_s": (many - one) / (SLOPE_TOKENS - 1)}
+    return greedy, slope
 
 
 def in_steps(greedy: dict[str, Any], slope: dict[str, Any]) -> dict[str, float]:
@@ -381,7 +381,7 @@ def equality(url: str, sets: dict[str, list[str]], chunk: int, clients: int) -> 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.streaming", description=__doc__.split("\n")[0])
     p.add_argument("--store", type=Path, default=ROOT / "model_store")
-    p.add_argument("--server-cpus", default="0")
+    p.add_argument("--server-cpus", default="0", help="taskset's CPU list; '' for no pinning")
     p.add_argument("--client-cpus", default="1")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--quick", action="store_true", help="fewer rounds (~20 s)")
@@ -420,15 +420,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.step_max_rows:
         settings["step_max_rows"] = str(args.step_max_rows)
     report["settings"] = settings
-    with serverproc.running(args.store, log, args.server_cpus, settings=settings) as server:
+    with serverproc.running(args.store, log, args.server_cpus or None, settings=settings) as server:
         if args.equality:
             report["equality"] = equality(server.url, sets, args.chunk, args.clients)
             failed += [k for k, v in report["equality"].items() if v["mismatches"]]
         else:
             with httpx.Client(base_url=server.url, timeout=120) as client:
                 fe = report["first_event"] = first_event(client, args.rounds)
-                g = report["greedy"] = greedy_first_token(client, args.rounds)
-                sl = report["step_by_slope"] = step_by_slope(client, args.rounds)
+                g, sl = greedy_first_token(client, args.rounds)
+                report["greedy"], report["step_by_slope"] = g, sl
             steps = report["greedy_in_steps"] = in_steps(g, sl)
             print(
                 f"20 sentences, beam 4: first event {fe['first_event_s'] * 1000:.0f} ms, whole answer "
