@@ -110,9 +110,9 @@ bench-rolling: install
 bench-streaming: install
 	$(PYTHON) -m bench.streaming --store $(STORE) --data-dir $(DATA) $(STREAMING_ARGS)
 
-# Reliability campaign (bench/reliability.py): overload, soak, SIGTERM, hostile clients, faults and
-# fuzzing against the real server; writes bench/results/reliability.json and its table in
-# docs/results.md (~25 min, an idle machine). reliability-quick is the ~2 min subset .ci/run runs.
+# Reliability campaign (bench/reliability.py): overload, soak, SIGTERM, hostile clients, streams left
+# mid-way, faults and fuzzing against the real server; writes bench/results/reliability.json and its
+# table in docs/results.md (~25 min, an idle machine). reliability-quick is the ~2 min subset .ci/run runs.
 .PHONY: reliability reliability-quick fuzz
 reliability: install
 	$(PYTHON) -m bench.reliability --store $(STORE)
