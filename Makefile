@@ -102,9 +102,17 @@ bench-rolling: install
 	@command -v haproxy >/dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends haproxy
 	$(PYTHON) -m bench.rolling --store $(STORE) $(ROLLING_ARGS)
 
-# Reliability campaign (bench/reliability.py): overload, soak, SIGTERM, hostile clients, faults and
-# fuzzing against the real server; writes bench/results/reliability.json and its table in
-# docs/results.md (~25 min, an idle machine). reliability-quick is the ~2 min subset .ci/run runs.
+# Streaming's acceptance figures (bench/streaming.py): a 20-sentence beam-4 text's first event against
+# the whole answer, a greedy sentence's first event in decoder steps (~1 min, an idle machine; writes
+# bench/results/streaming.json). STREAMING_ARGS="--equality": streamed deltas against whole answers
+# over the test split (after `make data`) and bench/data/fidelity.jsonl, greedy and beam 4 (~4 min).
+.PHONY: bench-streaming
+bench-streaming: install
+	$(PYTHON) -m bench.streaming --store $(STORE) --data-dir $(DATA) $(STREAMING_ARGS)
+
+# Reliability campaign (bench/reliability.py): overload, soak, SIGTERM, hostile clients, streams left
+# mid-way, faults and fuzzing against the real server; writes bench/results/reliability.json and its
+# table in docs/results.md (~25 min, an idle machine). reliability-quick is the ~2 min subset .ci/run runs.
 .PHONY: reliability reliability-quick fuzz
 reliability: install
 	$(PYTHON) -m bench.reliability --store $(STORE)

@@ -6,6 +6,10 @@ FAULT_DECODE_LIMIT=M   ... the first M times only (default: no limit), so recove
 FAULT_DECODE_GATE=PATH every decoder call waits while the file PATH exists, and says so once per wait
                        ("FAULT gate: decoder call held" on stderr), so a test holds a translation
                        in flight for as long as it needs and knows when it is held
+FAULT_DECODE_STEPS=PATH while PATH exists, decoder call n (counted from the start) waits until PATH
+                       holds a number >= n; it writes n to PATH.held when it starts waiting and to
+                       PATH.done when it returns, so a benchmark runs a request a step at a time and
+                       sees what each step sent (bench/streaming.py: the first event, in steps)
 FAULT_UNREADABLE=PATH  listing PATH fails with "Permission denied", as for a store the server's
                        user cannot read (the campaign runs as root, whom file modes do not stop)
 """
@@ -23,6 +27,7 @@ _every = int(os.environ.get("FAULT_DECODE_EVERY", "0"))
 _limit = int(os.environ.get("FAULT_DECODE_LIMIT", "0")) or None
 _unreadable = os.environ.get("FAULT_UNREADABLE", "")
 _gate = os.environ.get("FAULT_DECODE_GATE", "")
+_steps = os.environ.get("FAULT_DECODE_STEPS", "")
 
 if _every > 0:
     from service.engine import runtime
@@ -51,6 +56,39 @@ if _gate:
         return _gated(self, *args, **kwargs)
 
     runtime.TranslatorRuntime.decode = _gated_decode  # type: ignore[method-assign]
+
+if _steps:
+    from service.engine import runtime
+
+    _stepped = runtime.TranslatorRuntime.decode
+    _made = itertools.count(1)
+
+    def _allowed() -> int | None:
+        """The calls allowed so far; None without the file (no gate). The benchmark replaces the
+        file whole (os.replace), so a read never sees half a number."""
+        try:
+            with open(_steps) as f:
+                return int(f.read() or "0")
+        except FileNotFoundError:
+            return None
+
+    def _mark(suffix: str, n: int) -> None:
+        with open(_steps + suffix + ".tmp", "w") as f:
+            f.write(str(n))
+        os.replace(_steps + suffix + ".tmp", _steps + suffix)
+
+    def _stepped_decode(self: Any, *args: Any, **kwargs: Any) -> Any:
+        n = next(_made)
+        if (allowed := _allowed()) is not None and allowed < n:
+            _mark(".held", n)
+            while (allowed := _allowed()) is not None and allowed < n:
+                time.sleep(0.002)
+        try:
+            return _stepped(self, *args, **kwargs)
+        finally:
+            _mark(".done", n)
+
+    runtime.TranslatorRuntime.decode = _stepped_decode  # type: ignore[method-assign]
 
 if _unreadable:
     _listdir, _scandir = os.listdir, os.scandir
