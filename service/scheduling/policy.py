@@ -24,10 +24,12 @@ The rules:
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import accumulate
 from typing import NamedTuple
 
 from service.engine.decoding import Search
@@ -50,10 +52,14 @@ class StepLimits:
     max_cache_tokens: int = 65536  # admitted rows x (source + max new tokens), reserved at admission
     max_queue: int = 512  # sentences waiting or running before 429
     starvation_s: float = 0.5  # a passed-over sentence is admitted first after waiting this long
-    admit_share: float = 0.3  # admit when the queued work fits in this share of the time left (greedy
-    # sentences overtake beams in the rows kept for them, so a beam may finish later than projected;
-    # with beam rows cheaper than greedy ones since IO contract 6, a row-step is a looser unit: at 0.35
-    # the overload check's slowest admitted request took 3.4-4.3 s of its 5, at 0.3 3.0-3.7 s)
+    admit_share: float = 0.3  # admit when the request's wait in its turn (`expected_wait`) fits in this
+    # share of the time left (greedy sentences overtake beams in the rows kept for them, so a beam may
+    # finish later than projected; with beam rows cheaper than greedy ones since IO contract 6, a
+    # row-step is a looser unit: at 0.35 the overload check's slowest admitted request took 3.4-4.3 s
+    # of its 5, at 0.3 3.0-3.7 s)
+    keep_share: float = 0.6  # and when no waiting request's wait, with the turns the new one takes
+    # before its last sentence, would pass this share of its own time left: later arrivals take turns
+    # from the requests admitted before them, so each admission must leave room for those
     encode_ahead: int = 16  # waiting sentences encoded with those joining, held until their turn
     express_share: float = 0.0  # the time express steps may take while the main batch runs; 0: no express
     # lane (the service's default is SERVE_STEP_EXPRESS_SHARE's)
@@ -61,6 +67,8 @@ class StepLimits:
 
     def __post_init__(self) -> None:
         if self.max_rows < 1 or self.max_cache_tokens < 1 or self.max_queue < 1 or not 0 < self.admit_share <= 1:
+            raise ValueError(f"invalid step limits {self}")
+        if not self.admit_share <= self.keep_share <= 1:
             raise ValueError(f"invalid step limits {self}")
         if not 0 <= self.express_share < 1 or self.express_work < 0:
             raise ValueError(f"invalid step limits {self}")
@@ -210,13 +218,96 @@ def _ahead(queue: deque[Job], cursor: dict[Job, int], gone: set[Job], limit: int
 
 
 def takes_express(s: Sentence, limits: StepLimits) -> bool:
-    """Whether a sentence runs in the express batch: a request of one-row sentences (greedy or a
-    single sample; its answer waits for its slowest) small enough (`express_work`) to be someone
+    """Whether a sentence runs in the express batch: its request's (`express_request`)."""
+    return express_request(s.job, limits)
+
+
+def express_request(job: Job, limits: StepLimits) -> bool:
+    """Whether a request's sentences run in the express batch: one-row sentences (greedy or a
+    single sample; its answer waits for its slowest), small enough (`express_work`) to be someone
     waiting at a screen, not a batch job."""
-    job = s.job
     return (
         limits.express_share > 0 and job.work <= limits.express_work and all(x.search.width == 1 for x in job.sentences)
     )
+
+
+class Wait(NamedTuple):
+    """A request's wait for its answer under this policy, were it admitted now (`expected_wait`)."""
+
+    seconds: float  # until its answer, in its turns
+    crowds: bool  # it would push a waiting request's wait past `keep_share` of that one's time left
+
+
+def expected_wait(jobs: Iterable[Job], job: Job, limits: StepLimits, rate: float, now: float) -> Wait:
+    """How long `job` would wait for its answer if it joined the unanswered `jobs` now, served as
+    `plan` serves them at `rate` row-steps a second (the loaded batch's); and whether it would make
+    a request already waiting late. Waiting requests take turns, one sentence each, so within m
+    turns a request of w waiting sentences runs min(m, w) of them. A request of m sentences waits
+    for the larger of:
+    - work: the sentences running now, min(m, w) of each waiting request's, and its own; in the
+      main lane the express lane's requests count too (their steps take the main lane's time), the
+      express lane counts its own and runs at its share of the time while the main lane has work;
+    - steps: its longest sentence's steps (one token each), each a step of the rows in flight (at
+      most `max_rows`): what a short sentence waits for in a batch full of others' long ones.
+    Every request admitted later takes its turns in the same way from those waiting before it, so
+    this one is refused (`crowds`) if its turns would push a waiting request's work, counted alike,
+    past `keep_share` of that request's time left, when it was within it before: a heavy request
+    is then refused while lighter ones queue, instead of timing out behind later arrivals."""
+    mine = express_request(job, limits)
+    running, rows = [0.0, 0.0], 0  # work of the sentences in the batch, by lane (main, express)
+    counts: list[list[tuple[int, float]]] = [[], []]  # each waiting request's sentences and their work, by lane
+    waiting: list[tuple[Job, bool, int, float]] = []  # the same, with the request and its lane
+    for k in jobs:
+        if k is job or k.cancelled is not None or not k.remaining:
+            continue
+        lane = express_request(k, limits)
+        left = [s for s in k.sentences[k.admitted :] if not s.search.done]
+        each = k.work / max(1, sum(not s.search.done for s in k.sentences))
+        running[lane] += (k.remaining - len(left)) * each
+        rows += k.remaining * max(s.search.width for s in k.sentences)
+        if left:
+            work = float(sum(s.work for s in left))
+            counts[lane].append((len(left), work))
+            waiting.append((k, lane, len(left), work))
+    turns = [_Turns(counts[0]), _Turns(counts[1])]
+    main_busy = bool(running[0] or counts[0]) or not mine
+
+    def before(lane: bool, m: int) -> tuple[float, float]:
+        """Work that runs before a waiting request of `lane` takes its m turns (its own included),
+        and the share of the time its lane runs."""
+        if lane:
+            return running[1] + turns[1].within(m), limits.express_share if main_busy else 1.0
+        return sum(running) + turns[0].within(m) + turns[1].within(m), 1.0
+
+    n = sum(not s.search.done for s in job.sentences)
+    ahead, share = before(mine, n)
+    steps = max((s.work // s.search.width for s in job.sentences if not s.search.done), default=0)
+    widest = max((s.search.width for s in job.sentences), default=1)
+    seconds = max((ahead + job.work) / (rate * share), steps * min(rows + widest, limits.max_rows) / rate)
+    each = job.work / max(1, n)
+    for k, lane, m, _ in waiting:
+        if lane and not mine:
+            continue  # the main lane's turns do not delay the express lane's
+        work, share = before(lane, m)
+        limit = limits.keep_share * (k.deadline - now) * rate * share
+        if work <= limit < work + min(m, n) * each:
+            return Wait(seconds, True)
+    return Wait(seconds, False)
+
+
+class _Turns:
+    """A lane's waiting requests, as their counts of sentences and their work: how much of it
+    runs within m round-robin turns (all of a request with fewer sentences, m of the rest's)."""
+
+    def __init__(self, queued: list[tuple[int, float]]) -> None:
+        queued = sorted(queued)
+        self.counts = [m for m, _ in queued]
+        self.whole = [0.0, *accumulate(w for _, w in queued)]  # the first i requests' work
+        self.per_turn = [*accumulate((w / m for m, w in reversed(queued)), initial=0.0)][::-1]  # from i on
+
+    def within(self, m: int) -> float:
+        i = bisect_left(self.counts, m)
+        return self.whole[i] + m * self.per_turn[i]
 
 
 def express_turn(express_s: float, main_s: float, share: float) -> bool:
