@@ -52,14 +52,14 @@ class StepLimits:
     max_cache_tokens: int = 65536  # admitted rows x (source + max new tokens), reserved at admission
     max_queue: int = 512  # sentences waiting or running before 429
     starvation_s: float = 0.5  # a passed-over sentence is admitted first after waiting this long
-    admit_share: float = 0.3  # admit when the request's wait in its turn (`expected_wait`) fits in this
+    admit_share: float = 0.3  # admit when the request's wait in its turns (`expected_wait`) fits in this
     # share of the time left (greedy sentences overtake beams in the rows kept for them, so a beam may
     # finish later than projected; with beam rows cheaper than greedy ones since IO contract 6, a
     # row-step is a looser unit: at 0.35 the overload check's slowest admitted request took 3.4-4.3 s
     # of its 5, at 0.3 3.0-3.7 s)
-    keep_share: float = 0.6  # and when no waiting request's wait, with the turns the new one takes
-    # before its last sentence, would pass this share of its own time left: later arrivals take turns
-    # from the requests admitted before them, so each admission must leave room for those
+    keep_share: float = 0.6  # and when it keeps every waiting request's wait within this share of that
+    # one's time left: later arrivals take turns from the requests before them; twice admit_share, so
+    # the estimate may drift (the throughput measured anew) without refusing a short request's turn
     encode_ahead: int = 16  # waiting sentences encoded with those joining, held until their turn
     express_share: float = 0.0  # the time express steps may take while the main batch runs; 0: no express
     # lane (the service's default is SERVE_STEP_EXPRESS_SHARE's)
@@ -94,6 +94,7 @@ class Job:
     admitted: int = 0  # sentences taken from the queue so far (in order)
     cancelled: CancelReason | None = None
     work: int = 0  # estimated row-steps of all its sentences
+    tally: Tally | None = field(default=None, repr=False)  # what admission reads of it (`tally`), once
 
 
 class Mark(NamedTuple):
@@ -231,83 +232,127 @@ def express_request(job: Job, limits: StepLimits) -> bool:
     )
 
 
+class Tally(NamedTuple):
+    """What admission reads of a request, counted once (its sentences do not change)."""
+
+    width: int  # its widest sentence's rows
+    live: list[int]  # from each sentence on, those with steps to run
+    work: list[float]  # and their estimated row-steps
+
+    def express(self, job: Job, limits: StepLimits) -> bool:
+        """`express_request`, in one step."""
+        return limits.express_share > 0 and job.work <= limits.express_work and self.width == 1
+
+
+def tally(job: Job) -> Tally:
+    """The request's `Tally`, kept on it."""
+    if job.tally is None:
+        live, work = [0], [0.0]
+        for s in reversed(job.sentences):
+            live.append(live[-1] + (not s.search.done))
+            work.append(work[-1] + (0 if s.search.done else s.work))
+        width = max((s.search.width for s in job.sentences), default=1)
+        job.tally = Tally(width, live[::-1], work[::-1])
+    return job.tally
+
+
 class Wait(NamedTuple):
     """A request's wait for its answer under this policy, were it admitted now (`expected_wait`)."""
 
     seconds: float  # until its answer, in its turns
-    crowds: bool  # it would push a waiting request's wait past `keep_share` of that one's time left
+    crowds: bool  # its turns would push a waiting request's wait past `keep_share` of that one's time left
 
 
-def expected_wait(jobs: Iterable[Job], job: Job, limits: StepLimits, rate: float, now: float) -> Wait:
-    """How long `job` would wait for its answer if it joined the unanswered `jobs` now, served as
-    `plan` serves them at `rate` row-steps a second (the loaded batch's); and whether it would make
-    a request already waiting late. Waiting requests take turns, one sentence each, so within m
+class _Lane:
+    """One lane's unanswered requests: the work of its running sentences; how much of its waiting
+    sentences' work runs within m round-robin turns (all of a request with fewer sentences, m of
+    the others'); how much more each waiting request can wait within `keep_share` of its time left."""
+
+    def __init__(self, running: float, waiting: list[tuple[int, float, float]], share: float) -> None:
+        """`waiting`: each request's waiting sentences, their work, and the work that fits in
+        `keep_share` of its time left at full speed; `share`: of the time, while the other lane has work."""
+        waiting = sorted(waiting)
+        self.running, self.share = running, share
+        self.counts = [m for m, _, _ in waiting]
+        self.whole = [0.0, *accumulate(w for _, w, _ in waiting)]  # the first i requests' work
+        self.per_turn = [*accumulate((w / m for m, w, _ in reversed(waiting)), initial=0.0)][::-1]  # from i on
+        # room: the work each waiting request's wait may still grow by (inf: past it already, held to
+        # nothing); the least from i on, and the least per turn of those before i
+        inf = float("inf")
+        room = [fits * share - self.before(m) for m, _, fits in waiting]
+        room = [r if r >= 0 else inf for r in room]
+        self.room_from = [*accumulate(reversed(room), min, initial=inf)][::-1]
+        self.room_per_turn = [*accumulate((r / m for r, m in zip(room, self.counts, strict=True)), min, initial=inf)]
+
+    def before(self, m: int) -> float:
+        """The work that runs in this lane until a request of it has taken m turns (its own included)."""
+        i = bisect_left(self.counts, m)
+        return self.running + self.whole[i] + m * self.per_turn[i]
+
+    def crowded(self, m: int, each: float) -> bool:
+        """Whether m turns of `each` row-steps would push a waiting request past its room."""
+        i = bisect_left(self.counts, m)
+        return self.room_from[i] < m * each or self.room_per_turn[i] < each
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """The unanswered requests as admission weighs a new one against them (`backlog`): built once
+    while the queue does not change, read by `expected_wait` in a few steps per request."""
+
+    lanes: tuple[_Lane, _Lane]  # main, express
+    rows: int  # the rows of every unanswered sentence
+    rate: float  # row-steps a second, as measured when it was built
+    at: float  # when it was built
+
+
+def backlog(jobs: Iterable[Job], limits: StepLimits, rate: float, now: float) -> Backlog:
+    """The unanswered `jobs` at `rate` row-steps a second: by lane, the work of their running
+    sentences and their waiting ones (in turns), and each waiting request's room (`expected_wait`)."""
+    running, rows = [0.0, 0.0], 0
+    waiting: tuple[list[tuple[int, float, float]], list[tuple[int, float, float]]] = ([], [])
+    for k in jobs:
+        if k.cancelled is not None or not k.remaining:
+            continue
+        t = tally(k)
+        lane = t.express(k, limits)
+        m = t.live[k.admitted]
+        running[lane] += (k.remaining - m) * t.work[0] / max(1, t.live[0])
+        rows += k.remaining * t.width
+        if m:
+            waiting[lane].append((m, t.work[k.admitted], limits.keep_share * (k.deadline - now) * rate))
+    main_busy, express_busy = bool(running[0] or waiting[0]), bool(running[1] or waiting[1])
+    share = limits.express_share
+    main = _Lane(running[0], waiting[0], 1.0 - share if express_busy else 1.0)
+    express = _Lane(running[1], waiting[1], share if main_busy else 1.0)
+    return Backlog((main, express), rows, rate, now)
+
+
+def expected_wait(queued: Backlog, job: Job, limits: StepLimits) -> Wait:
+    """How long `job` would wait for its answer if it joined the `queued` requests now, served as
+    `plan` serves them at the backlog's throughput (the loaded batch's), and whether it would make
+    a request waiting before it late. Waiting requests take turns, one sentence each, so within m
     turns a request of w waiting sentences runs min(m, w) of them. A request of m sentences waits
     for the larger of:
-    - work: the sentences running now, min(m, w) of each waiting request's, and its own; in the
-      main lane the express lane's requests count too (their steps take the main lane's time), the
-      express lane counts its own and runs at its share of the time while the main lane has work;
+    - work: in its lane, the sentences running now, min(m, w) of each waiting request's and its
+      own, at the share of the time its lane runs while the other has work (`express_share`, the
+      rest for the main lane): under load the other lane is refilled as fast as it empties;
     - steps: its longest sentence's steps (one token each), each a step of the rows in flight (at
       most `max_rows`): what a short sentence waits for in a batch full of others' long ones.
-    Every request admitted later takes its turns in the same way from those waiting before it, so
-    this one is refused (`crowds`) if its turns would push a waiting request's work, counted alike,
-    past `keep_share` of that request's time left, when it was within it before: a heavy request
-    is then refused while lighter ones queue, instead of timing out behind later arrivals."""
-    mine = express_request(job, limits)
-    running, rows = [0.0, 0.0], 0  # work of the sentences in the batch, by lane (main, express)
-    counts: list[list[tuple[int, float]]] = [[], []]  # each waiting request's sentences and their work, by lane
-    waiting: list[tuple[Job, bool, int, float]] = []  # the same, with the request and its lane
-    for k in jobs:
-        if k is job or k.cancelled is not None or not k.remaining:
-            continue
-        lane = express_request(k, limits)
-        left = [s for s in k.sentences[k.admitted :] if not s.search.done]
-        each = k.work / max(1, sum(not s.search.done for s in k.sentences))
-        running[lane] += (k.remaining - len(left)) * each
-        rows += k.remaining * max(s.search.width for s in k.sentences)
-        if left:
-            work = float(sum(s.work for s in left))
-            counts[lane].append((len(left), work))
-            waiting.append((k, lane, len(left), work))
-    turns = [_Turns(counts[0]), _Turns(counts[1])]
-    main_busy = bool(running[0] or counts[0]) or not mine
-
-    def before(lane: bool, m: int) -> tuple[float, float]:
-        """Work that runs before a waiting request of `lane` takes its m turns (its own included),
-        and the share of the time its lane runs."""
-        if lane:
-            return running[1] + turns[1].within(m), limits.express_share if main_busy else 1.0
-        return sum(running) + turns[0].within(m) + turns[1].within(m), 1.0
-
-    n = sum(not s.search.done for s in job.sentences)
-    ahead, share = before(mine, n)
+    Later arrivals take their turns from the requests waiting before them in the same way (one
+    may even pass a beam sentence the rows do not fit), so a request is also refused (`crowds`)
+    when its turns would push a waiting request of its lane past `keep_share` of that one's time
+    left: the queue cannot grow until the requests admitted first time out. One already past it
+    (admitted on an idle queue, or the throughput measured anew) is not held to it: refusing a
+    short turn would not save it."""
+    t = tally(job)
+    lane, n = queued.lanes[t.express(job, limits)], t.live[0]
     steps = max((s.work // s.search.width for s in job.sentences if not s.search.done), default=0)
-    widest = max((s.search.width for s in job.sentences), default=1)
-    seconds = max((ahead + job.work) / (rate * share), steps * min(rows + widest, limits.max_rows) / rate)
-    each = job.work / max(1, n)
-    for k, lane, m, _ in waiting:
-        if lane and not mine:
-            continue  # the main lane's turns do not delay the express lane's
-        work, share = before(lane, m)
-        limit = limits.keep_share * (k.deadline - now) * rate * share
-        if work <= limit < work + min(m, n) * each:
-            return Wait(seconds, True)
-    return Wait(seconds, False)
-
-
-class _Turns:
-    """A lane's waiting requests, as their counts of sentences and their work: how much of it
-    runs within m round-robin turns (all of a request with fewer sentences, m of the rest's)."""
-
-    def __init__(self, queued: list[tuple[int, float]]) -> None:
-        queued = sorted(queued)
-        self.counts = [m for m, _ in queued]
-        self.whole = [0.0, *accumulate(w for _, w in queued)]  # the first i requests' work
-        self.per_turn = [*accumulate((w / m for m, w in reversed(queued)), initial=0.0)][::-1]  # from i on
-
-    def within(self, m: int) -> float:
-        i = bisect_left(self.counts, m)
-        return self.whole[i] + m * self.per_turn[i]
+    seconds = max(
+        (lane.before(n) + job.work) / (queued.rate * lane.share),
+        steps * min(queued.rows + t.width, limits.max_rows) / queued.rate,
+    )
+    return Wait(seconds, lane.crowded(n, job.work / max(1, n)))
 
 
 def express_turn(express_s: float, main_s: float, share: float) -> bool:

@@ -44,6 +44,9 @@ __all__ = ["CancelReason", "Job", "Sentence", "StepLimits", "StepObserver", "Ste
 
 log = logging.getLogger(__name__)
 
+_BACKLOG_S = 0.01  # admission weighs requests against a backlog this old at most (about a step), if
+# nothing changed meanwhile: building one reads every unanswered request
+
 
 class StepObserver(Protocol):
     """Hooks for metrics, called from the scheduler thread (and `queue_depth` from submitters)."""
@@ -82,6 +85,7 @@ class StepScheduler:
         self._watched: dict[Sentence, list[int]] = {}  # the scheduler thread's: admitted sentences whose
         # tokens are published, and how many of each row's were
         self._span = LoadedSpan(limits.max_rows)
+        self._backlog: policy.Backlog | None = None  # the queue as admission weighs it; None when it changed
 
     # -- event-loop side ---------------------------------------------------------------------
 
@@ -145,6 +149,7 @@ class StepScheduler:
             self._admit_job(job, now)
             self._jobs.add(job)
             self._waiting.append(job)
+            self._backlog = None
             self._cv.notify()
             depth = self._depth()
         self.observer.queue_depth(depth)
@@ -172,6 +177,7 @@ class StepScheduler:
         with self._cv:
             if job.cancelled is None:
                 job.cancelled = reason
+                self._backlog = None
                 self._cv.notify()
 
     def refuse_if_busy(self, deadline: float) -> None:
@@ -189,7 +195,10 @@ class StepScheduler:
         (`policy.expected_wait`; under the lock). An idle queue admits anything."""
         rate = self.admission.rate
         if rate and self._work:
-            wait = policy.expected_wait(self._jobs, job, self.limits, rate, now)
+            queued = self._backlog
+            if queued is None or queued.rate != rate or now - queued.at > _BACKLOG_S:
+                queued = self._backlog = policy.backlog(self._jobs, self.limits, rate, now)
+            wait = policy.expected_wait(queued, job, self.limits)
             self.admission.check_wait(wait.seconds, job.deadline - now, self._work, wait.crowds)
 
     def _admit_job(self, job: Job, now: float) -> None:
@@ -327,6 +336,7 @@ class StepScheduler:
         for job, admitted in plan.admitted.items():
             job.admitted = admitted
         self._waiting = deque(plan.waiting)
+        self._backlog = None
 
     def _forget(self, gone: Sequence[Sentence]) -> None:
         """Accounts for sentences that left without finishing, and answers their jobs."""
@@ -334,6 +344,7 @@ class StepScheduler:
             self._watched.pop(s, None)
         with self._cv:
             jobs = {s.job for s in gone}
+            self._backlog = None
             for job in list(self._jobs):  # waiting sentences of cancelled jobs leave too
                 if job.cancelled is not None:
                     jobs.add(job)
@@ -368,6 +379,7 @@ class StepScheduler:
             if job not in self._jobs:
                 return
             job.remaining -= 1
+            self._backlog = None
             self._sentences -= 1
             self._work -= s.work
             last = job.remaining == 0
@@ -381,6 +393,7 @@ class StepScheduler:
         for s in [s for s in self._watched if s.job in jobs]:
             del self._watched[s]
         with self._cv:
+            self._backlog = None
             for job in jobs:
                 if job.cancelled is None:
                     job.cancelled = CancelReason.ERROR
