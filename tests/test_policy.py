@@ -207,6 +207,8 @@ def test_a_request_waits_for_its_turns_not_for_the_whole_queue() -> None:
     limits, ahead = StepLimits(max_rows=2), costed([1] * 5, work=100)
     assert wait([ahead], costed([1, 1], work=100), limits, rate=10.0) == (2 * 100 + 200) / 10
     assert wait([ahead], costed([1] * 6, work=100), limits, rate=10.0) == (500 + 600) / 10
+    since = expected_wait(backlog([], limits, 10.0, 0.0), costed([1, 1], work=100), limits, since=[ahead])
+    assert since.seconds == (2 * 100 + 200) / 10  # admitted since the backlog was built: the same turns
     running = costed([1] * 5, work=100, admitted=3)  # three in the batch: they count whole
     assert wait([running], costed([1], work=100), limits, rate=10.0) == (3 * 100 + 100 + 100) / 10
     running.cancelled = CancelReason.DISCONNECT  # leaves at the next step

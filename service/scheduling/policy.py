@@ -297,8 +297,8 @@ class _Lane:
 
 @dataclass(frozen=True)
 class Backlog:
-    """The unanswered requests as admission weighs a new one against them (`backlog`): built once
-    while the queue does not change, read by `expected_wait` in a few steps per request."""
+    """The unanswered requests as admission weighs a new one against them (`backlog`): built at
+    most once a step or so, read by `expected_wait` in a few steps per request."""
 
     lanes: tuple[_Lane, _Lane]  # main, express
     rows: int  # the rows of every unanswered sentence
@@ -328,8 +328,9 @@ def backlog(jobs: Iterable[Job], limits: StepLimits, rate: float, now: float) ->
     return Backlog((main, express), rows, rate, now)
 
 
-def expected_wait(queued: Backlog, job: Job, limits: StepLimits) -> Wait:
-    """How long `job` would wait for its answer if it joined the `queued` requests now, served as
+def expected_wait(queued: Backlog, job: Job, limits: StepLimits, since: Sequence[Job] = ()) -> Wait:
+    """How long `job` would wait for its answer if it joined the `queued` requests (and those
+    admitted `since` the backlog was built, counted whole in its turns) now, served as
     `plan` serves them at the backlog's throughput (the loaded batch's), and whether it would make
     a request waiting before it late. Waiting requests take turns, one sentence each, so within m
     turns a request of w waiting sentences runs min(m, w) of them. A request of m sentences waits
@@ -346,13 +347,22 @@ def expected_wait(queued: Backlog, job: Job, limits: StepLimits) -> Wait:
     (admitted on an idle queue, or the throughput measured anew) is not held to it: refusing a
     short turn would not save it."""
     t = tally(job)
-    lane, n = queued.lanes[t.express(job, limits)], t.live[0]
+    express = t.express(job, limits)
+    lane, n, rows = queued.lanes[express], t.live[0], queued.rows + t.width
+    each = job.work / max(1, n)
+    later, turns, per_turn = 0.0, n, each  # the turns of those admitted since, which crowd the backlog too
+    for k in since:
+        tk = tally(k)
+        rows += k.remaining * tk.width
+        if tk.express(k, limits) == express:
+            later += min(n, tk.live[0]) * tk.work[0] / max(1, tk.live[0])
+            turns, per_turn = max(turns, tk.live[0]), per_turn + tk.work[0] / max(1, tk.live[0])
     steps = max((s.work // s.search.width for s in job.sentences if not s.search.done), default=0)
     seconds = max(
-        (lane.before(n) + job.work) / (queued.rate * lane.share),
-        steps * min(queued.rows + t.width, limits.max_rows) / queued.rate,
+        (lane.before(n) + later + job.work) / (queued.rate * lane.share),
+        steps * min(rows, limits.max_rows) / queued.rate,
     )
-    return Wait(seconds, lane.crowded(n, job.work / max(1, n)))
+    return Wait(seconds, lane.crowded(turns, per_turn))
 
 
 def express_turn(express_s: float, main_s: float, share: float) -> bool:

@@ -44,8 +44,8 @@ __all__ = ["CancelReason", "Job", "Sentence", "StepLimits", "StepObserver", "Ste
 
 log = logging.getLogger(__name__)
 
-_BACKLOG_S = 0.01  # admission weighs requests against a backlog this old at most (about a step), if
-# nothing changed meanwhile: building one reads every unanswered request
+_BACKLOG_S = 0.01  # admission builds its backlog anew at most this often (about a step): building one
+# reads every unanswered request; the jobs admitted meanwhile count whole in a new request's turns
 
 
 class StepObserver(Protocol):
@@ -85,7 +85,9 @@ class StepScheduler:
         self._watched: dict[Sentence, list[int]] = {}  # the scheduler thread's: admitted sentences whose
         # tokens are published, and how many of each row's were
         self._span = LoadedSpan(limits.max_rows)
-        self._backlog: policy.Backlog | None = None  # the queue as admission weighs it; None when it changed
+        self._backlog: policy.Backlog | None = None  # the queue as admission weighs it (`_check_wait`),
+        self._since: list[Job] = []  # the jobs admitted since it was built
+        self._changed = False  # whether anything else changed since
 
     # -- event-loop side ---------------------------------------------------------------------
 
@@ -149,7 +151,8 @@ class StepScheduler:
             self._admit_job(job, now)
             self._jobs.add(job)
             self._waiting.append(job)
-            self._backlog = None
+            self._since.append(job)
+            self._changed = True
             self._cv.notify()
             depth = self._depth()
         self.observer.queue_depth(depth)
@@ -177,7 +180,7 @@ class StepScheduler:
         with self._cv:
             if job.cancelled is None:
                 job.cancelled = reason
-                self._backlog = None
+                self._changed = True
                 self._cv.notify()
 
     def refuse_if_busy(self, deadline: float) -> None:
@@ -196,9 +199,11 @@ class StepScheduler:
         rate = self.admission.rate
         if rate and self._work:
             queued = self._backlog
-            if queued is None or queued.rate != rate or now - queued.at > _BACKLOG_S:
+            if queued is None or self._changed and now - queued.at > _BACKLOG_S:
                 queued = self._backlog = policy.backlog(self._jobs, self.limits, rate, now)
-            wait = policy.expected_wait(queued, job, self.limits)
+                self._since.clear()
+                self._changed = False
+            wait = policy.expected_wait(queued, job, self.limits, self._since)
             self.admission.check_wait(wait.seconds, job.deadline - now, self._work, wait.crowds)
 
     def _admit_job(self, job: Job, now: float) -> None:
@@ -336,7 +341,7 @@ class StepScheduler:
         for job, admitted in plan.admitted.items():
             job.admitted = admitted
         self._waiting = deque(plan.waiting)
-        self._backlog = None
+        self._changed = True
 
     def _forget(self, gone: Sequence[Sentence]) -> None:
         """Accounts for sentences that left without finishing, and answers their jobs."""
@@ -344,7 +349,7 @@ class StepScheduler:
             self._watched.pop(s, None)
         with self._cv:
             jobs = {s.job for s in gone}
-            self._backlog = None
+            self._changed = True
             for job in list(self._jobs):  # waiting sentences of cancelled jobs leave too
                 if job.cancelled is not None:
                     jobs.add(job)
@@ -379,7 +384,7 @@ class StepScheduler:
             if job not in self._jobs:
                 return
             job.remaining -= 1
-            self._backlog = None
+            self._changed = True
             self._sentences -= 1
             self._work -= s.work
             last = job.remaining == 0
@@ -393,7 +398,7 @@ class StepScheduler:
         for s in [s for s in self._watched if s.job in jobs]:
             del self._watched[s]
         with self._cv:
-            self._backlog = None
+            self._changed = True
             for job in jobs:
                 if job.cancelled is None:
                     job.cancelled = CancelReason.ERROR
