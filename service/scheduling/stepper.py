@@ -409,11 +409,13 @@ class StepScheduler:
         return sum(len(j.sentences) - j.admitted for j in self._waiting)
 
 
+_PROBE = Search(DecodeParams(beam_size=1, max_new_tokens=1), 0, 1)  # `_probe`'s sentence: read, never stepped
+
+
 def _probe(deadline: float) -> Job:
     """The cheapest request there is, as far as the estimate goes: one greedy sentence of one step."""
     job = Job(deadline, 0.0)
-    search = Search(DecodeParams(beam_size=1, max_new_tokens=1), 0, 1)  # read, never stepped
-    job.sentences = [Sentence(job, 0, (), search, estimate_work(0, 1, 1), 0)]
+    job.sentences = [Sentence(job, 0, (), _PROBE, estimate_work(0, 1, 1), 0)]
     job.remaining, job.work = 1, job.sentences[0].work
     return job
 
