@@ -78,10 +78,10 @@ class Admission:
         self, seconds: float, time_left: float, queued_work: float, crowds: bool = False, what: str = "in its turn"
     ) -> None:
         """QueueFull when a request's expected wait (`seconds`, its owner's estimate under its own
-        order of service at `rate`; `what` says which) exceeds `admit_share` of `time_left`, or when admitting it
-        would make work already queued late (`crowds`). Retry-After: the time `queued_work` needs.
-        An idle queue admits anything (the owner asks only with a rate and queued work): one
-        request alone runs as fast as it can, whatever the estimate says."""
+        order of service at `rate`; `what` says which) exceeds `admit_share` of `time_left`, or
+        when admitting it would make work already queued late (`crowds`). Retry-After: the time
+        `queued_work` needs. An idle queue admits anything (the owner asks only with a rate and
+        queued work): one request alone runs as fast as it can, whatever the estimate says."""
         if seconds > self.admit_share * time_left:
             reason = f"about {seconds:.1f} s {what}, more than this request's deadline allows"
         elif crowds:

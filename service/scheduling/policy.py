@@ -20,6 +20,9 @@ The rules:
   share of the time while both have work (`next_lane`, from the lanes' load the batch measured,
   asked once the step's sentences have joined and left): a short request behind beams then waits
   for a few small steps instead of one main step per token.
+
+Admission reads the same rules (`backlog`, `expected_wait`): a request waits for its turns among
+the waiting requests', in its lane, not for the whole queue.
 """
 
 from __future__ import annotations

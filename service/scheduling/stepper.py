@@ -16,9 +16,9 @@ answered before its deadline waiting its turns under the policy, or would make a
 waiting before it late (`policy.expected_wait`: its sentences among the others' round-robin
 turns, in its lane, not the whole queue's work), at the throughput measured while the batch is
 at least half full (rows over the time of every step and encoder run, the express lane's
-included); work is estimated in row-steps (rows x expected tokens). A request whose reader left (its awaiting task is
-cancelled, or it closed its stream), whose deadline passed, or that is still running at
-shutdown leaves the batch at the next step.
+included); work is estimated in row-steps (rows x expected tokens). A request whose reader left
+(its awaiting task is cancelled, or it closed its stream), whose deadline passed, or that is
+still running at shutdown leaves the batch at the next step.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ class StepScheduler:
         self._watched: dict[Sentence, list[int]] = {}  # the scheduler thread's: admitted sentences whose
         # tokens are published, and how many of each row's were
         self._span = LoadedSpan(limits.max_rows)
-        self._backlog: policy.Backlog | None = None  # the queue as admission weighs it (`_check_wait`),
+        self._backlog: policy.Backlog | None = None  # the queue as admission weighs it (`_check_wait`)
         self._since: list[Job] = []  # the jobs admitted since it was built
         self._changed = False  # whether anything else changed since
 
