@@ -15,6 +15,10 @@ from service.scheduling.policy import (
     Sentence,
     StepLimits,
     Usage,
+    Wait,
+    backlog,
+    expected_wait,
+    express_request,
     express_turn,
     next_lane,
     plan,
@@ -176,3 +180,75 @@ def test_the_policy_chooses_the_lane_that_steps() -> None:
     # the turns the engine's batch takes alone (`LaneBatch.step()` with `turn`) are the same rule
     for express_s in (0.0, 1.0, 2.4, 2.5, 9.0):
         assert (lane(3, 2, express_s) is Lane.EXPRESS) == express_turn(express_s, 5.0, 0.5)
+
+
+def costed(widths: Sequence[int], work: int, admitted: int = 0, deadline: float = 100.0) -> Job:
+    """`job`, each sentence `work` row-steps, its first `admitted` sentences in the batch."""
+    j = job(widths, deadline=deadline)
+    for s in j.sentences:
+        s.work = work
+    j.work, j.admitted = work * len(j.sentences), admitted
+    return j
+
+
+def estimate(jobs: Sequence[Job], new: Job, limits: StepLimits, rate: float) -> Wait:
+    """`new`'s wait behind the unanswered `jobs` at `rate` row-steps a second, at time 0."""
+    return expected_wait(backlog(jobs, limits, rate, now=0.0), new, limits)
+
+
+def wait(jobs: Sequence[Job], new: Job, limits: StepLimits, rate: float) -> float:
+    return estimate(jobs, new, limits, rate).seconds
+
+
+def test_a_request_waits_for_its_turns_not_for_the_whole_queue() -> None:
+    """Round-robin counted in row-steps: behind a waiting request of five sentences, a request of
+    two waits for two of them, then its own; one of six waits for all, as first come first served
+    would. Two rows a step: the work, not the steps, bounds the wait here."""
+    limits, ahead = StepLimits(max_rows=2), costed([1] * 5, work=100)
+    assert wait([ahead], costed([1, 1], work=100), limits, rate=10.0) == (2 * 100 + 200) / 10
+    assert wait([ahead], costed([1] * 6, work=100), limits, rate=10.0) == (500 + 600) / 10
+    since = expected_wait(backlog([], limits, 10.0, 0.0), costed([1, 1], work=100), limits, since=[ahead])
+    assert since.seconds == (2 * 100 + 200) / 10  # admitted since the backlog was built: the same turns
+    running = costed([1] * 5, work=100, admitted=3)  # three in the batch: they count whole
+    assert wait([running], costed([1], work=100), limits, rate=10.0) == (3 * 100 + 100 + 100) / 10
+    running.cancelled = CancelReason.DISCONNECT  # leaves at the next step
+    assert wait([running], costed([1], work=100), limits, rate=10.0) == 100 / 10  # its own work
+
+
+def test_a_short_greedy_request_behind_heavy_beams_is_admitted_and_a_heavy_one_is_not() -> None:
+    """The issue's case: three requests of 64 beam-8 sentences, fourteen of them running, fill the
+    queue with about 60 s of work; a one-sentence greedy request waits for its 20 steps in the
+    express lane (each with at most a full main step: 1.3 s), whatever the queue holds; without the
+    express lane it joins the main lane's turns: the running sentences and one of each request's
+    waiting ones (5.5 s). Either fits 30 % of a 30 s deadline; first come first served said 64 s.
+    A fourth heavy request waits for all of it, as before. The short one crowds nobody: a heavy
+    request's own wait (52-61 s of its 120: past 30 %, as when the throughput measured anew is
+    lower than at its admission, within 60 %) grows by one short turn."""
+    heavy = [costed([8] * 64, work=640, admitted=i, deadline=120.0) for i in (14, 0, 0)]
+    queued = sum(j.work for j in heavy)
+    short, big, rate = costed([1], work=20), costed([8] * 64, work=640), 2000.0
+    express = StepLimits(express_share=0.5)
+    assert (queued + short.work) / rate > 60  # the old estimate: refused at any deadline under 200 s
+    assert estimate(heavy, short, express, rate) == Wait(20 * 128 / rate, False)  # its steps
+    assert wait(heavy, big, express, rate) == (queued + big.work) / rate
+    main = StepLimits()
+    assert estimate(heavy, short, main, rate) == Wait((14 * 640 + 3 * 640 + 20) / rate, False)  # 5.5 s
+    assert wait(heavy, big, main, rate) == (queued + big.work) / rate
+
+
+def test_a_request_that_would_make_a_waiting_one_late_crowds_it() -> None:
+    """Later arrivals take turns from the requests waiting before them: a waiting request of two
+    sentences (20 s of its own work) is within 60 % of its 40 s left; one more short turn before its
+    last would pass it, so the newcomer crowds it, although its own 20 s fit 30 % of its 100 s.
+    With 60 s left it does not; nor when the waiting one is past that share already (20 s of work,
+    10 s left: admitted on an idle queue, or measured anew), nor in the other lane, which takes its
+    share of the time whatever it holds."""
+    limits, rate, new = StepLimits(max_rows=2), 10.0, costed([1], work=100)
+    assert estimate([costed([1, 1], work=100, deadline=40.0)], new, limits, rate) == Wait(20.0, True)
+    assert not estimate([costed([1, 1], work=100, deadline=60.0)], new, limits, rate).crowds
+    assert not estimate([costed([1, 1], work=100, deadline=10.0)], new, limits, rate).crowds
+    express = StepLimits(max_rows=2, express_share=0.5, express_work=100)
+    small = costed([1, 1], work=50, deadline=40.0)  # in the express lane, which beams do not take turns from
+    beams = costed([4], work=100)
+    assert express_request(small, express) and not express_request(beams, express)
+    assert estimate([small], beams, express, rate) == Wait(100 / (rate * 0.5), False)  # half the time

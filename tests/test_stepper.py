@@ -447,6 +447,50 @@ def test_overload_is_refused_at_once() -> None:
     run(main())
 
 
+@pytest.mark.parametrize("share", [0.0, 0.5])
+def test_a_short_request_behind_heavy_ones_is_admitted_in_its_turn_and_a_heavy_one_is_refused(share: float) -> None:
+    """The issue's case: three requests of 64 long beam sentences queue 20 s of work at the
+    throughput admission holds (set here: the steps are held at the gate, so none is measured); a
+    one-sentence greedy request with a 10 s deadline takes its turn among theirs (or the express
+    lane) and is admitted and answered, as first come first served would not (it said 20 s of
+    queued work: refused). A fourth heavy request, which waits for all of it, is still refused at
+    once; so is any request with a deadline too close for even the cheapest turn."""
+    rt, rng = FakeRuntime(seed=6), random.Random(2)
+    rt.gate = threading.Event()
+    beam = DecodeParams(beam_size=4, max_new_tokens=60)
+
+    def heavy(r: int) -> list[tuple[list[int], Search]]:
+        sources = [[100 + 64 * r + i] + [rng.randint(5, 11) for _ in range(29)] + [EOS] for i in range(64)]
+        return [(src, Search(beam, BOS, EOS)) for src in sources]
+
+    greedy = DecodeParams(beam_size=1, max_new_tokens=9)
+    short = [99, EOS]
+
+    async def main() -> list[list[Hypothesis]]:
+        s, _ = scheduler(rt, max_rows=64, express_share=share)
+        heavies = [asyncio.ensure_future(s.submit(heavy(r), time.monotonic() + 60)) for r in range(3)]
+        while s.in_flight < 3 * 64:
+            await asyncio.sleep(0.001)
+        s.admission.rate = 3 * 64 * 4 * 60 / 20.0  # row-steps a second: 20 s of queued work
+        with pytest.raises(QueueFull, match="busy"):
+            await s.submit(heavy(3), time.monotonic() + 10)
+        with pytest.raises(QueueFull, match="busy"):
+            s.refuse_if_busy(time.monotonic() + 0.05)  # not even one step of the rows in flight
+        s.refuse_if_busy(time.monotonic() + 10)  # the cheapest request fits: prepare the texts
+        t0 = time.monotonic()
+        answer = asyncio.ensure_future(s.submit([(short, Search(greedy, BOS, EOS))], t0 + 10))
+        while s.in_flight < 3 * 64 + 1 and not answer.done():
+            await asyncio.sleep(0.001)
+        rt.gate.set()  # type: ignore[union-attr]
+        got = await answer  # within its deadline, else DeadlineExceeded
+        for h in heavies:
+            h.cancel()
+        await s.close(1)
+        return got
+
+    assert run(main())[0] == alone(rt, short, greedy)
+
+
 def test_a_failing_step_fails_its_sentences_only_and_shutdown_refuses_new_work() -> None:
     rt = FakeRuntime(seed=6)
     failing = threading.Event()

@@ -1,9 +1,11 @@
 """Cost-aware admission, one object per queue (the classifier's batcher, each translator's step
 scheduler): a request is refused at once (`QueueFull`, 429 with a Retry-After) when the queue
-cannot hold it now (`PayloadTooLarge`, 413, when it never could), or when the work already
-admitted plus its own would not finish within `admit_share` of its deadline at the throughput
-the queue measured. Under overload a client then gets a fast 429 instead of a 504 after
-waiting. Knows nothing about models or HTTP.
+cannot hold it now (`PayloadTooLarge`, 413, when it never could), or when it would not be
+answered within `admit_share` of its deadline at the throughput the queue measured: the batcher
+serves first come first served, so its request waits for the work already admitted and its own
+(`check_time`); the step scheduler's request waits its turns under the step policy
+(`policy.expected_wait`, `check_wait`). Under overload a client then gets a fast 429 instead
+of a 504 after waiting. Knows nothing about models or HTTP.
 
 Work is counted in the owner's units (the batcher's item sizes; the step scheduler's row-steps,
 `estimate_work`); the owner keeps the count of work admitted and not yet done.
@@ -68,18 +70,27 @@ class Admission:
 
     def check_time(self, queued_work: float, work: float, time_left: float) -> None:
         """QueueFull when the queued work plus `work` would not finish within `admit_share` of
-        `time_left` at the measured throughput. An idle queue admits anything: one request alone
-        runs as fast as it can, whatever the estimate says."""
-        if not (self.rate and queued_work):
+        `time_left` at the measured throughput: first come first served, the batcher's order."""
+        if self.rate and queued_work:
+            self.check_wait((queued_work + work) / self.rate, time_left, queued_work, what="of queued work")
+
+    def check_wait(
+        self, seconds: float, time_left: float, queued_work: float, crowds: bool = False, what: str = "in its turn"
+    ) -> None:
+        """QueueFull when a request's expected wait (`seconds`, its owner's estimate under its own
+        order of service at `rate`; `what` says which) exceeds `admit_share` of `time_left`, or
+        when admitting it would make work already queued late (`crowds`). Retry-After: the time
+        `queued_work` needs. An idle queue admits anything (the owner asks only with a rate and
+        queued work): one request alone runs as fast as it can, whatever the estimate says."""
+        if seconds > self.admit_share * time_left:
+            reason = f"about {seconds:.1f} s {what}, more than this request's deadline allows"
+        elif crowds:
+            reason = "this request's turns would make requests queued before it miss their deadlines"
+        else:
             return
-        projected = (queued_work + work) / self.rate
-        if projected > self.admit_share * time_left:
-            error = QueueFull(
-                f"model {self.name} is busy: about {projected:.1f} s of queued work, more than this request's "
-                "deadline allows; retry later"
-            )
-            error.retry_after = max(1, math.ceil(queued_work / self.rate))
-            raise error
+        error = QueueFull(f"model {self.name} is busy: {reason}; retry later")
+        error.retry_after = max(1, math.ceil(queued_work / self.rate)) if self.rate else 1
+        raise error
 
     def measure(self, work: float, seconds: float) -> None:
         """Adds one run's throughput to the moving average (the caller picks runs that say something

@@ -20,14 +20,19 @@ The rules:
   share of the time while both have work (`next_lane`, from the lanes' load the batch measured,
   asked once the step's sentences have joined and left): a short request behind beams then waits
   for a few small steps instead of one main step per token.
+
+Admission reads the same rules (`backlog`, `expected_wait`): a request waits for its turns among
+the waiting requests', in its lane, not for the whole queue.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import accumulate
 from typing import NamedTuple
 
 from service.engine.decoding import Search
@@ -50,10 +55,14 @@ class StepLimits:
     max_cache_tokens: int = 65536  # admitted rows x (source + max new tokens), reserved at admission
     max_queue: int = 512  # sentences waiting or running before 429
     starvation_s: float = 0.5  # a passed-over sentence is admitted first after waiting this long
-    admit_share: float = 0.3  # admit when the queued work fits in this share of the time left (greedy
-    # sentences overtake beams in the rows kept for them, so a beam may finish later than projected;
-    # with beam rows cheaper than greedy ones since IO contract 6, a row-step is a looser unit: at 0.35
-    # the overload check's slowest admitted request took 3.4-4.3 s of its 5, at 0.3 3.0-3.7 s)
+    admit_share: float = 0.3  # admit when the request's wait in its turns (`expected_wait`) fits in this
+    # share of the time left (greedy sentences overtake beams in the rows kept for them, so a beam may
+    # finish later than projected; with beam rows cheaper than greedy ones since IO contract 6, a
+    # row-step is a looser unit: at 0.35 the overload check's slowest admitted request took 3.4-4.3 s
+    # of its 5, at 0.3 3.0-3.7 s)
+    keep_share: float = 0.6  # and when it keeps every waiting request's wait within this share of that
+    # one's time left: later arrivals take turns from the requests before them; twice admit_share, so
+    # the estimate may drift (the throughput measured anew) without refusing a short request's turn
     encode_ahead: int = 16  # waiting sentences encoded with those joining, held until their turn
     express_share: float = 0.0  # the time express steps may take while the main batch runs; 0: no express
     # lane (the service's default is SERVE_STEP_EXPRESS_SHARE's)
@@ -61,6 +70,8 @@ class StepLimits:
 
     def __post_init__(self) -> None:
         if self.max_rows < 1 or self.max_cache_tokens < 1 or self.max_queue < 1 or not 0 < self.admit_share <= 1:
+            raise ValueError(f"invalid step limits {self}")
+        if not self.admit_share <= self.keep_share <= 1:
             raise ValueError(f"invalid step limits {self}")
         if not 0 <= self.express_share < 1 or self.express_work < 0:
             raise ValueError(f"invalid step limits {self}")
@@ -86,6 +97,7 @@ class Job:
     admitted: int = 0  # sentences taken from the queue so far (in order)
     cancelled: CancelReason | None = None
     work: int = 0  # estimated row-steps of all its sentences
+    tally: Tally | None = field(default=None, repr=False)  # what admission reads of it (`tally`), once
 
 
 class Mark(NamedTuple):
@@ -210,13 +222,150 @@ def _ahead(queue: deque[Job], cursor: dict[Job, int], gone: set[Job], limit: int
 
 
 def takes_express(s: Sentence, limits: StepLimits) -> bool:
-    """Whether a sentence runs in the express batch: a request of one-row sentences (greedy or a
-    single sample; its answer waits for its slowest) small enough (`express_work`) to be someone
+    """Whether a sentence runs in the express batch: its request's (`express_request`)."""
+    return express_request(s.job, limits)
+
+
+def express_request(job: Job, limits: StepLimits) -> bool:
+    """Whether a request's sentences run in the express batch: one-row sentences (greedy or a
+    single sample; its answer waits for its slowest), small enough (`express_work`) to be someone
     waiting at a screen, not a batch job."""
-    job = s.job
     return (
         limits.express_share > 0 and job.work <= limits.express_work and all(x.search.width == 1 for x in job.sentences)
     )
+
+
+class Tally(NamedTuple):
+    """What admission reads of a request, counted once (its sentences do not change)."""
+
+    width: int  # its widest sentence's rows
+    live: list[int]  # from each sentence on, those with steps to run
+    work: list[float]  # and their estimated row-steps
+
+    def express(self, job: Job, limits: StepLimits) -> bool:
+        """`express_request`, in one step."""
+        return limits.express_share > 0 and job.work <= limits.express_work and self.width == 1
+
+
+def tally(job: Job) -> Tally:
+    """The request's `Tally`, kept on it."""
+    if job.tally is None:
+        live, work = [0], [0.0]
+        for s in reversed(job.sentences):
+            live.append(live[-1] + (not s.search.done))
+            work.append(work[-1] + (0 if s.search.done else s.work))
+        width = max((s.search.width for s in job.sentences), default=1)
+        job.tally = Tally(width, live[::-1], work[::-1])
+    return job.tally
+
+
+class Wait(NamedTuple):
+    """A request's wait for its answer under this policy, were it admitted now (`expected_wait`)."""
+
+    seconds: float  # until its answer, in its turns
+    crowds: bool  # its turns would push a waiting request's wait past `keep_share` of that one's time left
+
+
+class _Lane:
+    """One lane's unanswered requests: the work of its running sentences; how much of its waiting
+    sentences' work runs within m round-robin turns (all of a request with fewer sentences, m of
+    the others'); how much more each waiting request can wait within `keep_share` of its time left."""
+
+    def __init__(self, running: float, waiting: list[tuple[int, float, float]], share: float) -> None:
+        """`waiting`: each request's waiting sentences, their work, and the work that fits in
+        `keep_share` of its time left at full speed; `share`: of the time, while the other lane has work."""
+        waiting = sorted(waiting)
+        self.running, self.share = running, share
+        self.counts = [m for m, _, _ in waiting]
+        self.whole = [0.0, *accumulate(w for _, w, _ in waiting)]  # the first i requests' work
+        self.per_turn = [*accumulate((w / m for m, w, _ in reversed(waiting)), initial=0.0)][::-1]  # from i on
+        # room: the work each waiting request's wait may still grow by (inf: past it already, held to
+        # nothing); the least from i on, and the least per turn of those before i
+        inf = float("inf")
+        room = [fits * share - self.before(m) for m, _, fits in waiting]
+        room = [r if r >= 0 else inf for r in room]
+        self.room_from = [*accumulate(reversed(room), min, initial=inf)][::-1]
+        self.room_per_turn = [*accumulate((r / m for r, m in zip(room, self.counts, strict=True)), min, initial=inf)]
+
+    def before(self, m: int) -> float:
+        """The work that runs in this lane until a request of it has taken m turns (its own included)."""
+        i = bisect_left(self.counts, m)
+        return self.running + self.whole[i] + m * self.per_turn[i]
+
+    def crowded(self, m: int, each: float) -> bool:
+        """Whether m turns of `each` row-steps would push a waiting request past its room."""
+        i = bisect_left(self.counts, m)
+        return self.room_from[i] < m * each or self.room_per_turn[i] < each
+
+
+@dataclass(frozen=True)
+class Backlog:
+    """The unanswered requests as admission weighs a new one against them (`backlog`): built at
+    most once a step or so, read by `expected_wait` in a few steps per request."""
+
+    lanes: tuple[_Lane, _Lane]  # main, express
+    rows: int  # the rows of every unanswered sentence
+    rate: float  # row-steps a second, as measured when it was built
+    at: float  # when it was built
+
+
+def backlog(jobs: Iterable[Job], limits: StepLimits, rate: float, now: float) -> Backlog:
+    """The unanswered `jobs` at `rate` row-steps a second: by lane, the work of their running
+    sentences and their waiting ones (in turns), and each waiting request's room (`expected_wait`)."""
+    running, rows = [0.0, 0.0], 0
+    waiting: tuple[list[tuple[int, float, float]], list[tuple[int, float, float]]] = ([], [])
+    for k in jobs:
+        if k.cancelled is not None or not k.remaining:
+            continue
+        t = tally(k)
+        lane = t.express(k, limits)
+        m = t.live[k.admitted]
+        running[lane] += (k.remaining - m) * t.work[0] / max(1, t.live[0])
+        rows += k.remaining * t.width
+        if m:
+            waiting[lane].append((m, t.work[k.admitted], limits.keep_share * (k.deadline - now) * rate))
+    main_busy, express_busy = bool(running[0] or waiting[0]), bool(running[1] or waiting[1])
+    share = limits.express_share
+    main = _Lane(running[0], waiting[0], 1.0 - share if express_busy else 1.0)
+    express = _Lane(running[1], waiting[1], share if main_busy else 1.0)
+    return Backlog((main, express), rows, rate, now)
+
+
+def expected_wait(queued: Backlog, job: Job, limits: StepLimits, since: Sequence[Job] = ()) -> Wait:
+    """How long `job` would wait for its answer if it joined the `queued` requests (and those
+    admitted `since` the backlog was built, counted whole in its turns) now, served as
+    `plan` serves them at the backlog's throughput (the loaded batch's), and whether it would make
+    a request waiting before it late. Waiting requests take turns, one sentence each, so within m
+    turns a request of w waiting sentences runs min(m, w) of them. A request of m sentences waits
+    for the larger of:
+    - work: in its lane, the sentences running now, min(m, w) of each waiting request's and its
+      own, at the share of the time its lane runs while the other has work (`express_share`, the
+      rest for the main lane): under load the other lane is refilled as fast as it empties;
+    - steps: its longest sentence's steps (one token each), each a step of the rows in flight (at
+      most `max_rows`): what a short sentence waits for in a batch full of others' long ones.
+    Later arrivals take their turns from the requests waiting before them in the same way (one
+    may even pass a beam sentence the rows do not fit), so a request is also refused (`crowds`)
+    when its turns would push a waiting request of its lane past `keep_share` of that one's time
+    left: the queue cannot grow until the requests admitted first time out. One already past it
+    (admitted on an idle queue, or the throughput measured anew) is not held to it: refusing a
+    short turn would not save it."""
+    t = tally(job)
+    express = t.express(job, limits)
+    lane, n, rows = queued.lanes[express], t.live[0], queued.rows + t.width
+    each = job.work / max(1, n)
+    later, turns, per_turn = 0.0, n, each  # the turns of those admitted since, which crowd the backlog too
+    for k in since:
+        tk = tally(k)
+        rows += k.remaining * tk.width
+        if tk.express(k, limits) == express:
+            later += min(n, tk.live[0]) * tk.work[0] / max(1, tk.live[0])
+            turns, per_turn = max(turns, tk.live[0]), per_turn + tk.work[0] / max(1, tk.live[0])
+    steps = max((s.work // s.search.width for s in job.sentences if not s.search.done), default=0)
+    seconds = max(
+        (lane.before(n) + later + job.work) / (queued.rate * lane.share),
+        steps * min(rows, limits.max_rows) / queued.rate,
+    )
+    return Wait(seconds, lane.crowded(turns, per_turn))
 
 
 def express_turn(express_s: float, main_s: float, share: float) -> bool:

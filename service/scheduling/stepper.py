@@ -11,12 +11,14 @@ sentence's `Search` keeps it independent of its neighbours. The batch may be any
 (one running batch, shards on threads, or two lanes of them: `LaneBatch`).
 
 Admission (`Admission`, as the classifier's batcher) refuses a request at once (`QueueFull`,
-429) when the queued work would overflow `max_queue` sentences or could not finish before the
-request's deadline at the throughput measured while the batch is at least half full (rows over
-the time of every step and encoder run, the express lane's included); work is estimated in
-row-steps (rows x expected tokens). A request whose reader left (its awaiting task is
-cancelled, or it closed its stream), whose deadline passed, or that is still running at
-shutdown leaves the batch at the next step.
+429) when the queued sentences would overflow `max_queue`, or when the request would not be
+answered before its deadline waiting its turns under the policy, or would make a request
+waiting before it late (`policy.expected_wait`: its sentences among the others' round-robin
+turns, in its lane, not the whole queue's work), at the throughput measured while the batch is
+at least half full (rows over the time of every step and encoder run, the express lane's
+included); work is estimated in row-steps (rows x expected tokens). A request whose reader left
+(its awaiting task is cancelled, or it closed its stream), whose deadline passed, or that is
+still running at shutdown leaves the batch at the next step.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from collections import deque
 from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Protocol
 
-from service.engine.decoding import Hypothesis, Search
+from service.engine.decoding import DecodeParams, Hypothesis, Search
 from service.engine.running import DecoderBatch, LaneBatch, StepError
 from service.errors import DeadlineExceeded, InputTooLong, InvalidInput, NotReady, ShuttingDown
 from service.priority import lower_priority
@@ -41,6 +43,9 @@ from service.scheduling.progress import Channel, Event, Finished, Tokens
 __all__ = ["CancelReason", "Job", "Sentence", "StepLimits", "StepObserver", "StepScheduler"]
 
 log = logging.getLogger(__name__)
+
+_BACKLOG_S = 0.01  # admission builds its backlog anew at most this often (about a step): building one
+# reads every unanswered request; the jobs admitted meanwhile count whole in a new request's turns
 
 
 class StepObserver(Protocol):
@@ -80,6 +85,9 @@ class StepScheduler:
         self._watched: dict[Sentence, list[int]] = {}  # the scheduler thread's: admitted sentences whose
         # tokens are published, and how many of each row's were
         self._span = LoadedSpan(limits.max_rows)
+        self._backlog: policy.Backlog | None = None  # the queue as admission weighs it (`_check_wait`)
+        self._since: list[Job] = []  # the jobs admitted since it was built
+        self._changed = False  # whether anything else changed since
 
     # -- event-loop side ---------------------------------------------------------------------
 
@@ -143,6 +151,8 @@ class StepScheduler:
             self._admit_job(job, now)
             self._jobs.add(job)
             self._waiting.append(job)
+            self._since.append(job)
+            self._changed = True
             self._cv.notify()
             depth = self._depth()
         self.observer.queue_depth(depth)
@@ -170,14 +180,31 @@ class StepScheduler:
         with self._cv:
             if job.cancelled is None:
                 job.cancelled = reason
+                self._changed = True
                 self._cv.notify()
 
     def refuse_if_busy(self, deadline: float) -> None:
-        """Raises the QueueFull any request would get now: the queued work alone would not finish
-        in the deadline's share. Checked before a request's texts are split and tokenized, so an
-        overloaded server refuses at the cost of reading the JSON, not of preparing the texts."""
+        """Raises the QueueFull any request would get now: even the cheapest, one greedy sentence
+        of one step (`_probe`), would not be answered in its turn within the deadline's share.
+        Checked before a request's texts are split and tokenized, so an overloaded server refuses
+        at the cost of reading the JSON, not of preparing the texts."""
+        probe = _probe(deadline)
         with self._cv:
-            self.admission.check_time(self._work, 0, deadline - time.monotonic())
+            self._check_wait(probe, time.monotonic())
+
+    def _check_wait(self, job: Job, now: float) -> None:
+        """QueueFull when `job` would not be answered in its deadline's share waiting its turns
+        under the policy among the unanswered jobs, or would make a waiting one late
+        (`policy.expected_wait`; under the lock). An idle queue admits anything."""
+        rate = self.admission.rate
+        if rate and self._work:
+            queued = self._backlog
+            if queued is None or self._changed and now - queued.at > _BACKLOG_S:
+                queued = self._backlog = policy.backlog(self._jobs, self.limits, rate, now)
+                self._since.clear()
+                self._changed = False
+            wait = policy.expected_wait(queued, job, self.limits, self._since)
+            self.admission.check_wait(wait.seconds, job.deadline - now, self._work, wait.crowds)
 
     def _admit_job(self, job: Job, now: float) -> None:
         """Refuses a job the queue cannot hold or could not finish in time (under the lock)."""
@@ -193,7 +220,7 @@ class StepScheduler:
                 f"a sentence needs {largest} cache tokens (rows x (source + max_new_tokens)); this server holds "
                 f"{self.limits.max_cache_tokens}: lower max_new_tokens or the beam size"
             )
-        self.admission.check_time(self._work, job.work, job.deadline - now)
+        self._check_wait(job, now)
         self._sentences += job.remaining
         self._work += job.work
 
@@ -314,6 +341,7 @@ class StepScheduler:
         for job, admitted in plan.admitted.items():
             job.admitted = admitted
         self._waiting = deque(plan.waiting)
+        self._changed = True
 
     def _forget(self, gone: Sequence[Sentence]) -> None:
         """Accounts for sentences that left without finishing, and answers their jobs."""
@@ -321,6 +349,7 @@ class StepScheduler:
             self._watched.pop(s, None)
         with self._cv:
             jobs = {s.job for s in gone}
+            self._changed = True
             for job in list(self._jobs):  # waiting sentences of cancelled jobs leave too
                 if job.cancelled is not None:
                     jobs.add(job)
@@ -355,6 +384,7 @@ class StepScheduler:
             if job not in self._jobs:
                 return
             job.remaining -= 1
+            self._changed = True
             self._sentences -= 1
             self._work -= s.work
             last = job.remaining == 0
@@ -368,6 +398,7 @@ class StepScheduler:
         for s in [s for s in self._watched if s.job in jobs]:
             del self._watched[s]
         with self._cv:
+            self._changed = True
             for job in jobs:
                 if job.cancelled is None:
                     job.cancelled = CancelReason.ERROR
@@ -376,6 +407,17 @@ class StepScheduler:
     def _depth(self) -> int:
         """Sentences waiting to be admitted (under the lock)."""
         return sum(len(j.sentences) - j.admitted for j in self._waiting)
+
+
+_PROBE = Search(DecodeParams(beam_size=1, max_new_tokens=1), 0, 1)  # `_probe`'s sentence: read, never stepped
+
+
+def _probe(deadline: float) -> Job:
+    """The cheapest request there is, as far as the estimate goes: one greedy sentence of one step."""
+    job = Job(deadline, 0.0)
+    job.sentences = [Sentence(job, 0, (), _PROBE, estimate_work(0, 1, 1), 0)]
+    job.remaining, job.work = 1, job.sentences[0].work
+    return job
 
 
 def _new_tokens(s: Sentence, shown: list[int]) -> list[Event]:
