@@ -37,7 +37,7 @@ WHY = {
     413: "the body, a text's tokens, or a client's characters per request or minute above their limit",
     415: "Content-Type is neither JSON nor absent",
     422: "invalid field, or more texts or characters than the document allows: the message names it and the limit",
-    429: "busy: the queued work would not finish in time, or the client is over a per-minute limit (see Retry-After)",
+    429: "busy: the request would not finish in time at its turn, or its client is over a limit (see Retry-After)",
     503: "not ready, loading, unloaded, shutting down, or too many requests in flight (see Retry-After)",
     504: "the request's deadline passed",
 }
