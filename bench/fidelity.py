@@ -6,8 +6,9 @@ and several lines), translated as the service translates (lines and sentences sp
 masked, beam 4):
 - spans verbatim: each protected span of the input occurs in the output as often as in the input;
 - spans placed by the model: the model itself put the span's placeholder into its sentence
-  (the rest were appended at the end of their sentence's translation: never lost, but placed
-  by the rule, not by the model);
+  (the search lets no sentence end without them, `decoding.Placeholders`; one cut at its length
+  limit first has the rest appended at the end of its translation: never lost, but placed by the
+  rule, not by the model);
 - lines kept: the output has the input's line breaks, in order, and its blank lines.
 """
 
@@ -43,7 +44,7 @@ def evaluate(store: Path, name: str, variant: str | None, rows: list[dict[str, s
     params = DecodeParams(beam_size=4, max_new_tokens=engine.max_new_tokens)
     texts = [r["text"] for r in rows]
     prepared = engine.prepare(texts)
-    hyps = engine.translate_ids(prepared.sources, params)
+    hyps = engine.run(prepared.sources, engine.searches(prepared, params))  # each with its placeholders, as served
     outputs = [row[0].text for row in engine.assemble(prepared, hyps, params.length_penalty)]
     total = verbatim = lines_kept = 0
     failures = []

@@ -303,6 +303,11 @@ def unmask(translation: str, spans: tuple[str, ...] | list[str]) -> str:
     return out
 
 
+def missing(translation: str, spans: tuple[str, ...] | list[str]) -> int:
+    """How many spans `unmask` appends: those whose placeholder the translation lacks."""
+    return len(spans) - len(_restore(translation, spans)[1])
+
+
 def unmask_prefix(partial: str, spans: tuple[str, ...] | list[str]) -> str:
     """The start of `unmask(translation, spans)` that is already final when the translation only
     begins with `partial` (a streamed sentence): a placeholder that may still grow, or whose
