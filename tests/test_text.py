@@ -40,6 +40,15 @@ def test_spans_are_found_before_sentences_are_split() -> None:
     ]
 
 
+def test_a_sentence_of_spans_alone_is_not_translated() -> None:
+    """Nothing to translate: it stays as written (a model given "⟨1⟩" alone answered "⟨1⟩:")."""
+    layout = text.split("<para>Save the file.</para>\nhttps://x.org/a %s\n⟨1⟩")
+    assert [s.text for s in layout.segments] == ["⟨1⟩Save the file."]
+    assert text.join(layout, ["⟨1⟩Datei speichern."]) == "<para>Datei speichern.</para>\nhttps://x.org/a %s\n⟨1⟩"
+    unprotected = text.split("⟨1⟩", protect=False)  # a literal placeholder, no span: the model's
+    assert [s.text for s in unprotected.segments] == ["⟨1⟩"]
+
+
 def test_without_protection_nothing_is_masked() -> None:
     layout = text.split("Open %s now.", protect=False)
     assert [(s.text, s.spans) for s in layout.segments] == [("Open %s now.", ())]
