@@ -9,6 +9,7 @@ import random
 from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -105,7 +106,8 @@ def test_every_placeholder_comes_back_exactly_once_alone_and_in_a_batch(
 ) -> None:
     """Greedy, beam (ranked for the batch at once, vectorised or not, and alone) and sampling: the
     model would end at once, yet every hypothesis ends only with all its placeholders, each once;
-    a sentence decodes in a batch exactly as alone."""
+    a sentence decodes in a batch exactly as alone, and a beam ranked unmasked (masked only when
+    its candidates hold a refused token) exactly as one always ranked masked."""
     default = decoding._VECTORISED_FROM
     decoding._VECTORISED_FROM = 1 if vectorised else 1000
     try:
@@ -116,9 +118,11 @@ def test_every_placeholder_comes_back_exactly_once_alone_and_in_a_batch(
 
         together = decode(step, [(i, ()) for i in range(len(cases))], searches())
         alone = [decode(step, [(i, ())], [s])[0] for i, s in enumerate(searches())]
+        with mock.patch.object(Search, "penalised", property(lambda _: True)):  # beams always ranked masked
+            masked = decode(step, [(i, ()) for i in range(len(cases))], searches())
     finally:
         decoding._VECTORISED_FROM = default
-    assert together == alone
+    assert together == alone == masked
     for (_, required), hyps in zip(cases, together, strict=True):
         check(hyps, required, 20)
 

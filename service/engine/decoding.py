@@ -181,40 +181,41 @@ class Search:
 
     @property
     def penalised(self) -> bool:
-        """A repetition penalty, n-gram blocking, a forced token, an EOS not allowed yet or
-        placeholders the source holds: this step needs its rows' own processed log-probabilities.
-        (Placeholders none of which the source holds only matter when one is among a step's best
-        candidates: `refuses`, `holds_reserved`.)"""
+        """A repetition penalty, n-gram blocking, a forced token or an EOS not allowed yet: this
+        step needs its rows' own processed log-probabilities. (Placeholders only matter when a
+        step's best candidates hold a token they refuse: `refuses_any`.)"""
         p = self.params
         return (
             p.repetition_penalty != 1.0
             or p.no_repeat_ngram_size > 0
             or self.t < p.min_new_tokens
             or self.forced_token() is not None
-            or (self.placeholders is not None and bool(self.placeholders.required))
         )
 
-    def refuses(self, token: int) -> bool:
-        """Whether row 0 may not take `token` at the coming step (greedy: its best token is checked,
-        the rest of the row only when it is refused): an EOS before the minimum length or while a
-        placeholder is missing, a placeholder the source lacks or that the row already emitted."""
-        ph, done = self.placeholders, self.t
+    def refuses(self, token: int, row: int = 0, done: int | None = None) -> bool:
+        """Whether `row` may not take `token` after `done` tokens (default: at the coming step): an
+        EOS before the minimum length or while one of the row's placeholders is missing, a
+        placeholder its source lacks or the row already emitted."""
+        ph, done = self.placeholders, self.t if done is None else done
         if token == self.eos_id:
-            return done < self.params.min_new_tokens or (ph is not None and bool(self._missing(done)[0]))
+            if done < self.params.min_new_tokens:
+                return True
+            return (
+                ph is not None and bool(ph.required) and not set(ph.required).issubset(self.hist[row, :done].tolist())
+            )
         if ph is None or token not in ph.reserved:
             return False
-        return token not in ph.required or bool((self.hist[0, :done] == token).any())
+        return token not in ph.required or token in self.hist[row, :done].tolist()
 
-    def holds_reserved(self, tokens: NDArray[np.integer]) -> bool:
-        """Whether a step's candidate `tokens` hold a placeholder (a sentence whose source holds
-        none ranks its own rows again, masked, when they do)."""
+    def refuses_any(self, rows: NDArray[np.integer], tokens: NDArray[np.integer], done: int) -> bool:
+        """Whether a ranking's candidates (`rows` within the block, `tokens`) hold one the rows
+        refuse (`refuses`): candidates free of them are exactly those the masked log-probabilities
+        rank, so only a sentence whose candidates hold one ranks again, masked."""
         ph = self.placeholders
-        return ph is not None and not ph.reserved.isdisjoint(tokens.tolist())
-
-    def _missing(self, done: int) -> NDArray[np.bool_]:
-        """(rows,) whether each row lacks one of the required placeholders after `done` tokens."""
-        have = (self.hist[:, :done, None] == self._required).any(axis=1)  # (rows, P)
-        return ~have.all(axis=1)
+        if ph is None:
+            return False
+        pairs = zip(rows.tolist(), tokens.tolist(), strict=True)
+        return any(self.refuses(t, r, done) for r, t in pairs if t == self.eos_id or t in ph.reserved)
 
     def forced_token(self, step: int | None = None) -> int | None:
         """The token that step (0: the first generated token; default: the coming one) must take, if any."""
@@ -349,8 +350,8 @@ def _take(s: Search, tok: int, logprob: float) -> np.ndarray | None:
 class Beam(Strategy):
     """Beam search (greedy is K = 1). The 2K best candidates of every sentence without penalties
     are ranked for all of them in one sort (`rank_candidates`); a penalised sentence, a sentence
-    whose candidates hold a placeholder (its source holds none), and a sentence stepped alone,
-    rank their own rows (`rank_block`)."""
+    whose candidates hold a token its placeholders refuse (then on its masked rows), and a
+    sentence stepped alone, rank their own rows (`rank_block`)."""
 
     def check(self, params: DecodeParams) -> None:
         if params.sample:
@@ -373,8 +374,8 @@ class Beam(Strategy):
                 own, first = logp[_rows(starts[plain], rows)], (np.cumsum(rows) - rows).tolist()
             score, row, tok = rank_candidates(own, cum, rows, counts, searches[plain[0]].eos_id)
             row -= np.asarray(first, np.int64)[:, None]  # within each block
-            refused = _placeholder_candidates(searches, plain, tok)
-            if refused.any():  # a placeholder among a sentence's candidates: it ranks alone, masked
+            refused = _refused_candidates(searches, plain, row, tok)
+            if refused.any():  # a candidate its placeholders refuse: the sentence ranks alone, masked
                 alone += [plain[j] for j in np.flatnonzero(refused).tolist()]
                 keep = ~refused
                 plain, score, row, tok = (
@@ -388,33 +389,37 @@ class Beam(Strategy):
             for i, chosen in zip(plain, each(group, score, row, tok) if group else [], strict=True):
                 out[i] = chosen
         for i in alone:
-            out[i] = self._alone(searches[i], logp, int(starts[i]))
+            out[i] = self._alone(searches[i], logp, int(starts[i]), masked=True)
         return out
 
     @staticmethod
-    def _alone(s: Search, logp: np.ndarray, start: int) -> np.ndarray | None:
-        """One sentence's step from its own rows of `logp`, ranked by `rank_block` (again, masked,
-        when a placeholder its source lacks is among the unmasked ranking's candidates)."""
-        penalised, own = s.penalised, logp[start : start + s.rows]  # (penalised: before `t` counts this step)
+    def _alone(s: Search, logp: np.ndarray, start: int, masked: bool = False) -> np.ndarray | None:
+        """One sentence's step from its own rows of `logp`, ranked by `rank_block`: on its processed
+        log-probabilities when penalised (or `masked`), else again so when its candidates hold one
+        its placeholders refuse."""
+        masked, own = masked or s.penalised, logp[start : start + s.rows]  # (penalised: before `t` counts this step)
         s.t += 1
-        if penalised:
-            own = s.penalised_logprobs(own)
-        ranked = rank_block(own, s.cum, 2 * s.width, s.eos_id)
-        if not penalised and s.holds_reserved(ranked[2]):
+        ranked = rank_block(s.penalised_logprobs(own) if masked else own, s.cum, 2 * s.width, s.eos_id)
+        if not masked and s.refuses_any(ranked[1], ranked[2], s.t - 1):
             ranked = rank_block(s.penalised_logprobs(own), s.cum, 2 * s.width, s.eos_id)
         return _continue(s, *ranked)
 
 
-def _placeholder_candidates(searches: Sequence[Search], plain: list[int], tok: NDArray[np.int64]) -> NDArray[np.bool_]:
-    """Which plain sentences' ranked candidates `tok` (a row each) hold a placeholder (their
-    sources hold none: each is one they may not emit). Unmasked candidates free of placeholders
-    are exactly the masked ranking's, so only the others rank again."""
+def _refused_candidates(
+    searches: Sequence[Search], plain: list[int], row: NDArray[np.int64], tok: NDArray[np.int64]
+) -> NDArray[np.bool_]:
+    """Which plain sentences' ranked candidates (`row` within the block, `tok`; a sentence each)
+    hold one their placeholders refuse (`Search.refuses_any`): a placeholder, or an EOS of a
+    sentence with placeholders, among them is checked, the rest cannot be."""
     refused = np.zeros(len(plain), dtype=bool)
-    sets = {ph.reserved for i in plain if (ph := searches[i].placeholders) is not None}  # one per model
-    if sets:
-        hit = np.isin(tok, sorted(frozenset().union(*sets))).any(axis=1)
-        for j in np.flatnonzero(hit).tolist():
-            refused[j] = searches[plain[j]].holds_reserved(tok[j])
+    held = {j: ph.reserved for j, i in enumerate(plain) if (ph := searches[i].placeholders) is not None}
+    if held:
+        holders = list(held)
+        reserved = sorted(frozenset().union(*held.values()))  # one set per model
+        flagged = np.isin(tok[holders], reserved) | (tok[holders] == searches[plain[0]].eos_id)
+        for j in np.asarray(holders)[flagged.any(axis=1)].tolist():
+            s, c = searches[plain[j]], 2 * searches[plain[j]].width  # its candidates, not the padding
+            refused[j] = s.refuses_any(row[j, :c], tok[j, :c], s.t)
     return refused
 
 
