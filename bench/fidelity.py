@@ -3,11 +3,12 @@
 On bench/data/fidelity.jsonl (strings of the test split that carry protected spans, and
 hand-written ones with placeholders, URLs, e-mail addresses, paths, options, numbers, markup
 and several lines), translated as the service translates (lines and sentences split, spans
-masked, beam 4):
+masked, beam 4 unless `--beam` says otherwise):
 - spans verbatim: each protected span of the input occurs in the output as often as in the input;
 - spans placed by the model: the model itself put the span's placeholder into its sentence
-  (the rest were appended at the end of their sentence's translation: never lost, but placed
-  by the rule, not by the model);
+  (the search lets no sentence end without them, `decoding.Placeholders`; one cut at its length
+  limit first has the rest appended at the end of its translation: never lost, but placed by the
+  rule, not by the model);
 - lines kept: the output has the input's line breaks, in order, and its blank lines.
 """
 
@@ -17,6 +18,7 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 from bench.engines import newest
@@ -38,12 +40,17 @@ def line_shape(s: str) -> list[str]:
     return breaks + ["blank" if not p.strip() else "text" for p in parts]
 
 
-def evaluate(store: Path, name: str, variant: str | None, rows: list[dict[str, str]]) -> dict[str, object]:
+def evaluate(
+    store: Path, name: str, variant: str | None, rows: list[dict[str, str]], beam: int = 4, guarantee: bool = True
+) -> dict[str, object]:
+    """`guarantee` False: searches without their placeholders (`decoding.Placeholders`), as before them."""
     engine = load_translator(newest(scan(store))[name], LoadOptions(variant=variant))
-    params = DecodeParams(beam_size=4, max_new_tokens=engine.max_new_tokens)
+    params = DecodeParams(beam_size=beam, max_new_tokens=engine.max_new_tokens)
     texts = [r["text"] for r in rows]
     prepared = engine.prepare(texts)
-    hyps = engine.translate_ids(prepared.sources, params)
+    if not guarantee:
+        prepared = replace(prepared, placeholders=())
+    hyps = engine.run(prepared.sources, engine.searches(prepared, params))  # each with its placeholders, as served
     outputs = [row[0].text for row in engine.assemble(prepared, hyps, params.length_penalty)]
     total = verbatim = lines_kept = 0
     failures = []
@@ -83,9 +90,13 @@ def main() -> int:
     p.add_argument("--variant", default=None)
     p.add_argument("--set", type=Path, default=ROOT / "bench" / "data" / "fidelity.jsonl")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "fidelity.json")
+    p.add_argument("--beam", type=int, default=4, help="beam size (1: greedy)")
+    p.add_argument(
+        "--without-guarantee", action="store_true", help="searches without their placeholders, for comparison"
+    )
     args = p.parse_args()
     rows = [json.loads(line) for line in args.set.read_text(encoding="utf-8").splitlines() if line.strip()]
-    result = evaluate(args.store, args.model, args.variant, rows)
+    result = evaluate(args.store, args.model, args.variant, rows, args.beam, not args.without_guarantee)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
     print(

@@ -24,10 +24,11 @@ BOS, EOS, PAD = 1, 2, 0
 
 
 @cache
-def table_logprobs(seed: int, sentence: int, prefix: tuple[int, ...], vocab: int) -> np.ndarray:
-    """A fixed random log-softmax per (sentence, prefix); EOS likelier as the prefix grows."""
+def table_logprobs(seed: int, sentence: int, prefix: tuple[int, ...], vocab: int, eos_bias: float = 0.0) -> np.ndarray:
+    """A fixed random log-softmax per (sentence, prefix); EOS likelier as the prefix grows (and by
+    `eos_bias` from the start: a model that wants to end early)."""
     logits = np.random.default_rng([seed, sentence, *prefix]).normal(size=vocab) * 2.0
-    logits[EOS] += 0.4 * len(prefix) - 2.0
+    logits[EOS] += 0.4 * len(prefix) - 2.0 + eos_bias
     logits[[PAD, BOS]] = -30.0
     return (logits - np.logaddexp.reduce(logits)).astype(np.float32)
 
@@ -39,8 +40,8 @@ class FakeRuntime:
     n_layers, heads, d_k = 1, 1, 1
     device_ops = None  # host buffers
 
-    def __init__(self, seed: int = 0, vocab: int = 12) -> None:
-        self.seed, self.vocab = seed, vocab
+    def __init__(self, seed: int = 0, vocab: int = 12, eos_bias: float = 0.0) -> None:
+        self.seed, self.vocab, self.eos_bias = seed, vocab, eos_bias
         self.steps = 0
         self.rows: list[int] = []
         self.gate: threading.Event | None = None
@@ -83,7 +84,7 @@ class FakeRuntime:
             assert len(set(sentence.tolist())) == 1, "a row must see exactly its own sentence"
             fed = (*valid, int(tokens[r]))
             assert fed[0] == BOS, "slot 0 must hold the row's BOS"
-            out[r] = table_logprobs(self.seed, int(sentence[0]), fed[1:], self.vocab)
+            out[r] = table_logprobs(self.seed, int(sentence[0]), fed[1:], self.vocab, self.eos_bias)
         new = tokens.reshape(-1, 1, 1, 1).astype(np.float32)
         return DecoderStep(out, [new, new])
 

@@ -12,6 +12,7 @@ from bench.engines import newest
 from export.model import greedy_loop
 from export.validate import TOLERANCES
 from service import store
+from service.contract import spans
 from service.contract.graphs import pad
 from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.decoding import DecodeParams
@@ -129,3 +130,26 @@ def test_a_sentence_beside_a_longer_one_scores_bit_for_bit_as_alone(entries: dic
     alone = mt.translate_ids([sentence], params)[0]
     beside = mt.translate_ids([sentence, longer], params)[0]
     assert [(h.tokens, h.score) for h in beside] == [(h.tokens, h.score) for h in alone]
+
+
+def test_each_protected_span_comes_back_exactly_once_placed_by_the_model(entries: dict[str, store.StoreEntry]) -> None:
+    """Spans the bundled model would drop (greedy: "config.xml" came back appended at the end) are
+    placed by the model itself, each exactly once, greedy and beam (`decoding.Placeholders`)."""
+    mt = load_translator(entries["en-de"], LoadOptions(threads=1))
+    texts = [
+        "Open C:\\Program Files\\App\\config.xml in a text editor.",
+        "Run make test with --verbose, then open http://localhost:8080/status and read /var/log/app.log.",
+        "Set $HOME, %s and {name} in settings.ini before version 2.3.1 ships on 2024-05-01.",
+    ]
+    ids = {mt.codec.tok.token_to_id(p) for p in spans.PLACEHOLDERS}
+    prepared = mt.prepare(texts)
+    for beam in (1, 4):
+        params = DecodeParams(beam_size=beam, max_new_tokens=mt.max_new_tokens)
+        hyps = mt.run(prepared.sources, mt.searches(prepared, params))
+        for source, row in zip(prepared.sources, hyps, strict=True):
+            assert sorted(t for t in row[0].tokens if t in ids) == sorted(t for t in source if t in ids)
+        for text, row in zip(texts, mt.translate(texts, params), strict=True):
+            found = spans.find_spans(text, True, mt.codec.alphabet, verbatim=True, words=mt.codec.words)
+            assert len(found) >= 2 and row[0].spans_appended == 0
+            for span in {text[s.start : s.end] for s in found}:
+                assert row[0].text.count(span) == text.count(span), (span, row[0].text)

@@ -171,6 +171,21 @@ async def test_translate_equals_the_engine(client: httpx.AsyncClient, engines: A
             assert got["finish_reason"] == want[0].finish_reason
 
 
+async def test_a_translation_cut_short_says_how_many_spans_it_appended(client: httpx.AsyncClient) -> None:
+    """Spans are never lost: cut at its limit, the translation gets its missing spans at the end and
+    `spans_appended` counts them (in the API document too); whole, the field is absent."""
+    text = "The cat 5 sees http://example.org a dog."
+    r = await client.post("/translate", json={"texts": [text, text], "decode": "greedy", "max_new_tokens": 1})
+    assert r.status_code == 200, r.text
+    cut = r.json()["translations"][0]
+    assert cut["finish_reason"] == "length" and cut["spans_appended"] >= 1
+    assert cut["text"].count("http://example.org") == 1 and "5" in cut["text"]
+    whole = (await client.post("/translate", json={"texts": [text]})).json()["translations"][0]
+    assert whole["text"] == expected_translation(text) and "spans_appended" not in whole
+    doc = (await client.get("/openapi.json")).json()
+    assert "spans_appended" in doc["components"]["schemas"]["Translation"]["properties"]
+
+
 async def test_beam_size_one_is_exactly_greedy(client: httpx.AsyncClient) -> None:
     texts = sentences(6, seed=33)
     a = await client.post("/translate", json={"texts": texts, "beam_size": 1, "return_scores": True})

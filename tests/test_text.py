@@ -40,6 +40,18 @@ def test_spans_are_found_before_sentences_are_split() -> None:
     ]
 
 
+def test_a_sentence_of_one_span_alone_is_not_translated() -> None:
+    """Nothing to translate: it stays as written (a model given "⟨1⟩" alone answered "⟨1⟩:"); two
+    spans are the model's to join."""
+    layout = text.split("<para>Save the file.</para>\n https://x.org/a \n⟨1⟩\nhttps://x.org/a %s")
+    assert [s.text for s in layout.segments] == ["⟨1⟩Save the file.", "⟨1⟩ ⟨2⟩"]
+    assert text.join(layout, ["⟨1⟩Datei speichern.", "⟨1⟩ ⟨2⟩"]) == (
+        "<para>Datei speichern.</para>\n https://x.org/a \n⟨1⟩\nhttps://x.org/a %s"
+    )
+    unprotected = text.split("⟨1⟩", protect=False)  # a literal placeholder, no span: the model's
+    assert [s.text for s in unprotected.segments] == ["⟨1⟩"]
+
+
 def test_without_protection_nothing_is_masked() -> None:
     layout = text.split("Open %s now.", protect=False)
     assert [(s.text, s.spans) for s in layout.segments] == [("Open %s now.", ())]

@@ -4,9 +4,11 @@ Placeholders, URLs, e-mail addresses, paths, command-line options, numbers and m
 meaning the model must not touch. Before translation each such span is replaced by a numbered
 placeholder token (``⟨1⟩``, ``⟨2⟩``, ... in source order); the model was trained on text masked
 by these same rules, so it learned to copy placeholders to the right place; after decoding each
-placeholder is replaced by its original text. A span the model dropped is still never lost: it
-is appended at the end of the translation, in source order, after one space. A placeholder the
-model repeats keeps only its first occurrence; an unknown one is removed.
+placeholder is replaced by its original text. The search lets no sentence end without each of
+its placeholders, nor emit one twice or one it lacks (`service.engine.decoding.Placeholders`); a
+span still missing (a translation cut at its length limit) is never lost: it is appended at the
+end of the translation, in source order, after one space (`missing` counts them). A placeholder
+repeated keeps only its first occurrence; an unknown one is removed.
 
 The exporter masks its training pairs with `mask_pair`, the service masks requests with `mask`:
 one module, so training and serving agree by construction.
@@ -301,6 +303,11 @@ def unmask(translation: str, spans: tuple[str, ...] | list[str]) -> str:
     if missing:  # only spaces are trimmed: a restored span may itself be white space (NEL, a form feed)
         out = " ".join([out.rstrip(" "), *missing]) if out.strip(" ") else " ".join(missing)
     return out
+
+
+def missing(translation: str, spans: tuple[str, ...] | list[str]) -> int:
+    """How many spans `unmask` appends: those whose placeholder the translation lacks."""
+    return len(spans) - len(_restore(translation, spans)[1])
 
 
 def unmask_prefix(partial: str, spans: tuple[str, ...] | list[str]) -> str:

@@ -89,6 +89,22 @@ class DecodeParams:
 
 
 @dataclass(frozen=True)
+class Placeholders:
+    """Tokens a sentence's output holds exactly once each: `required`, the placeholders of its
+    source's masked spans (`service.contract.spans`), among `reserved`, every placeholder of the
+    vocabulary (one the source lacks is never emitted). A row may not end while one of its
+    required placeholders is missing, nor emit one twice; a length limit reached first leaves
+    the missing ones to the caller (`spans.unmask` appends them)."""
+
+    required: tuple[int, ...]
+    reserved: frozenset[int]
+
+    def __post_init__(self) -> None:
+        if len(set(self.required)) != len(self.required) or not self.reserved.issuperset(self.required):
+            raise ValueError("required placeholders must be distinct and reserved")
+
+
+@dataclass(frozen=True)
 class Hypothesis:
     """One decoded sequence of one sentence."""
 
@@ -117,9 +133,14 @@ class Search:
         *,
         forced: Sequence[int] = (),
         forced_eos: bool = False,
+        placeholders: Placeholders | None = None,
         strategy: Strategy | None = None,
     ) -> None:
         self.params, self.eos_id = params, eos_id
+        self.placeholders = placeholders
+        if placeholders is not None:  # as arrays, for the masks (`_ban_placeholders`)
+            self._required = np.array(placeholders.required, dtype=np.int64)
+            self._others = np.array(sorted(placeholders.reserved.difference(placeholders.required)), dtype=np.int64)
         # Tokens the model must start with (a multilingual model's target-language token) and an
         # EOS forced as the last token a limit allows: each taken with log-probability 0, as
         # transformers' forced-BOS and forced-EOS logits processors do.
@@ -161,7 +182,8 @@ class Search:
     @property
     def penalised(self) -> bool:
         """A repetition penalty, n-gram blocking, a forced token or an EOS not allowed yet: this
-        step needs its rows' own processed log-probabilities."""
+        step needs its rows' own processed log-probabilities. (Placeholders only matter when a
+        step's best candidates hold a token they refuse: `refuses_any`.)"""
         p = self.params
         return (
             p.repetition_penalty != 1.0
@@ -169,6 +191,31 @@ class Search:
             or self.t < p.min_new_tokens
             or self.forced_token() is not None
         )
+
+    def refuses(self, token: int, row: int = 0, done: int | None = None) -> bool:
+        """Whether `row` may not take `token` after `done` tokens (default: at the coming step): an
+        EOS before the minimum length or while one of the row's placeholders is missing, a
+        placeholder its source lacks or the row already emitted."""
+        ph, done = self.placeholders, self.t if done is None else done
+        if token == self.eos_id:
+            if done < self.params.min_new_tokens:
+                return True
+            return (
+                ph is not None and bool(ph.required) and not set(ph.required).issubset(self.hist[row, :done].tolist())
+            )
+        if ph is None or token not in ph.reserved:
+            return False
+        return token not in ph.required or token in self.hist[row, :done].tolist()
+
+    def refuses_any(self, rows: NDArray[np.integer], tokens: NDArray[np.integer], done: int) -> bool:
+        """Whether a ranking's candidates (`rows` within the block, `tokens`) hold one the rows
+        refuse (`refuses`): candidates free of them are exactly those the masked log-probabilities
+        rank, so only a sentence whose candidates hold one ranks again, masked."""
+        ph = self.placeholders
+        if ph is None:
+            return False
+        pairs = zip(rows.tolist(), tokens.tolist(), strict=True)
+        return any(self.refuses(t, r, done) for r, t in pairs if t == self.eos_id or t in ph.reserved)
 
     def forced_token(self, step: int | None = None) -> int | None:
         """The token that step (0: the first generated token; default: the coming one) must take, if any."""
@@ -187,22 +234,27 @@ class Search:
         """Best first: up to num_hypotheses (fewer only if the vocabulary cannot supply them)."""
         return sorted(self.found, key=lambda h: -h.score)[: self.params.num_hypotheses]
 
-    def penalised_logprobs(self, logp: NDArray[np.floating]) -> NDArray[np.floating]:
-        """Repetition penalty and n-gram blocking on the rows' own history and no EOS before the
-        minimum, or the forced token alone at 0 (a copy when any applies); called after `t` counts
-        this step. As transformers' processors: log-probabilities masked, not renormalised."""
-        p, done = self.params, self.t - 1  # tokens generated before this step
+    def penalised_logprobs(self, logp: NDArray[np.floating], done: int | None = None) -> NDArray[np.floating]:
+        """Repetition penalty and n-gram blocking on the rows' own history, no EOS before the
+        minimum, the placeholders' rules (`Placeholders`), or the forced token alone at 0 (a copy
+        when any applies); `done`, the tokens generated before this step (default: `t` already
+        counts it). As transformers' processors: log-probabilities masked, not renormalised."""
+        p = self.params
+        done = self.t - 1 if done is None else done
         if (forced := self.forced_token(done)) is not None:
             one = np.full(logp.shape, -np.inf)
             one[:, forced] = 0.0
             return one
         early = done < p.min_new_tokens
-        if not early and ((p.repetition_penalty == 1.0 and not p.no_repeat_ngram_size) or done == 0):
+        repeats = (p.repetition_penalty != 1.0 or p.no_repeat_ngram_size > 0) and done > 0
+        if not early and not repeats and self.placeholders is None:
             return logp
         logp = np.array(logp, dtype=np.float64)
         if early:
             logp[:, self.eos_id] = -np.inf
-        if done == 0:
+        if self.placeholders is not None:
+            self._ban_placeholders(logp, done)
+        if not repeats:
             return logp
         n = p.no_repeat_ngram_size
         for r in range(self.rows):
@@ -213,6 +265,16 @@ class Search:
             if n and done >= n - 1:
                 logp[r, _banned(hist, n)] = -np.inf
         return logp
+
+    def _ban_placeholders(self, logp: NDArray[np.floating], done: int) -> None:
+        """In place: the placeholders the source lacks, and each row's already emitted, at -inf;
+        EOS too in the rows still missing one."""
+        logp[:, self._others] = -np.inf
+        if not self._required.size:
+            return
+        have = (self.hist[: len(logp), :done, None] == self._required).any(axis=1)  # (rows, P)
+        logp[:, self._required] = np.where(have, -np.inf, logp[:, self._required])
+        logp[~have.all(axis=1), self.eos_id] = -np.inf
 
 
 # -- strategies: each owns one batch-level step (fairseq's search.py) ----------------------------
@@ -236,8 +298,9 @@ class Strategy(ABC):
 
 class Greedy(Strategy):
     """Argmax with width 1 and no penalties: one pass over the batch finds every row's best token
-    (the lowest id among equals); each sentence then takes it in a few scalar steps (an EOS before
-    the sentence's minimum length gives way to its best other token)."""
+    (the lowest id among equals); each sentence then takes it in a few scalar steps (a token it
+    `refuses`, an EOS before its minimum length or a placeholder it may not emit, gives way to
+    its best allowed token)."""
 
     def check(self, params: DecodeParams) -> None:
         p = params
@@ -248,16 +311,16 @@ class Greedy(Strategy):
         best = logp.argmax(axis=1)[starts]
         best_lp = logp[starts, best].tolist()
         chosen = best.tolist()
-        ends = (
-            [i for i, s in enumerate(searches) if chosen[i] == s.eos_id]
-            if chosen and searches[0].eos_id in chosen
-            else []
-        )
-        for i in ends:
+        suspects = [
+            i
+            for i, s in enumerate(searches)
+            if chosen[i] == s.eos_id or (s.placeholders is not None and chosen[i] in s.placeholders.reserved)
+        ]
+        for i in suspects:
             s = searches[i]
-            if s.t < s.params.min_new_tokens:  # EOS not allowed yet: the best other token
-                row = np.array(logp[starts[i]], dtype=np.float64)
-                row[s.eos_id] = -np.inf
+            if s.refuses(chosen[i]):  # the best allowed token instead
+                start = int(starts[i])
+                row = s.penalised_logprobs(logp[start : start + 1], s.t)[0]
                 chosen[i] = int(row.argmax())
                 best_lp[i] = float(row[chosen[i]])
         return [_take(s, tok, lp) for s, tok, lp in zip(searches, chosen, best_lp, strict=True)]
@@ -286,8 +349,9 @@ def _take(s: Search, tok: int, logprob: float) -> np.ndarray | None:
 
 class Beam(Strategy):
     """Beam search (greedy is K = 1). The 2K best candidates of every sentence without penalties
-    are ranked for all of them in one sort (`rank_candidates`); a penalised sentence, and a
-    sentence stepped alone, ranks its own rows (`rank_block`)."""
+    are ranked for all of them in one sort (`rank_candidates`); a penalised sentence, a sentence
+    whose candidates hold a token its placeholders refuse (then on its masked rows), and a
+    sentence stepped alone, rank their own rows (`rank_block`)."""
 
     def check(self, params: DecodeParams) -> None:
         if params.sample:
@@ -297,8 +361,8 @@ class Beam(Strategy):
         if len(searches) == 1:  # a sentence alone (a lone request's every step): no batch bookkeeping
             return [self._alone(searches[0], logp, int(starts[0]))]
         out: list[np.ndarray | None] = [None] * len(searches)
-        penalised = [s.penalised for s in searches]
-        plain = [i for i, p in enumerate(penalised) if not p]
+        plain = [i for i, s in enumerate(searches) if not s.penalised]
+        alone = [i for i, s in enumerate(searches) if s.penalised]
         if plain:
             ran = [searches[i].rows for i in plain]
             rows = np.array(ran)
@@ -310,23 +374,53 @@ class Beam(Strategy):
                 own, first = logp[_rows(starts[plain], rows)], (np.cumsum(rows) - rows).tolist()
             score, row, tok = rank_candidates(own, cum, rows, counts, searches[plain[0]].eos_id)
             row -= np.asarray(first, np.int64)[:, None]  # within each block
+            refused = _refused_candidates(searches, plain, row, tok)
+            if refused.any():  # a candidate its placeholders refuse: the sentence ranks alone, masked
+                alone += [plain[j] for j in np.flatnonzero(refused).tolist()]
+                keep = ~refused
+                plain, score, row, tok = (
+                    [plain[j] for j in np.flatnonzero(keep).tolist()],
+                    score[keep],
+                    row[keep],
+                    tok[keep],
+                )
             group = [searches[i] for i in plain]
             each = _continue_all if len(group) >= _VECTORISED_FROM else _continue_each
-            for i, chosen in zip(plain, each(group, score, row, tok), strict=True):
+            for i, chosen in zip(plain, each(group, score, row, tok) if group else [], strict=True):
                 out[i] = chosen
-        for i, s in enumerate(searches):
-            if penalised[i]:
-                out[i] = self._alone(s, logp, int(starts[i]))
+        for i in alone:
+            out[i] = self._alone(searches[i], logp, int(starts[i]), masked=True)
         return out
 
     @staticmethod
-    def _alone(s: Search, logp: np.ndarray, start: int) -> np.ndarray | None:
-        """One sentence's step from its own rows of `logp`, ranked by `rank_block`."""
-        penalised, own = s.penalised, logp[start : start + s.rows]  # (penalised: before `t` counts this step)
+    def _alone(s: Search, logp: np.ndarray, start: int, masked: bool = False) -> np.ndarray | None:
+        """One sentence's step from its own rows of `logp`, ranked by `rank_block`: on its processed
+        log-probabilities when penalised (or `masked`), else again so when its candidates hold one
+        its placeholders refuse."""
+        masked, own = masked or s.penalised, logp[start : start + s.rows]  # (penalised: before `t` counts this step)
         s.t += 1
-        if penalised:
-            own = s.penalised_logprobs(own)
-        return _continue(s, *rank_block(own, s.cum, 2 * s.width, s.eos_id))
+        ranked = rank_block(s.penalised_logprobs(own) if masked else own, s.cum, 2 * s.width, s.eos_id)
+        if not masked and s.refuses_any(ranked[1], ranked[2], s.t - 1):
+            ranked = rank_block(s.penalised_logprobs(own), s.cum, 2 * s.width, s.eos_id)
+        return _continue(s, *ranked)
+
+
+def _refused_candidates(
+    searches: Sequence[Search], plain: list[int], row: NDArray[np.int64], tok: NDArray[np.int64]
+) -> NDArray[np.bool_]:
+    """Which plain sentences' ranked candidates (`row` within the block, `tok`; a sentence each)
+    hold one their placeholders refuse (`Search.refuses_any`): a placeholder, or an EOS of a
+    sentence with placeholders, among them is checked, the rest cannot be."""
+    refused = np.zeros(len(plain), dtype=bool)
+    held = {j: ph.reserved for j, i in enumerate(plain) if (ph := searches[i].placeholders) is not None}
+    if held:
+        holders = list(held)
+        reserved = sorted(frozenset().union(*held.values()))  # one set per model
+        flagged = np.isin(tok[holders], reserved) | (tok[holders] == searches[plain[0]].eos_id)
+        for j in np.asarray(holders)[flagged.any(axis=1)].tolist():
+            s, c = searches[plain[j]], 2 * searches[plain[j]].width  # its candidates, not the padding
+            refused[j] = s.refuses_any(row[j, :c], tok[j, :c], s.t)
+    return refused
 
 
 def _rows(starts: NDArray[np.int64], widths: NDArray[np.integer]) -> NDArray[np.int64]:

@@ -12,10 +12,10 @@ text-to-text model (a summarizer) reads each text whole (`WholeText`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal, Protocol, TypeVar
 
-from service.engine.decoding import Hypothesis
+from service.engine.decoding import Hypothesis, Placeholders
 from service.engine.tokenizer import TextCodec
 
 
@@ -31,12 +31,19 @@ class SourceOptions:
 @dataclass(frozen=True)
 class Prepared:
     """Texts as sources: one token-id list per source, in text order; `owner[i]` the text of source i;
-    `forced` the tokens every output starts with (a target-language token). A plug-in extends it
-    with what its `assemble` needs."""
+    `forced` the tokens every output starts with (a target-language token); `placeholders`, per
+    source, the tokens its output must hold once each (`decoding.Placeholders`: translation's
+    masked spans), empty when no source has any. A plug-in extends it with what its `assemble`
+    needs."""
 
     sources: list[list[int]]
     owner: list[int]
     forced: tuple[int, ...]
+    placeholders: Sequence[Placeholders] = field(default=(), kw_only=True)
+
+    def placeholders_of(self, source: int) -> Placeholders | None:
+        """Source `source`'s placeholders, if its plug-in has any."""
+        return self.placeholders[source] if self.placeholders else None
 
 
 @dataclass(frozen=True)
@@ -47,6 +54,7 @@ class Generated:
     score: float  # length-penalised sequence log-probability
     logprob: float
     finish_reason: Literal["eos", "length"]  # "length": cut at max_new_tokens
+    spans_appended: int = 0  # protected spans its tokens lacked, put at the end (a translation cut at its limit)
 
 
 P = TypeVar("P", bound=Prepared)

@@ -5,7 +5,9 @@ sentences as literal pieces, and yields the sentences to translate, each with it
 spans (`service.contract.spans`) replaced by placeholders numbered from ⟨1⟩ in that sentence.
 `join(layout, translations)` puts the translated sentences back between the literal pieces,
 with their spans restored. So a 3-line text gives a 3-line translation, and a long line is
-translated sentence by sentence (the per-sentence token limit stays, not a per-text one).
+translated sentence by sentence (the per-sentence token limit stays, not a per-text one). A
+sentence that is one protected span alone (``</para>``, a lone URL) is no sentence to translate:
+it stays as a literal piece.
 
 Spans are found on the whole line before it is split into sentences (Wikimedia's `sentencex`),
 so the splitter never breaks a URL, a version number or a placeholder apart. A sentence with
@@ -26,6 +28,10 @@ from service.contract import accelerators, spans
 LINE_BREAK = re.compile(r"\r\n|[\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029]")
 # A span's place while its line is split into sentences: <c>index<c>, c a character the line lacks.
 _MARK_CHARS = "\x00\ue000\ue001\ue002\ue003"
+# A sentence that is one span alone: nothing to translate, it stays as written (a model given "⟨1⟩"
+# alone answered "⟨1⟩⟨1⟩" or "⟨1⟩:", its best once each placeholder comes back exactly once). Two
+# spans are the model's to join ("pHYs DPI" -> "pHYs-DPI", as the reference has it).
+_SPAN_ONLY = re.compile(r"\s*⟨\d+⟩\s*")
 
 
 @dataclass(frozen=True)
@@ -110,7 +116,11 @@ def _line(
     pieces.append(lead)
     for sentence in _sentences("".join(marked), language):
         body = sentence.rstrip()
-        segments.append(_segment(body, originals, pattern))
+        segment = _segment(body, originals, pattern)
+        if len(segment.spans) == 1 and _SPAN_ONLY.fullmatch(segment.text):
+            pieces += [spans.unmask(segment.text, segment.spans), sentence[len(body) :]]
+            continue
+        segments.append(segment)
         pieces += [len(segments) - 1, sentence[len(body) :]]
     pieces.append(trail)
 

@@ -14,7 +14,7 @@ from typing import Literal
 from service.contract import spans
 from service.contract.manifest import Framing, Manifest
 from service.engine import languages, text
-from service.engine.decoding import Hypothesis
+from service.engine.decoding import Hypothesis, Placeholders
 from service.engine.seq2seq import Generated, Prepared, SourceOptions
 from service.engine.tokenizer import TextCodec
 
@@ -34,6 +34,9 @@ class Translation:
         self.language = manifest.source_language or "en"
         # A model trained on masked text has one token per placeholder; an older one gets raw spans.
         self.protects_spans = codec.has_tokens(spans.PLACEHOLDERS)
+        # Its placeholder ids: each sentence's output holds those of its source once each (`decoding.Placeholders`).
+        ids = [codec.tok.token_to_id(p) for p in spans.PLACEHOLDERS] if self.protects_spans else []
+        self.placeholder_ids = frozenset(i for i in ids if i is not None)
         self.verbatim = manifest.span_rules >= 2  # identifiers, code and names masked as in its training
 
     def languages(self) -> tuple[list[str], list[str]]:
@@ -78,7 +81,16 @@ class Translation:
             f"texts[{i}] sentence {j + 1}" for i, layout in enumerate(layouts) for j in range(len(layout.segments))
         ]
         sentences = [seg.text for layout in layouts for seg in layout.segments]
-        return Sentences(codec.encode(sentences, names, framing), owner, (), layouts)
+        sources = codec.encode(sentences, names, framing)
+        return Sentences(sources, owner, (), layouts, placeholders=self.placeholders(sources))
+
+    def placeholders(self, sources: Sequence[Sequence[int]]) -> list[Placeholders]:
+        """Per masked source, the placeholders its translation must hold once each (none for a
+        model without placeholder tokens: it gets raw spans)."""
+        reserved = self.placeholder_ids
+        if not reserved:
+            return []
+        return [Placeholders(tuple(dict.fromkeys(i for i in ids if i in reserved)), reserved) for ids in sources]
 
     def visible(self, prepared: Sentences, index: int, outputs: Sequence[str], partial: str) -> str:
         """The text's layout up to its first unfinished sentence, spans restored, then what is
@@ -118,7 +130,8 @@ class Translation:
                 length = sum(len(h.tokens) + h.finished for h in chosen)
                 score = logprob / length**length_penalty if length else logprob
                 reason: Literal["eos", "length"] = "eos" if all(h.finished for h in chosen) else "length"
-                words = text.join(layout, [self.codec.decode(h.tokens) for h in chosen])
-                ranked.append(Generated(words, score, logprob, reason))
+                outputs = [self.codec.decode(h.tokens) for h in chosen]
+                appended = sum(spans.missing(o, seg.spans) for o, seg in zip(outputs, layout.segments, strict=True))
+                ranked.append(Generated(text.join(layout, outputs), score, logprob, reason, appended))
             out.append(sorted(ranked, key=lambda t: -t.score))
         return out

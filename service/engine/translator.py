@@ -19,9 +19,9 @@ import numpy as np
 from service.contract.graphs import IO_CONTRACT_VERSION, READABLE_IO_CONTRACTS, pad
 from service.contract.manifest import Framing, Manifest, ManifestError
 from service.engine import runtime
-from service.engine.decoding import DecodeParams, Hypothesis, Search
+from service.engine.decoding import DecodeParams, Hypothesis, Placeholders, Search
 from service.engine.running import LaneBatch, RunningBatch, ShardedBatch
-from service.engine.seq2seq import Generated, P, Preparation, SourceOptions, WholeText
+from service.engine.seq2seq import Generated, P, Preparation, Prepared, SourceOptions, WholeText
 from service.engine.tokenizer import TextCodec
 from service.engine.translation import Sentences, Translation
 from service.errors import InvalidInput
@@ -104,11 +104,26 @@ class TranslatorEngine:
             min_new_tokens=g.min_new_tokens,
         )
 
-    def search(self, params: DecodeParams, limit: int | None = None, forced: Sequence[int] = ()) -> Search:
-        """A fresh search for one sentence of this model; `forced`: its first tokens (`forced_prefix`)."""
+    def search(
+        self,
+        params: DecodeParams,
+        limit: int | None = None,
+        forced: Sequence[int] = (),
+        placeholders: Placeholders | None = None,
+    ) -> Search:
+        """A fresh search for one sentence of this model; `forced`: its first tokens (`forced_prefix`);
+        `placeholders`: the tokens its output holds once each (`Prepared.placeholders_of`)."""
         if params.max_new_tokens > self.max_new_tokens:
             raise InvalidInput(f"max_new_tokens must be at most {self.max_new_tokens} for this model")
-        return Search(params, self.bos_id, self.eos_id, limit, forced=forced, forced_eos=self.generation.forced_eos)
+        eos = self.generation.forced_eos
+        return Search(params, self.bos_id, self.eos_id, limit, forced=forced, forced_eos=eos, placeholders=placeholders)
+
+    def searches(self, prepared: Prepared, params: DecodeParams) -> list[Search]:
+        """A search per prepared source, all with `params` (`search`)."""
+        return [
+            self.search(params, forced=prepared.forced, placeholders=prepared.placeholders_of(k))
+            for k in range(len(prepared.sources))
+        ]
 
     def translate_ids(
         self,
@@ -186,7 +201,7 @@ class TranslatorEngine:
         """Texts in, n-best outputs out through a plug-in (`translation`, `whole_text`), as the service answers."""
         params = params or self.default_params()
         prepared = preparation.prepare(texts, options or SourceOptions())
-        searches = [self.search(params, forced=prepared.forced) for _ in prepared.sources]
+        searches = self.searches(prepared, params)
         return preparation.assemble(prepared, self.run(prepared.sources, searches), params.length_penalty)
 
     def attention(self, source: Sequence[int], hyp: Hypothesis) -> AttentionMap:

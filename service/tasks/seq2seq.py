@@ -114,13 +114,17 @@ class Seq2SeqTask(Task[Q, R]):
     def sources(self, texts: Sequence[str], options: Decoding) -> tuple[Prepared, list[Search], DecodeParams]:
         """The texts' sources (the plug-in's), each one's search, and the request's parameters:
         the same for every source, but for sampling's seeds (each source draws from its own
-        generator)."""
+        generator); each search holds its source's placeholders, if the plug-in has any."""
         engine = self.engine
         prepared = self.preparation.prepare(texts, options.source_options())
         limit, defaults = engine.max_new_tokens, engine.generation
         first = options.params(limit, 0, defaults)  # the options hold for this model even with no source
         searches = [
-            engine.search(options.params(limit, k, defaults) if k and first.sample else first, forced=prepared.forced)
+            engine.search(
+                options.params(limit, k, defaults) if k and first.sample else first,
+                forced=prepared.forced,
+                placeholders=prepared.placeholders_of(k),
+            )
             for k in range(len(prepared.sources))
         ]
         return prepared, searches, first

@@ -107,6 +107,12 @@ class Translation(ResponseModel):
     score: float | None = None
     hypotheses: list[ScoredText] | None = None
     attention: list[CrossAttention] | None = Field(default=None, description="per sentence of the text")
+    spans_appended: int | None = Field(
+        default=None,
+        ge=1,
+        description="protected spans (URLs, code, numbers, ...) the translation reached max_new_tokens without: "
+        "each was appended at the end of its sentence; absent when every span is in place",
+    )
 
 
 class TranslateResponse(ResponseModel):
@@ -215,6 +221,7 @@ class TranslationTask(Seq2SeqTask[TranslateRequest, Translated]):
                     if body.num_hypotheses > 1
                     else None,
                     attention=result.attention,
+                    spans_appended=best.spans_appended or None,
                 )
             )
         return TranslateResponse(model=self.entry.name, version=self.entry.version, translations=out)
