@@ -1,4 +1,4 @@
-"""Text-to-text models (T5, Flan-T5, a BART summarizer) against transformers, read whole.
+"""Text-to-text models (T5, Flan-T5, mT5, a BART summarizer) against transformers, read whole.
 
 Tiny random checkpoints built offline (`tests.hf_checkpoints`) are imported as text2text (their
 families' default; Flan-T5 with a prefix); each input is one source, so a three-sentence text
@@ -54,6 +54,7 @@ CASES = {  # name: fixture, generation config, prefix
     "bart-cnn": ("bart", SUMMARIZER, ""),
     "flan": ("flan_t5", {"num_beams": 4, "max_length": 20, "length_penalty": 2.0}, "summarize: "),
     "t5": ("t5", {"num_beams": 4, "max_length": 20, "min_length": 6, "early_stopping": True}, ""),
+    "mt5": ("mt5", {"num_beams": 4, "max_length": 20, "min_length": 4}, ""),
 }
 
 
