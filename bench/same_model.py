@@ -311,16 +311,20 @@ def decode_ours(plan: Plan, variant: str) -> Decode:
     return decode
 
 
+def check_ct2_vocabulary(tokens: Sequence[str], converted: Sequence[str]) -> None:
+    """CTranslate2's vocabulary must name every id as the checkpoint does, up to one it leaves out or
+    adds: Marian's converter drops <pad> (the last id: its decoder starts from a zero embedding);
+    T5's names the spare rows past the tokenizer (<extra_id_0..27> again). Neither row ever wins."""
+    common = min(len(tokens), len(converted))
+    if list(converted[:common]) != list(tokens[:common]) or common < len(tokens) - 1:
+        raise RuntimeError("CTranslate2's vocabulary does not begin with the checkpoint's tokens")
+
+
 def decode_ct2(plan: Plan, compute_type: str, workers: bool) -> Decode:
     import ctranslate2
 
     tokens = json.loads((plan.folder / "tokens.json").read_text())
-    converted = json.loads((plan.folder / "ct2" / "shared_vocabulary.json").read_text())
-    # Marian's converter drops <pad> (the last id: its decoder starts from a zero embedding); T5's
-    # names the spare rows past the tokenizer (<extra_id_0..27> again). Neither row ever wins.
-    common = min(len(tokens), len(converted))
-    if converted[:common] != tokens[:common] or common < len(tokens) - 1:
-        raise RuntimeError("CTranslate2's vocabulary does not begin with the checkpoint's tokens")
+    check_ct2_vocabulary(tokens, json.loads((plan.folder / "ct2" / "shared_vocabulary.json").read_text()))
     index = {t: i for i, t in enumerate(tokens)}
     translator = ctranslate2.Translator(
         str(plan.folder / "ct2"),
