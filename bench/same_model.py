@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import same_model_t5
-from bench.timing import CONTENDED, Timing, flag, measure
+from bench.timing import CONTENDED, Timing, flag, measure, own_cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "same-model"
@@ -408,7 +408,9 @@ PACKAGES = {
 
 
 def run_tool(tool: str, plan: Plan) -> dict[str, object]:
-    """One tool's cases in this (fresh) process: the generated ids of each, then its timing."""
+    """One tool's cases in this (fresh) process: each timed, with the ids its last call generated
+    (rounds check them alike) and the CPU seconds this process used per call (its threads' work,
+    spinning included: on a shared machine the wall time also counts the others' turns)."""
     from importlib.metadata import version
 
     t0 = time.perf_counter()
@@ -417,10 +419,16 @@ def run_tool(tool: str, plan: Plan) -> dict[str, object]:
     cases = []
     for beam in plan.beams:
         for b, src in plan.sources.items():
-            fn = partial(decode, src, beam)
-            ids = fn()
-            sec, runs, others = measure(fn, plan.timing, plan.retries)
-            cases.append({"batch": b, "beam": beam, "ids": ids, "seconds": sec, "runs": runs, "others_cpu": others})
+            last: list[list[list[int]]] = []
+
+            def call(src: list[list[int]] = src, beam: int = beam, last: list[list[list[int]]] = last) -> None:
+                last.append(decode(src, beam))
+
+            cpu0 = own_cpu_seconds()
+            sec, runs, others = measure(call, plan.timing, plan.retries)
+            cpu = (own_cpu_seconds() - cpu0) / len(last)
+            case = {"batch": b, "beam": beam, "ids": last[-1], "seconds": sec, "runs": runs, "others_cpu": others}
+            cases.append(case | {"cpu_seconds": cpu})
     family = tool.split("-")[0]
     return {
         "tool": tool,
@@ -586,7 +594,7 @@ def run(
                 what = "greedy" if c["beam"] == 1 else f"beam {c['beam']}"
                 print(
                     f"  {o['tool']:<12} batch {c['batch']:>3} {what:<7}: {c['seconds'] * 1e3:9.2f} ms "
-                    f"({c['runs']} runs){flag(c['others_cpu'])}",
+                    f"({c['runs']} runs, {c['cpu_seconds']:.2f} CPU s a call){flag(c['others_cpu'])}",
                     flush=True,
                 )
     rows = []
@@ -601,6 +609,7 @@ def run(
                 "seconds": sec,
                 "tokens_per_s": b * new_tokens / sec,
                 "round_seconds": [c["seconds"] for c in cs],
+                "cpu_seconds": statistics.median(float(c["cpu_seconds"]) for c in cs),  # type: ignore[arg-type]
                 "others_cpu": statistics.median(shares) if shares else None,
             }
         )
