@@ -686,6 +686,8 @@ def markdown(section: dict[str, object], cpu: str, cores: int | None) -> str:
             cells.append(f"{r['tokens_per_s']:,.0f}{ratio}{dagger}")
         out.append(f"| {LABELS[tool].format(t=threads)} | " + " | ".join(cells) + " |")
     out += layout_ratios(rows)
+    if threads == 1:
+        out += cpu_ratios(rows)
     out += agreement_notes(section)
     threading: dict[str, str] = section["threading"]  # type: ignore[assignment]
     out += ["", "Threads: " + "; ".join(f"{t}: {v}" for t, v in threading.items() if t in tools) + "."]
@@ -730,6 +732,23 @@ def layout_ratios(rows: list[dict]) -> list[str]:
                 cells.append(f"{name(beam, b)} {i / f:.2f}×")
         if cells:
             out.append(f"int8 ÷ fp32, {label}: " + ", ".join(cells) + ".")
+    return ["", " ".join(out)] if out else []
+
+
+def cpu_ratios(rows: list[dict]) -> list[str]:
+    """On one thread the CPU seconds a process used per call are its work, however busy the machine
+    was (no thread waits for another): this engine ÷ CTranslate2 in calls per CPU second, per precision."""
+    cpu = {(r["tool"], r["batch"], r["beam"]): r.get("cpu_seconds") for r in rows}
+    cases = sorted({(r["beam"], r["batch"]) for r in rows})
+    out = []
+    for precision, ours, theirs in (("fp32", "ours", "ct2"), ("int8", "ours-int8", "ct2-int8")):
+        cells = [
+            f"{'greedy' if beam == 1 else f'beam {beam}'} b{b} {t / m:.2f}×"
+            for beam, b in cases
+            if (m := cpu.get((ours, b, beam))) and (t := cpu.get((theirs, b, beam)))
+        ]
+        if cells:
+            out.append(f"This engine ÷ CTranslate2 in CPU seconds a call, {precision}: " + ", ".join(cells) + ".")
     return ["", " ".join(out)] if out else []
 
 

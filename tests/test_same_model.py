@@ -116,3 +116,16 @@ def test_ct2_vocabulary_may_drop_or_add_one_rows_kind_only() -> None:
     for wrong in (tokens[:-2], ["</s>", "▁a", "<unk>", "<pad>"]):
         with pytest.raises(RuntimeError, match="does not begin with"):
             same_model.check_ct2_vocabulary(tokens, wrong)
+
+
+def test_cpu_ratios_compare_calls_per_cpu_second_at_each_precision() -> None:
+    rows = [
+        {"tool": "ours", "batch": 1, "beam": 1, "cpu_seconds": 2.0},
+        {"tool": "ct2", "batch": 1, "beam": 1, "cpu_seconds": 3.0},
+        {"tool": "ours-int8", "batch": 1, "beam": 1, "cpu_seconds": 2.0},
+        {"tool": "ct2-int8", "batch": 1, "beam": 1, "cpu_seconds": 1.0},
+        {"tool": "ours", "batch": 32, "beam": 4, "cpu_seconds": 4.0},  # CTranslate2 lacks this case: no cell
+    ]
+    text = " ".join(same_model.cpu_ratios(rows))
+    assert "CPU seconds a call, fp32: greedy b1 1.50×." in text
+    assert "CPU seconds a call, int8: greedy b1 0.50×." in text
