@@ -10,8 +10,8 @@ A report, not a test. The headline ("same model, every tool", bench/same_model.p
 converted by ct2-transformers-converter, exported by Optimum and run by transformers `generate`,
 each tool alone in a fresh process of its own; their greedy tokens must be identical before any
 speed is reported. The same for a T5 checkpoint of t5-small's shape (`same-model-t5`, results key
-`same_model_t5`) at a summarizer's lengths: 400 source tokens, 100 new (`T5_LENGTHS`; --src-len
-and --new-tokens set them too).
+`same_model_t5`, run only when named in --only) at a summarizer's lengths: 400 source tokens, 100
+new (`T5_LENGTHS`; --src-len and --new-tokens set them too).
 
 Then each tool on a model of its own of the same shape (d_model 256, 4 heads, FFN 1024, 3+3
 layers, vocab 8000), the same source ids (24 tokens per sentence), exactly 24 new tokens per
@@ -705,7 +705,9 @@ def same_model_section(args: argparse.Namespace, s: Shape, family: str = "marian
 def run(args: argparse.Namespace) -> dict[str, object]:
     """Every tool alone in a fresh process of its own, round after round; the median per case."""
     choices = (*SECTIONS, *TOOLS)
-    tools = args.only.split(",") if args.only else list(choices)
+    # the T5 section only by name: at its lengths a case takes minutes on 2 cores (transformers'
+    # beam 4 at batch 32: over 6 minutes a call), hours with the default rounds
+    tools = args.only.split(",") if args.only else [c for c in choices if c != SAME_MODEL_T5]
     if unknown := set(tools) - set(choices):
         raise SystemExit(f"unknown --only entries {sorted(unknown)}; choose from {','.join(choices)}")
     s = shape(args)
