@@ -3,12 +3,15 @@
     make bench                                    # installs .[bench], runs everything, writes bench/results/engine.json
     python -m bench.engine --tiny                 # smoke run on a tiny shape, one quick round (numbers meaningless)
     python -m bench.engine --only same-model      # the headline alone
+    python -m bench.engine --only same-model-t5 --same-batches 1,32   # its T5 checkpoint
 
 A report, not a test. The headline ("same model, every tool", bench/same_model.py, results key
 `same_model`): one random-weight Marian checkpoint imported by this project (export.import_hf),
 converted by ct2-transformers-converter, exported by Optimum and run by transformers `generate`,
 each tool alone in a fresh process of its own; their greedy tokens must be identical before any
-speed is reported.
+speed is reported. The same for a T5 checkpoint of t5-small's shape (`same-model-t5`, results key
+`same_model_t5`, run only when named in --only) at a summarizer's lengths: 400 source tokens, 100
+new (`T5_LENGTHS`; --src-len and --new-tokens set them too).
 
 Then each tool on a model of its own of the same shape (d_model 256, 4 heads, FFN 1024, 3+3
 layers, vocab 8000), the same source ids (24 tokens per sentence), exactly 24 new tokens per
@@ -91,6 +94,11 @@ CT2_TOOLS = {
 CLASSIFIER_TOOLS = ("clf-ort-fp32", "clf-ort-int8", "clf-torch")
 TOOLS = ("ours", "ours-int8", *CT2_TOOLS, "hf", "torch", "uncached", *CLASSIFIER_TOOLS, "matmul")
 SAME_MODEL = "same-model"  # the headline: one Marian checkpoint through every tool (bench.same_model)
+SAME_MODEL_T5 = "same-model-t5"  # the same, a T5 checkpoint of t5-small's shape (bench.same_model_t5)
+SECTIONS = {SAME_MODEL: "same_model", SAME_MODEL_T5: "same_model_t5"}  # --only entry -> results key
+T5_SMALL = same_model.ModelShape(vocab=32128, d_model=512, heads=8, ffn=2048, enc_layers=6, dec_layers=6)
+T5_TINY = same_model.ModelShape(vocab=500, d_model=64, heads=4, ffn=128, enc_layers=1, dec_layers=1)
+T5_LENGTHS, T5_TINY_LENGTHS = (400, 100), (16, 8)  # source and new tokens: a summarizer's (60-140 out)
 NEVER = -1  # an EOS id no step can produce: every tool generates exactly `new_tokens`
 BOS = 1
 WORDS = "the a cat dog house tree red blue small big runs sleeps sees file open save close window".split()
@@ -661,35 +669,45 @@ def shape(args: argparse.Namespace) -> Shape:
     return replace(s, new_tokens=args.new_tokens or s.new_tokens, src_len=args.src_len or s.src_len)
 
 
-def same_model_section(args: argparse.Namespace, s: Shape) -> dict[str, object]:
-    """The headline: one Marian checkpoint through every tool (bench.same_model)."""
+def same_model_section(args: argparse.Namespace, s: Shape, family: str = "marian") -> dict[str, object]:
+    """The headline: one Marian checkpoint through every tool (bench.same_model); with family "t5",
+    a T5 checkpoint of t5-small's shape at a summarizer's lengths."""
     tools = args.same_tools.split(",")
     if unknown := set(tools) - set(same_model.TOOLS):
         raise SystemExit(f"unknown --same-tools entries {sorted(unknown)}; choose from {','.join(same_model.TOOLS)}")
-    model = same_model.ModelShape(s.vocab, s.d_model, s.heads, s.ffn, s.enc_layers, s.dec_layers)
+    if family == "t5":
+        model = T5_TINY if args.tiny else T5_SMALL
+        src_len, new_tokens = T5_TINY_LENGTHS if args.tiny else T5_LENGTHS
+        src_len, new_tokens = args.src_len or src_len, args.new_tokens or new_tokens
+    else:
+        model = same_model.ModelShape(s.vocab, s.d_model, s.heads, s.ffn, s.enc_layers, s.dec_layers)
+        src_len, new_tokens = s.src_len, s.new_tokens
     optimum = args.optimum_path or same_model.default_optimum_path()
-    print(f"same model: {s.src_len} source tokens, {s.new_tokens} new tokens, {args.threads} threads")
+    print(f"same model ({family}): {src_len} source tokens, {new_tokens} new tokens, {args.threads} threads")
     with tempfile.TemporaryDirectory(prefix="bench-same-model-") as work:
         return same_model.run(
             model,
             threads=args.threads,
             batches=[int(x) for x in args.same_batches.split(",")],
             beams=[int(x) for x in args.beams.split(",")],
-            src_len=s.src_len,
-            new_tokens=s.new_tokens,
+            src_len=src_len,
+            new_tokens=new_tokens,
             timing=Timing(args.min_runs, args.min_time, args.warmup),
             retries=args.retries,
             rounds=args.rounds,
             work=Path(work),
             tools=tools,
             optimum_path=optimum,
+            family=family,
         )
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
     """Every tool alone in a fresh process of its own, round after round; the median per case."""
-    choices = (SAME_MODEL, *TOOLS)
-    tools = args.only.split(",") if args.only else list(choices)
+    choices = (*SECTIONS, *TOOLS)
+    # the T5 section only by name: at its lengths a case takes minutes on 2 cores (transformers'
+    # beam 4 at batch 32: over 6 minutes a call), hours with the default rounds
+    tools = args.only.split(",") if args.only else [c for c in choices if c != SAME_MODEL_T5]
     if unknown := set(tools) - set(choices):
         raise SystemExit(f"unknown --only entries {sorted(unknown)}; choose from {','.join(choices)}")
     s = shape(args)
@@ -703,9 +721,10 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "warm-up, then the median of timed runs; repeated for each round, the median over rounds reported",
         "contention_start": contention(),
     }
-    if SAME_MODEL in tools:
-        tools.remove(SAME_MODEL)
-        results["same_model"] = same_model_section(args, s)
+    for section, key in SECTIONS.items():
+        if section in tools:
+            tools.remove(section)
+            results[key] = same_model_section(args, s, "t5" if section == SAME_MODEL_T5 else "marian")
     if tools:
         print(f"translation: {s.src_len} source tokens, {s.new_tokens} new tokens, {args.threads} threads")
     samples: dict[tuple[object, ...], list[dict[str, object]]] = {}
@@ -785,12 +804,17 @@ def _versions() -> dict[str, str]:
 
 
 def markdown(results: dict[str, object]) -> str:
-    """The same-model section (the headline) first, then the per-tool comparisons."""
+    """The same-model sections (the headline, then T5's) first, then the per-tool comparisons."""
     rest = tool_tables(results)
-    if "same_model" not in results:
-        return rest
     machine: dict[str, Any] = results["machine"]  # type: ignore[assignment]
-    head = same_model.markdown(results["same_model"], machine["cpu"], machine["cores"])  # type: ignore[arg-type]
+    heads = [
+        same_model.markdown(results[key], machine["cpu"], machine["cores"])  # type: ignore[arg-type]
+        for key in SECTIONS.values()
+        if key in results
+    ]
+    if not heads:
+        return rest
+    head = "\n\n".join(heads)
     return head + ("\n\nEach tool on a model of its own, of the same shape.\n\n" + rest if rest else "")
 
 
@@ -900,7 +924,11 @@ def _mark(*rows: dict | None) -> str:
 
 def contended_cases(results: dict[str, object]) -> list[str]:
     rows = list(results.get("translation") or []) + list(results.get("classifier") or [])  # type: ignore[call-overload]
-    same = [{**r, "tool": f"same-model {r['tool']}"} for r in (results.get("same_model") or {}).get("rows", [])]  # type: ignore[attr-defined]
+    same = [
+        {**r, "tool": f"{section} {r['tool']}"}
+        for section, key in SECTIONS.items()
+        for r in (results.get(key) or {}).get("rows", [])  # type: ignore[attr-defined]
+    ]
     return [
         f"{r['tool']} batch {r['batch']}" + (f" beam {r['beam']}" if "beam" in r else "") + f" ({r['others_cpu']:.0%})"
         for r in rows + same
@@ -911,7 +939,7 @@ def contended_cases(results: dict[str, object]) -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="bench/engine.py", description=__doc__.split("\n")[0])
     p.add_argument("--tiny", action="store_true", help="tiny shape, for a smoke run")
-    p.add_argument("--only", default="", help="comma list of " + ",".join((SAME_MODEL, *TOOLS)))
+    p.add_argument("--only", default="", help="comma list of " + ",".join((*SECTIONS, *TOOLS)))
     p.add_argument("--batches", default="1,32")
     p.add_argument("--same-batches", help="batch sizes of the same-model comparison")
     p.add_argument("--same-tools", default=",".join(same_model.TOOLS), help="the same-model comparison's tools")

@@ -1,27 +1,31 @@
-"""Same model, every tool: one Marian checkpoint decoded by this engine, CTranslate2, Optimum and transformers.
+"""Same model, every tool: one checkpoint decoded by this engine, CTranslate2, Optimum and transformers.
 
     python -m bench.engine --only same-model --tiny      # smoke run, seconds
-    python -m bench.engine                               # this section first, then the rest
+    python -m bench.engine --only same-model-t5 --tiny   # the T5 checkpoint's
+    python -m bench.engine                               # these sections first, then the rest
 
-One random-weight `MarianMTModel` of the bench's shape is saved with `save_pretrained`, beside an
-offline MarianTokenizer (a SentencePiece model trained here on a few words, a vocab.json of exactly
-`vocab` entries). Then each tool gets it the way its users would:
+One random-weight checkpoint of a family (`FAMILIES`) is saved with `save_pretrained`, beside its
+tokenizer made offline: `marian`, a `MarianMTModel` of the bench's shape with a MarianTokenizer (a
+SentencePiece model trained here on a few words, a vocab.json of exactly `vocab` entries); `t5`, a
+`T5ForConditionalGeneration` of t5-small's shape and layout with a T5 tokenizer (`bench.same_model_t5`).
+Then each tool gets it the way its users would:
 
 - ours:       `python -m export.import_hf` (fp32 + int8 variants, int8 calibrated on a few sentences of
               the tokenizer's words), TranslatorEngine.translate_ids. `ours-int8`: the int8 variant.
-- ct2:        `ct2-transformers-converter`, Translator.translate_batch on the tokens' strings: one
-              batch on `threads` threads; `ct2-workers`: `threads` sub-batches, one thread each (this
-              engine's sentence shards); `ct2-int8`: compute type int8.
+- ct2:        `ct2-transformers-converter` (its Marian or T5 loader), Translator.translate_batch on
+              the tokens' strings: one batch on `threads` threads; `ct2-workers`: `threads`
+              sub-batches, one thread each (this engine's sentence shards); `ct2-int8`: compute type int8.
 - optimum:    exported by Optimum (`ORTModelForSeq2SeqLM.from_pretrained(DIR, export=True)`), run by its
               `.generate` on the CPU provider, ORT's intra-op threads and torch's (its search) set.
-- hf:         `MarianMTModel.generate`, torch threads set.
+- hf:         `AutoModelForSeq2SeqLM.generate` (MarianMTModel, T5ForConditionalGeneration), torch threads set.
 
 Every tool runs alone in a fresh process of its own (`python -m bench.same_model --run TOOL`), one
 after another, with the same intra-op thread count, the same source ids (token ids: tokenization is
 not timed), batch and beam sizes, and exactly `new_tokens` new tokens: the EOS (and <pad>) embedding
-rows are zero, so their logit, 0, sits mid-vocabulary and never wins; transformers and CTranslate2
-also forbid EOS before the length (min_new_tokens, min_decoding_length). The greedy tokens of the
-fp32 tools must be identical, sentence by sentence, before any speed is printed (`TokensDiffer`
+rows are zero (T5's spare rows past its tokenizer too), so their logit, 0, sits mid-vocabulary and
+never wins; transformers and CTranslate2 also forbid EOS before the length (min_new_tokens =
+max_new_tokens, min_decoding_length = max_decoding_length), this engine is given max_new_tokens.
+The greedy tokens of the fp32 tools must be identical, sentence by sentence, before any speed is printed (`TokensDiffer`
 otherwise); beam agreement and int8 agreement are reported. A runner answers its generated ids and
 timings as JSON on stdout (anything the libraries print goes to stderr).
 
@@ -48,7 +52,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.timing import CONTENDED, Timing, flag, measure
+from bench import same_model_t5
+from bench.timing import CONTENDED, Timing, flag, measure, own_cpu_seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 NAME = "same-model"
@@ -80,6 +85,17 @@ HOW = {
 
 class TokensDiffer(Exception):
     """The tools decoded the same model to different greedy tokens: no speed of theirs is comparable."""
+
+
+@dataclass(frozen=True)
+class Family:
+    """What of the bench depends on the checkpoint's family: how it is built and which ids a source holds."""
+
+    name: str
+    title: str  # the report's name for the checkpoint
+    build: Callable[[ModelShape, Path], list[str]]  # writes the checkpoint; its tokens by id
+    eos: int
+    ordinary: Callable[[int], tuple[int, int]]  # vocabulary size -> the ids a source may hold, [low, high)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -164,9 +180,9 @@ def init_weights(model: object, seed: int = 0) -> None:
                 p.normal_(0.0, 0.02, generator=g)
 
 
-def build_checkpoint(s: ModelShape, folder: Path, seed: int = 0) -> None:
+def build_checkpoint(s: ModelShape, folder: Path, seed: int = 0) -> list[str]:
     """A random-weight Marian checkpoint (`init_weights`) with its tokenizer files, as
-    `save_pretrained` writes them."""
+    `save_pretrained` writes them; its tokens by id (vocab.json's)."""
     import sentencepiece as spm
     import torch
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
@@ -206,15 +222,37 @@ def build_checkpoint(s: ModelShape, folder: Path, seed: int = 0) -> None:
     model.save_pretrained(folder)
     tok = MarianTokenizer(str(folder / "source.spm"), str(folder / "target.spm"), str(folder / "vocab.json"))
     tok.save_pretrained(folder)
+    return tokens
 
 
-def source_ids(vocab: int, batches: Sequence[int], src_len: int, seed: int = 0) -> dict[int, list[list[int]]]:
-    """Per batch size, sentences of src_len ids: random ordinary tokens, then EOS (as Marian's tokenizer ends them)."""
+def build_t5(s: ModelShape, folder: Path, seed: int = 0) -> list[str]:
+    return same_model_t5.build_checkpoint(folder, sentences(WORDS, 64), **asdict(s), seed=seed)
+
+
+FAMILIES = {
+    "marian": Family("marian", "Marian", build_checkpoint, EOS, lambda vocab: (UNK + 1, vocab - 1)),
+    "t5": Family(
+        "t5",
+        "T5 1.0 (t5-small's layout: ReLU, relative position buckets, tied head scaled)",
+        build_t5,
+        same_model_t5.EOS,
+        lambda vocab: (same_model_t5.UNK + 1, same_model_t5.pieces(vocab)),  # no sentinel or spare row
+    ),
+}
+
+
+def source_ids(
+    vocab: int, batches: Sequence[int], src_len: int, seed: int = 0, family: str = "marian"
+) -> dict[int, list[list[int]]]:
+    """Per batch size, sentences of src_len ids: random ordinary tokens, then EOS (as Marian's and
+    T5's tokenizers end them)."""
+    f = FAMILIES[family]
+    low, high = f.ordinary(vocab)
     rng = np.random.default_rng(seed)
     out = {}
     for b in batches:
-        ids = rng.integers(UNK + 1, vocab - 1, size=(b, src_len - 1))
-        out[b] = np.concatenate([ids, np.full((b, 1), EOS)], axis=1).tolist()
+        ids = rng.integers(low, high, size=(b, src_len - 1))
+        out[b] = np.concatenate([ids, np.full((b, 1), f.eos)], axis=1).tolist()
     return out
 
 
@@ -227,7 +265,9 @@ def source_ids(vocab: int, batches: Sequence[int], src_len: int, seed: int = 0) 
 class Plan:
     """Written once by the parent, read by every runner: the same inputs, threads and timing rule."""
 
-    work: str  # the checkpoint is work/hf, the imported store work/store, CTranslate2's work/ct2, Optimum's work/onnx
+    # the checkpoint is work/hf (its tokens by id: work/tokens.json), the imported store work/store,
+    # CTranslate2's work/ct2, Optimum's work/onnx
+    work: str
     threads: int
     new_tokens: int
     beams: list[int]
@@ -254,15 +294,15 @@ Decode = Callable[[list[list[int]], int], list[list[int]]]  # (source ids, beam)
 
 
 def decode_ours(plan: Plan, variant: str) -> Decode:
-    from bench.engines import load_engine, newest
+    from bench.engines import newest
     from service import store
     from service.engine.decoding import DecodeParams
     from service.engine.runtime import LoadOptions
-    from service.engine.translator import TranslatorEngine
+    from service.engine.translator import load_translator
 
     entry = newest(store.scan(plan.folder / "store"))[NAME]
-    engine = load_engine(entry, LoadOptions(providers=("cpu",), threads=plan.threads, variant=variant))
-    assert isinstance(engine, TranslatorEngine)
+    # the sequence-to-sequence engine whatever task the import published it as (translation, text-to-text)
+    engine = load_translator(entry, LoadOptions(providers=("cpu",), threads=plan.threads, variant=variant))
 
     def decode(src: list[list[int]], beam: int) -> list[list[int]]:
         hyps = engine.translate_ids(src, DecodeParams(beam_size=beam, max_new_tokens=plan.new_tokens))
@@ -271,13 +311,20 @@ def decode_ours(plan: Plan, variant: str) -> Decode:
     return decode
 
 
+def check_ct2_vocabulary(tokens: Sequence[str], converted: Sequence[str]) -> None:
+    """CTranslate2's vocabulary must name every id as the checkpoint does, up to one it leaves out or
+    adds: Marian's converter drops <pad> (the last id: its decoder starts from a zero embedding);
+    T5's names the spare rows past the tokenizer (<extra_id_0..27> again). Neither row ever wins."""
+    common = min(len(tokens), len(converted))
+    if list(converted[:common]) != list(tokens[:common]) or common < len(tokens) - 1:
+        raise RuntimeError("CTranslate2's vocabulary does not begin with the checkpoint's tokens")
+
+
 def decode_ct2(plan: Plan, compute_type: str, workers: bool) -> Decode:
     import ctranslate2
 
-    tokens = list(json.loads((plan.folder / "hf" / "vocab.json").read_text()))
-    converted = json.loads((plan.folder / "ct2" / "shared_vocabulary.json").read_text())
-    if converted != tokens[:-1]:  # the converter drops <pad>: Marian's decoder starts from a zero embedding
-        raise RuntimeError("CTranslate2's vocabulary is not the checkpoint's without <pad>")
+    tokens = json.loads((plan.folder / "tokens.json").read_text())
+    check_ct2_vocabulary(tokens, json.loads((plan.folder / "ct2" / "shared_vocabulary.json").read_text()))
     index = {t: i for i, t in enumerate(tokens)}
     translator = ctranslate2.Translator(
         str(plan.folder / "ct2"),
@@ -335,10 +382,10 @@ def decode_optimum(plan: Plan) -> Decode:
 
 def decode_hf(plan: Plan) -> Decode:
     import torch
-    from transformers import MarianMTModel
+    from transformers import AutoModelForSeq2SeqLM
 
     torch.set_num_threads(plan.threads)
-    model = MarianMTModel.from_pretrained(plan.folder / "hf").eval()
+    model = AutoModelForSeq2SeqLM.from_pretrained(plan.folder / "hf").eval()
     return partial(_generate, model, plan)
 
 
@@ -361,7 +408,9 @@ PACKAGES = {
 
 
 def run_tool(tool: str, plan: Plan) -> dict[str, object]:
-    """One tool's cases in this (fresh) process: the generated ids of each, then its timing."""
+    """One tool's cases in this (fresh) process: each timed, with the ids its last call generated
+    (rounds check them alike) and the CPU seconds this process used per call (its threads' work,
+    spinning included: on a shared machine the wall time also counts the others' turns)."""
     from importlib.metadata import version
 
     t0 = time.perf_counter()
@@ -370,10 +419,16 @@ def run_tool(tool: str, plan: Plan) -> dict[str, object]:
     cases = []
     for beam in plan.beams:
         for b, src in plan.sources.items():
-            fn = partial(decode, src, beam)
-            ids = fn()
-            sec, runs, others = measure(fn, plan.timing, plan.retries)
-            cases.append({"batch": b, "beam": beam, "ids": ids, "seconds": sec, "runs": runs, "others_cpu": others})
+            last: list[list[list[int]]] = []
+
+            def call(src: list[list[int]] = src, beam: int = beam, last: list[list[list[int]]] = last) -> None:
+                last.append(decode(src, beam))
+
+            cpu0 = own_cpu_seconds()
+            sec, runs, others = measure(call, plan.timing, plan.retries)
+            cpu = (own_cpu_seconds() - cpu0) / len(last)
+            case = {"batch": b, "beam": beam, "ids": last[-1], "seconds": sec, "runs": runs, "others_cpu": others}
+            cases.append(case | {"cpu_seconds": cpu})
     family = tool.split("-")[0]
     return {
         "tool": tool,
@@ -407,11 +462,11 @@ def default_optimum_path() -> Path | None:
     return path if path.is_dir() else None
 
 
-def prepare(s: ModelShape, work: Path, tools: Sequence[str], optimum_path: Path | None) -> None:
+def prepare(s: ModelShape, work: Path, tools: Sequence[str], optimum_path: Path | None, family: Family) -> None:
     """The checkpoint, then each tool's own form of it made by the tool's own command (side by side:
     nothing is timed yet)."""
     t0 = time.perf_counter()
-    build_checkpoint(s, work / "hf")
+    (work / "tokens.json").write_text(json.dumps(family.build(s, work / "hf"), ensure_ascii=False))
     hf, families = str(work / "hf"), {t.split("-")[0] for t in tools}
     steps: dict[str, tuple[list[str], dict[str, str]]] = {}
     if "ours" in families:
@@ -511,10 +566,12 @@ def run(
     work: Path,
     tools: Sequence[str] = TOOLS,
     optimum_path: Path | None = None,
+    family: str = "marian",
 ) -> dict[str, object]:
     """The section's results: checkpoint, agreement, per (tool, batch, beam) the median over rounds."""
-    prepare(s, work, tools, optimum_path)
-    plan = Plan(str(work), threads, new_tokens, list(beams), source_ids(s.vocab, batches, src_len), timing, retries)
+    prepare(s, work, tools, optimum_path, FAMILIES[family])
+    sources = source_ids(s.vocab, batches, src_len, family=family)
+    plan = Plan(str(work), threads, new_tokens, list(beams), sources, timing, retries)
     plan.save(work / "plan.json")
     samples: dict[tuple[str, int, int], list[dict[str, object]]] = {}
     versions: dict[str, dict[str, str]] = {}
@@ -537,7 +594,7 @@ def run(
                 what = "greedy" if c["beam"] == 1 else f"beam {c['beam']}"
                 print(
                     f"  {o['tool']:<12} batch {c['batch']:>3} {what:<7}: {c['seconds'] * 1e3:9.2f} ms "
-                    f"({c['runs']} runs){flag(c['others_cpu'])}",
+                    f"({c['runs']} runs, {c['cpu_seconds']:.2f} CPU s a call){flag(c['others_cpu'])}",
                     flush=True,
                 )
     rows = []
@@ -552,19 +609,23 @@ def run(
                 "seconds": sec,
                 "tokens_per_s": b * new_tokens / sec,
                 "round_seconds": [c["seconds"] for c in cs],
+                "cpu_seconds": statistics.median(float(c["cpu_seconds"]) for c in cs),  # type: ignore[arg-type]
                 "others_cpu": statistics.median(shares) if shares else None,
             }
         )
     distinct = [len(set(r)) for (_, beam), rs in first[tools[0]].items() if beam == 1 for r in rs]
     return {
+        "family": family,
         "shape": asdict(s),
         "src_len": src_len,
         "new_tokens": new_tokens,
         "threads": threads,
         "tools": list(tools),
         "rounds": rounds,
-        "method": "one random-weight MarianMTModel checkpoint; each tool alone in a fresh process of its own, one "
-        "after another, the same source ids, thread count, batch and beam sizes and exactly new_tokens new tokens; "
+        "method": f"one random-weight {FAMILIES[family].title} checkpoint; each tool alone in a fresh process of its "
+        "own, one after another, the same source ids, thread count, batch and beam sizes and exactly new_tokens new "
+        "tokens (EOS never wins: its embedding row is zero; transformers min_new_tokens = max_new_tokens, "
+        "CTranslate2 min_decoding_length = max_decoding_length, this engine max_new_tokens); "
         "warm-up, then the median of timed runs; repeated for each round, the median over rounds reported; greedy "
         "tokens of the fp32 tools checked identical before any speed is printed",
         "threading": {
@@ -600,7 +661,8 @@ def markdown(section: dict[str, object], cpu: str, cores: int | None) -> str:
     tools: list[str] = section["tools"]  # type: ignore[assignment]
     how = [v for k, v in HOW.items() if any(t.split("-")[0] == k for t in tools)]
     out = [
-        f"Same model, every tool: one random-weight Marian checkpoint (d_model {s.d_model}, {s.heads} heads, "
+        f"Same model, every tool: one random-weight {FAMILIES[str(section.get('family', 'marian'))].title} "
+        f"checkpoint (d_model {s.d_model}, {s.heads} heads, "
         f"FFN {s.ffn}, {s.enc_layers}+{s.dec_layers} layers, vocabulary {s.vocab}) {', '.join(how)}. Greedy tokens "
         f"identical across {', '.join(section['greedy_identical'])} (checked before timing); "  # type: ignore[arg-type]
         f"{section['src_len']} source and {section['new_tokens']} new tokens per sentence.",
@@ -624,6 +686,8 @@ def markdown(section: dict[str, object], cpu: str, cores: int | None) -> str:
             cells.append(f"{r['tokens_per_s']:,.0f}{ratio}{dagger}")
         out.append(f"| {LABELS[tool].format(t=threads)} | " + " | ".join(cells) + " |")
     out += layout_ratios(rows)
+    if threads == 1:
+        out += cpu_ratios(rows)
     out += agreement_notes(section)
     threading: dict[str, str] = section["threading"]  # type: ignore[assignment]
     out += ["", "Threads: " + "; ".join(f"{t}: {v}" for t, v in threading.items() if t in tools) + "."]
@@ -668,6 +732,23 @@ def layout_ratios(rows: list[dict]) -> list[str]:
                 cells.append(f"{name(beam, b)} {i / f:.2f}×")
         if cells:
             out.append(f"int8 ÷ fp32, {label}: " + ", ".join(cells) + ".")
+    return ["", " ".join(out)] if out else []
+
+
+def cpu_ratios(rows: list[dict]) -> list[str]:
+    """On one thread the CPU seconds a process used per call are its work, however busy the machine
+    was (no thread waits for another): this engine ÷ CTranslate2 in calls per CPU second, per precision."""
+    cpu = {(r["tool"], r["batch"], r["beam"]): r.get("cpu_seconds") for r in rows}
+    cases = sorted({(r["beam"], r["batch"]) for r in rows})
+    out = []
+    for precision, ours, theirs in (("fp32", "ours", "ct2"), ("int8", "ours-int8", "ct2-int8")):
+        cells = [
+            f"{'greedy' if beam == 1 else f'beam {beam}'} b{b} {t / m:.2f}×"
+            for beam, b in cases
+            if (m := cpu.get((ours, b, beam))) and (t := cpu.get((theirs, b, beam)))
+        ]
+        if cells:
+            out.append(f"This engine ÷ CTranslate2 in CPU seconds a call, {precision}: " + ", ".join(cells) + ".")
     return ["", " ".join(out)] if out else []
 
 

@@ -3,9 +3,12 @@ report (a diff, no speed) while beam and int8 differences are only counted."""
 
 from __future__ import annotations
 
-import pytest
+from pathlib import Path
 
-from bench import same_model
+import pytest
+import transformers
+
+from bench import same_model, same_model_t5
 from bench.same_model import TokensDiffer, compare, vocabulary
 
 
@@ -86,3 +89,43 @@ def test_layout_ratios_take_ctranslate2s_faster_layout_per_case() -> None:
     assert "This engine ÷ the faster CTranslate2 layout, int8: greedy b32 0.50×." in text
     assert "int8 ÷ fp32, this engine: greedy b32 2.00×." in text
     assert "int8 ÷ fp32, CTranslate2 (faster layouts): greedy b32 3.20×." in text
+
+
+def test_t5_source_ids_hold_ordinary_pieces_only() -> None:
+    vocab = 32128
+    sources = same_model.source_ids(vocab, [4], 400, family="t5")
+    for row in sources[4]:
+        assert len(row) == 400 and row[-1] == same_model_t5.EOS
+        # never <pad>, </s> or <unk> inside, nor a sentinel (32000..32099) or a spare row (32100..)
+        assert all(same_model_t5.UNK < t < 32000 for t in row[:-1])
+
+
+def test_t5_tokenizer_has_t5_smalls_layout(tmp_path: Path) -> None:
+    size = same_model_t5.write_tokenizer(tmp_path, same_model.sentences(same_model.WORDS, 64), vocab=328)
+    assert size == 328 - same_model_t5.SPARE_ROWS  # pieces, then 100 sentinels; 28 spare rows past them
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
+    assert tok.convert_ids_to_tokens([0, 1, 2, 299, 200]) == ["<pad>", "</s>", "<unk>", "<extra_id_0>", "<extra_id_99>"]
+    text = "the small cat sees the window"
+    assert tok.decode(tok(text).input_ids, skip_special_tokens=True) == text  # the fillers tokenize nothing
+
+
+def test_ct2_vocabulary_may_drop_or_add_one_rows_kind_only() -> None:
+    tokens = ["</s>", "<unk>", "▁a", "<pad>"]
+    same_model.check_ct2_vocabulary(tokens, tokens[:-1])  # Marian's converter drops <pad>
+    same_model.check_ct2_vocabulary(tokens, [*tokens, "<extra_id_0>"])  # T5's names the spare rows again
+    for wrong in (tokens[:-2], ["</s>", "▁a", "<unk>", "<pad>"]):
+        with pytest.raises(RuntimeError, match="does not begin with"):
+            same_model.check_ct2_vocabulary(tokens, wrong)
+
+
+def test_cpu_ratios_compare_calls_per_cpu_second_at_each_precision() -> None:
+    rows = [
+        {"tool": "ours", "batch": 1, "beam": 1, "cpu_seconds": 2.0},
+        {"tool": "ct2", "batch": 1, "beam": 1, "cpu_seconds": 3.0},
+        {"tool": "ours-int8", "batch": 1, "beam": 1, "cpu_seconds": 2.0},
+        {"tool": "ct2-int8", "batch": 1, "beam": 1, "cpu_seconds": 1.0},
+        {"tool": "ours", "batch": 32, "beam": 4, "cpu_seconds": 4.0},  # CTranslate2 lacks this case: no cell
+    ]
+    text = " ".join(same_model.cpu_ratios(rows))
+    assert "CPU seconds a call, fp32: greedy b1 1.50×." in text
+    assert "CPU seconds a call, int8: greedy b1 0.50×." in text
