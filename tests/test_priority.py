@@ -68,13 +68,22 @@ def test_onnx_runtime_workers_inherit_the_priority_of_the_thread_creating_the_se
     before = _threads()
     with ThreadPoolExecutor(1, "loader", lower_priority) as pool:
         pool.submit(load).result()
-    policies = [p for t in _threads() - before if (p := _policy_of(t)) is not None]
+    policies = [p for t, _ in _threads() - before if (p := _policy_of(t)) is not None]
     assert len(policies) >= 2  # the session's pool (the loader thread itself has ended)
     assert set(policies) == {os.SCHED_IDLE}
 
 
-def _threads() -> set[int]:
-    return {int(t) for t in os.listdir("/proc/self/task")}
+def _threads() -> set[tuple[int, int]]:
+    """The process's threads as (id, start time): a thread id freed by another test's thread may be
+    given again to a new one (ids wrap at pid_max), which its start time tells apart."""
+    out = set()
+    for t in os.listdir("/proc/self/task"):
+        try:
+            stat = Path(f"/proc/self/task/{t}/stat").read_text()
+        except FileNotFoundError:  # ended since it was listed
+            continue
+        out.add((int(t), int(stat.rsplit(")", 1)[1].split()[19])))  # field 22, starttime
+    return out
 
 
 def _policy_of(thread: int) -> int | None:
