@@ -358,5 +358,7 @@ def test_completions_draw_best_of_and_repeat_a_greedy_output(server: Server) -> 
     assert [c.text for c in best.choices] == [drawn.choices[k].text for k in (0, 1, 4, 5)]
     assert best.usage is not None and drawn.usage is not None
     assert best.usage.completion_tokens == drawn.usage.completion_tokens  # all four draws were generated
+    wide = client.completions.create(model="bart-cnn", prompt=DOCS[0], n=6, extra_body={"use_beam_search": True})
+    assert len(wide.choices) == 6  # wider than the model's beams: n beams
     greedy = client.completions.create(model="bart-cnn", prompt=DOCS[0], temperature=0, n=3)
     assert len({c.text for c in greedy.choices}) == 1 and [c.index for c in greedy.choices] == [0, 1, 2]

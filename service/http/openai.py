@@ -36,7 +36,7 @@ from service.settings import Settings
 from service.tasks import registry
 from service.tasks.base import INTEGRAL, ModelName, ResponseModel, StrictModel, Task, Work
 from service.tasks.deltas import Delta, text_deltas, usage
-from service.tasks.options import MAX_BEAM_SIZE, MAX_NEW_TOKENS
+from service.tasks.options import DEFAULT_BEAM_SIZE, MAX_BEAM_SIZE, MAX_NEW_TOKENS
 from service.tasks.seq2seq import Done, Seq2SeqTask
 from service.validation import describe_validation
 
@@ -168,6 +168,8 @@ class CompletionRequest(StrictModel):
             out["decode"] = "beam"
             if self.best_of is not None:
                 out["beam_size"] = self.best_of
+            elif self.n > DEFAULT_BEAM_SIZE:  # the model's own width holds up to that many; wider, n beams
+                out["beam_size"] = self.n
             if self.length_penalty is not None:
                 out["length_penalty"] = self.length_penalty
             if self.n > 1:
