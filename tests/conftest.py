@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -126,6 +128,18 @@ def tiny_store(
     mt = ExportOptions("tiny-mt", 1, variants=variants, source_language="en", target_language="de", figures=(curves,))
     export_model(tiny_translator, tiny_tokenizer, store, mt, validation_texts=texts, log=lambda _: None)
     return store
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """Headless Chromium for one test module's page tests (`tests.browser`; `make browser` installs it)."""
+    from tests.browser import start_chromium  # selenium: only for the tests that ask for a browser
+
+    driver = start_chromium(tmp_path_factory.mktemp("chromium"))
+    try:
+        yield driver
+    finally:
+        driver.quit()
 
 
 def corrupt_copy(tiny_store: Path, into: Path) -> Path:

@@ -18,7 +18,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
 from service.http import page
-from tests.browser import by_id, screenshot, severe, start_chromium, type_into, wait_for
+from tests.browser import by_id, screenshot, severe, type_into, wait_for
 from tests.conftest import CHECKED_TEXTS
 from tests.helpers import Server, run_server
 from tests.tiny import expected_label, expected_translation
@@ -33,15 +33,6 @@ def server(tiny_store: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     log = tmp_path_factory.mktemp("page") / "server.log"
     with run_server(tiny_store, log, max_text_chars=str(MAX_TEXT_CHARS)) as s:
         yield s
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
-    driver = start_chromium(tmp_path_factory.mktemp("chromium"))
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def painted(driver: WebDriver, testid: str) -> bool:

@@ -18,7 +18,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 
 from export.import_hf import ImportOptions, import_checkpoint
-from tests.browser import by_id, screenshot, severe, start_chromium, type_into, wait_for
+from tests.browser import by_id, screenshot, severe, type_into, wait_for
 from tests.helpers import Server, run_server
 from tests.hf_checkpoints import Checkpoint, build
 
@@ -42,15 +42,6 @@ def server(
         import_checkpoint(folder, store, ImportOptions(name=name, prefix=prefix), log=lambda _: None)
     with run_server(store, tmp_path_factory.mktemp("log") / "server.log") as running:
         yield running
-
-
-@pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WebDriver]:
-    driver = start_chromium(tmp_path_factory.mktemp("chromium"))
-    try:
-        yield driver
-    finally:
-        driver.quit()
 
 
 def open_card(browser: WebDriver, server: Server) -> Select:

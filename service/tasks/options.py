@@ -143,7 +143,7 @@ def sentence_seed(seed: int | None, sentence: int) -> int:
     return int.from_bytes(hashlib.sha256(f"{base}:{sentence}".encode()).digest()[:8], "big") >> 1
 
 
-class Seq2SeqRequest(TextsRequest):
+class Seq2SeqRequest(TextsRequest, SearchOptions):
     """What every sequence-to-sequence REST body has besides its texts and options: scores, its
     own deadline, a stream (one output per text)."""
 
@@ -151,10 +151,22 @@ class Seq2SeqRequest(TextsRequest):
     timeout_ms: Annotated[int, Field(ge=1, le=3_600_000), INTEGRAL] | None = Field(
         default=None, description="this request's deadline; the server's is the upper bound"
     )
+    stream: bool = Field(
+        default=False,
+        description="answer text/event-stream: per text its output as deltas, a last event with its "
+        "finish_reason (and score), then [DONE]; one output per text (not num_hypotheses > 1, nor attention)",
+    )
 
     @property
     def timeout_s(self) -> float | None:
         return self.timeout_ms / 1000 if self.timeout_ms is not None else None
+
+    @property
+    def streamed(self) -> bool:
+        return self.stream
+
+    def stream_conflicts(self) -> list[str]:
+        return ["num_hypotheses"] if self.num_hypotheses > 1 else []
 
 
 class ScoredText(ResponseModel):

@@ -53,18 +53,6 @@ class GenerateRequest(Seq2SeqRequest, GenerateOptions):
 
     texts: list[str] = Field(min_length=1, description="input texts, each read whole (after the model's prefix)")
     model: ModelName | None = Field(default=None, description="model name; default: the only (or default) one")
-    stream: bool = Field(
-        default=False,
-        description="answer text/event-stream: per text its output as deltas, a last event with its "
-        "finish_reason (and score), then [DONE]; not with num_hypotheses > 1",
-    )
-
-    @property
-    def streamed(self) -> bool:
-        return self.stream
-
-    def stream_conflicts(self) -> list[str]:
-        return ["num_hypotheses"] if self.num_hypotheses > 1 else []
 
 
 class Generation(ResponseModel):

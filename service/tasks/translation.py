@@ -75,22 +75,9 @@ class TranslateRequest(AttentionRequest, Seq2SeqRequest, DecodeOptions):
     return_attention: bool = Field(
         default=False, description="cross-attention of the best hypothesis, per sentence (one text per request)"
     )
-    stream: bool = Field(
-        default=False,
-        description="answer text/event-stream: per text its final text as deltas, a last event with its "
-        "finish_reason (and score), then [DONE]; not with num_hypotheses > 1 or return_attention",
-    )
-
-    @property
-    def streamed(self) -> bool:
-        return self.stream
 
     def stream_conflicts(self) -> list[str]:
-        return [
-            name
-            for name, on in (("num_hypotheses", self.num_hypotheses > 1), ("return_attention", self.return_attention))
-            if on
-        ]
+        return [*super().stream_conflicts(), *(["return_attention"] if self.return_attention else [])]
 
 
 class CrossAttention(ResponseModel):
