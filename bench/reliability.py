@@ -1077,10 +1077,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.client_cpus and hasattr(os, "sched_setaffinity"):
-        cpus = {int(c) for c in args.client_cpus.split(",") if int(c) < (os.cpu_count() or 1)}
-        if cpus:
-            os.sched_setaffinity(0, cpus)
+    serverproc.pin_self(args.client_cpus)
     log = Path(tempfile.mkdtemp(prefix="reliability-")) / "server.log"
     report: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),

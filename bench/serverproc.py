@@ -116,3 +116,12 @@ def running(
         yield server
     finally:
         stop(server)
+
+
+def pin_self(cpus: str) -> None:
+    """This process (the load generator) on `cpus` ("1", "1,3"), those the machine has; '' or none: unpinned."""
+    if not cpus or not hasattr(os, "sched_setaffinity"):
+        return
+    chosen = {int(c) for c in cpus.split(",") if int(c) < (os.cpu_count() or 1)}
+    if chosen:
+        os.sched_setaffinity(0, chosen)

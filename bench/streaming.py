@@ -490,10 +490,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.client_cpus and hasattr(os, "sched_setaffinity"):
-        cpus = {int(c) for c in args.client_cpus.split(",") if int(c) < (os.cpu_count() or 1)}
-        if cpus:
-            os.sched_setaffinity(0, cpus)
+    serverproc.pin_self(args.client_cpus)
     sets = {"test split": test_split(args.data_dir), "fidelity set": fidelity_set()} if args.equality else {}
     log = Path(tempfile.mkdtemp(prefix="streaming-")) / "server.log"
     report: dict[str, Any] = {

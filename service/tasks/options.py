@@ -169,6 +169,14 @@ class Seq2SeqRequest(TextsRequest, SearchOptions):
         return ["num_hypotheses"] if self.num_hypotheses > 1 else []
 
 
+TEXT_EVENTS_DOC = """With "stream": true, Server-Sent Events: `data: {"index": i, "text": "<delta>"}` as text
+i's output grows (its deltas joined are the text answered without stream), `data: {"index": i,
+"text": "", "finish_reason": ..., "score"?: ...}` once text i is complete, then `data: [DONE]`. An
+error after the first event is `data: {"error": ..., "type": ...}`, then the stream ends; before it,
+the JSON error and its status."""
+"""A sequence-to-sequence REST stream's events (`text_events`), for the API document."""
+
+
 class ScoredText(ResponseModel):
     text: str
     score: float

@@ -18,6 +18,7 @@ from service.engine.translator import TranslatorEngine
 from service.tasks.base import ModelName, OutputTensor, ResponseModel, TensorSpec, Work
 from service.tasks.deltas import text_deltas
 from service.tasks.options import (
+    TEXT_EVENTS_DOC,
     ScoredText,
     SearchOptions,
     Seq2SeqRequest,
@@ -77,11 +78,7 @@ class Text2TextTask(Seq2SeqTask[GenerateRequest, list[list[Generated]]]):
     Options = GenerateOptions
     Request = GenerateRequest
     Response = GenerateResponse
-    rest_events_doc = """With "stream": true, Server-Sent Events: `data: {"index": i, "text": "<delta>"}` as text
-    i's output grows (its deltas joined are the text answered without stream), `data: {"index": i,
-    "text": "", "finish_reason": ..., "score"?: ...}` once text i is complete, then `data: [DONE]`. An
-    error after the first event is `data: {"error": ..., "type": ...}`, then the stream ends; before it,
-    the JSON error and its status."""
+    rest_events_doc = TEXT_EVENTS_DOC
 
     @staticmethod
     def plug_in(engine: TranslatorEngine) -> Preparation[Any]:

@@ -32,6 +32,7 @@ from service.tasks.base import (
 )
 from service.tasks.deltas import text_deltas
 from service.tasks.options import (
+    TEXT_EVENTS_DOC,
     ScoredText,
     SearchOptions,
     Seq2SeqRequest,
@@ -126,11 +127,7 @@ class TranslationTask(Seq2SeqTask[TranslateRequest, Translated]):
     Options = DecodeOptions
     Request = TranslateRequest
     Response = TranslateResponse
-    rest_events_doc = """With "stream": true, Server-Sent Events: `data: {"index": i, "text": "<delta>"}` as text
-    i's output grows (its deltas joined are the text answered without stream), `data: {"index": i,
-    "text": "", "finish_reason": ..., "score"?: ...}` once text i is complete, then `data: [DONE]`. An
-    error after the first event is `data: {"error": ..., "type": ...}`, then the stream ends; before it,
-    the JSON error and its status."""
+    rest_events_doc = TEXT_EVENTS_DOC
 
     def __init__(self, entry: StoreEntry, engine: TranslatorEngine, context: TaskContext) -> None:
         super().__init__(entry, engine, context)
