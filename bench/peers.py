@@ -284,20 +284,36 @@ def warm(s: Served, path: str, bodies: Sequence[dict[str, Any]], args: argparse.
     wrk_result(wrk(s.url, path, bodies, 8, min(args.seconds, 3.0), args.client_cpus))
 
 
+def compute_seconds(s: Served) -> float | None:
+    """The project's model compute time so far (`inference_compute_seconds_sum`, every stage);
+    None for a peer (no such metric)."""
+    if s.group:
+        return None
+    text = httpx.get(s.url + "/metrics", timeout=30).text
+    lines = text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("inference_compute_seconds_sum"))
+
+
 def cell(s: Served, path: str, bodies: Sequence[dict[str, Any]], conns: int, args: argparse.Namespace, **kw) -> dict:
-    """One closed-loop wrk run: requests/s, p50/p99, answers other than 200, CPU s per request."""
-    cpu = group_cpu(s.pid, s.group)
+    """One closed-loop wrk run: requests/s, p50/p99, answers other than 200; the server's CPU ms
+    per request and (the project) its model compute ms per request: the rest is its HTTP path,
+    scheduling and tokenization."""
+    cpu, compute = group_cpu(s.pid, s.group), compute_seconds(s)
     r = wrk_result(wrk(s.url, path, bodies, conns, args.seconds, args.client_cpus, **kw))
-    used = group_cpu(s.pid, s.group) - cpu
+    used, computed = group_cpu(s.pid, s.group) - cpu, compute_seconds(s)
     bad = sum(int(n) for code, n in r["codes"].items() if code != "200") + int(r["socket_errors"])
-    return {
+    n = max(1, r["requests"])
+    out = {
         "per_s": r["per_s"],
         "p50_ms": r["p50_ms"],
         "p99_ms": r["p99_ms"],
         "requests": r["requests"],
         "failed": bad,
-        "cpu_ms_per_request": 1000 * used / max(1, r["requests"]),
+        "cpu_ms_per_request": 1000 * used / n,
     }
+    if compute is not None and computed is not None:
+        out["compute_ms_per_request"] = 1000 * (computed - compute) / n
+    return out
 
 
 def settle(url: str) -> None:
@@ -526,8 +542,11 @@ def translation_table(r: dict[str, Any], precision: str, engine: dict[str, float
 
 def cpu_line(p: dict[str, Any], q: dict[str, Any]) -> str:
     keys = [k for k, v in p.items() if isinstance(v, dict) and "cpu_ms_per_request" in v]
-    cells = [f"{k} {p[k]['cpu_ms_per_request']:.1f} / {q[k]['cpu_ms_per_request']:.1f}" for k in keys]
-    return "Server CPU ms per answered request, project / peer: " + ", ".join(cells) + "."
+    cells = []
+    for k in keys:
+        inside = f" ({p[k]['compute_ms_per_request']:.1f} in the model)" if "compute_ms_per_request" in p[k] else ""
+        cells.append(f"{k} {p[k]['cpu_ms_per_request']:.1f}{inside} / {q[k]['cpu_ms_per_request']:.1f}")
+    return "Server CPU ms per answered request, project (its model compute) / peer: " + ", ".join(cells) + "."
 
 
 def classification_table(r: dict[str, Any]) -> list[str]:
