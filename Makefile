@@ -104,15 +104,15 @@ bench-peers: $(VENV)/.bench-installed $(INFINITY_VENV)/.installed
 	$(PYTHON) -m bench.peers $(PEERS_ARGS)
 
 # Infinity in a virtual environment of its own: it needs numpy<2 and older uvicorn, click and huggingface_hub
-# than the project's. Optimum below 2: with Optimum 2 (what infinity-emb[optimum] resolves to) Infinity 0.0.78
-# cannot optimize its ONNX graph. torch<2.14: the CPU wheel where one is at hand (INFINITY_PIP_ARGS: e.g. a
-# CPU-only wheel index), else PyPI's.
+# than the project's. torch<2.14: the CPU wheel where one is at hand (INFINITY_PIP_ARGS: e.g. a CPU-only
+# wheel index), else PyPI's. Optimum resolves to 2.x, whose API Infinity 0.0.78 predates (bench/peers.py
+# says what that changes); Optimum 1.x does not import with torch 2.13.
 bench-infinity-venv: $(INFINITY_VENV)/.installed
 $(INFINITY_VENV)/.installed:
 	$(PY) -m venv $(INFINITY_VENV) || python3 -m venv $(INFINITY_VENV)
 	$(INFINITY_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(INFINITY_VENV)/bin/python -m pip install --quiet 'infinity-emb[server,torch,optimum]==0.0.78' \
-		'optimum[onnxruntime]<2' 'torch<2.14' $(INFINITY_PIP_ARGS)
+	$(INFINITY_VENV)/bin/python -m pip install --quiet 'infinity-emb[server,torch,optimum]==0.0.78' 'torch<2.14' \
+		$(INFINITY_PIP_ARGS)
 	touch $@
 
 # Rolling update through HAProxy (bench/rolling.py): two replicas replaced in turn under mixed load,

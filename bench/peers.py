@@ -16,12 +16,12 @@ A report, not a test. Issue 70's peers, each fed the same requests by the same l
   saved by transformers with a WordPiece tokenizer trained here, imported by `export.import_hf` for
   the project (`/predict`, `/rerank`), exported to ONNX by Optimum (`optimum-cli export onnx`) for
   **Infinity** (`infinity_emb v2 --engine optimum`: its ONNX backend, `/classify`, `/rerank`), which
-  runs from its own virtual environment (`make bench-infinity-venv`: `--infinity`).
+  runs from its own virtual environment (`make bench-infinity-venv`; `--no-infinity` leaves it out).
 
 Each server runs alone, pinned to `--server-cpus` with `--threads` threads (the project's engine
-threads; CTranslate2's `intra_threads`; Infinity: its ONNX Runtime session under the same CPU set,
-OMP_NUM_THREADS the same), the load generator (`wrk`; the open-loop overload: `bench.loadgen` in
-this process) pinned to `--client-cpus`. The cells:
+threads; CTranslate2's `intra_threads`; Infinity's ONNX Runtime intra-op threads, which it does not
+expose, set by `bench/peer_infinity/sitecustomize.py`), the load generator (`wrk`; the open-loop
+overload: `bench.loadgen` in this process) pinned to `--client-cpus`. The cells:
 
 1. `/translate` one sentence a request, greedy and beam 4, at 1 / 8 / 32 closed-loop connections:
    requests/s, p50, p99;
@@ -252,12 +252,18 @@ def infinity(model: Path, args: argparse.Namespace, log: Path) -> Iterator[Serve
     globbed, which Optimum 2 (what `infinity-emb[optimum]` installs) only finds when it is relative
     to the model folder ("Could not find any ONNX files with target file name DIR/model.onnx").
     Without its start-up warm-up: that runs texts of 512 words, which its ONNX classifier does not
-    truncate (an ONNX Runtime broadcast error past the 512 positions); `warm` warms it instead."""
+    truncate (an ONNX Runtime broadcast error past the 512 positions); `warm` warms it instead.
+    Its own graph optimization fails with Optimum 2 ("OptimizationConfig.__init__() got an
+    unexpected keyword argument 'optimize_with_onnxruntime_only'"; Optimum 1.x, which it was written
+    for, does not import with torch 2.13): it serves the exported graph as ONNX Runtime optimizes it
+    at load (every level, the attention, GELU and layer-norm fusions included)."""
     env = same_model.offline_env() | {
         "HF_HUB_CACHE": str(model.parent / f"hf-cache-{model.name}"),  # its optimized graph, per model
         "INFINITY_ANONYMOUS_USAGE_STATS": "0",
         "DO_NOT_TRACK": "1",
         "OMP_NUM_THREADS": str(args.threads),
+        "BENCH_ORT_THREADS": str(args.threads),  # bench/peer_infinity/sitecustomize.py
+        "PYTHONPATH": str(ROOT / "bench" / "peer_infinity"),
     }
     cmd = ["taskset", "-c", args.server_cpus, str(INFINITY_VENV / "bin" / "infinity_emb"), "v2"]
     cmd += ["--model-id", ".", "--engine", "optimum", "--device", "cpu", "--batch-size", "32"]
@@ -546,7 +552,7 @@ def cpu_line(p: dict[str, Any], q: dict[str, Any]) -> str:
     for k in keys:
         inside = f" ({p[k]['compute_ms_per_request']:.1f} in the model)" if "compute_ms_per_request" in p[k] else ""
         cells.append(f"{k} {p[k]['cpu_ms_per_request']:.1f}{inside} / {q[k]['cpu_ms_per_request']:.1f}")
-    return "Server CPU ms per answered request, project (its model compute) / peer: " + ", ".join(cells) + "."
+    return "Server CPU ms per answered request, project (its model compute, wall) / peer: " + ", ".join(cells) + "."
 
 
 def classification_table(r: dict[str, Any]) -> list[str]:
