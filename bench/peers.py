@@ -354,7 +354,8 @@ def translation_cells(s: Served, args: argparse.Namespace) -> dict[str, Any]:
     check(s.url, "/translate", ONE["greedy"][0])
     warm(s, "/translate", MIX, args)
     settle(s.url)
-    out: dict[str, Any] = {}
+    answer = httpx.post(s.url + "/translate", json=translate(SHORT, "greedy"), timeout=120).json()
+    out: dict[str, Any] = {"greedy_texts": [t["text"] for t in answer["translations"]]}
     for decode in ("greedy", "beam"):
         for conns in args.connections:
             out[f"{decode}_{conns}"] = cell(s, "/translate", ONE[decode], conns, args)
@@ -541,7 +542,9 @@ def translation_table(r: dict[str, Any], precision: str, engine: dict[str, float
             f"(p50 {o['answered_p50_ms']:,.0f}, p99 {o['answered_p99_ms']:,.0f} ms); refused {o['refused']} "
             f"(p50 {o['refused_p50_ms']:.0f}, p99 {o['refused_p99_ms']:.0f} ms); timed out {o['timed_out']} | | | |"
         )
+    same = sum(a == b for a, b in zip(p["greedy_texts"], q["greedy_texts"], strict=True))
     lines.append("")
+    lines.append(f"Greedy translations of the {len(SHORT)} sentences, identical on both sides: {same}.")
     lines.append(cpu_line(p, q))
     return lines
 
