@@ -436,6 +436,54 @@ def engine_ratios(args: argparse.Namespace) -> dict[str, float]:
     return out
 
 
+def graph_speed(paths: dict[str, str], threads: int, batches: Sequence[int], seconds: float) -> dict[str, Any]:
+    """Rows/s of each classifier graph alone in ONNX Runtime (this process: run it pinned), the
+    same token ids (16 a row) on `threads` intra-op threads; the logits only."""
+    import numpy as np
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    out: dict[str, Any] = {}
+    for name, path in paths.items():
+        session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        wanted = {i.name for i in session.get_inputs()}
+        for b in batches:
+            ids = np.random.default_rng(b).integers(5, 400, size=(b, 16), dtype=np.int64)
+            feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), "token_type_ids": np.zeros_like(ids)}
+            feed = {k: v for k, v in feed.items() if k in wanted}
+            for _ in range(3):
+                session.run(["logits"], feed)
+            runs, t0 = 0, time.perf_counter()
+            while runs < 5 or time.perf_counter() - t0 < seconds:
+                session.run(["logits"], feed)
+                runs += 1
+            out[f"{name}_{b}"] = b * runs / (time.perf_counter() - t0)
+    return out
+
+
+def graph_ratios(args: argparse.Namespace) -> dict[str, float]:
+    """The project's classifier and cross-encoder graphs ÷ the ones Infinity serves (Optimum's
+    export), rows/s, each alone in a fresh process pinned to the server CPUs: `{model}_{batch}`."""
+    out: dict[str, float] = {}
+    for name in ("clf", "xenc"):
+        paths = {"project": str(args.work / f"store-{name}" / name / "1" / "model.onnx")}
+        paths["infinity"] = str(args.work / f"{name}-onnx" / "model.onnx")
+        code = (
+            "import json, sys; from bench.peers import graph_speed; "
+            f"print(json.dumps(graph_speed({paths!r}, {args.threads}, [1, 8, 32], {0.3 if args.smoke else 2.0})))"
+        )
+        cmd = ["taskset", "-c", args.server_cpus, sys.executable, "-c", code]
+        done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"graphs alone, {name}:\n{done.stderr[-3000:]}")
+        speed = json.loads(done.stdout.strip().splitlines()[-1])
+        for b in (1, 8, 32):
+            out[f"{name}_{b}"] = speed[f"project_{b}"] / speed[f"infinity_{b}"]
+            out[f"{name}_{b}_rows_per_s"] = speed[f"project_{b}"]
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # The run and its report
 # ---------------------------------------------------------------------------------------------
@@ -558,20 +606,32 @@ def cpu_line(p: dict[str, Any], q: dict[str, Any]) -> str:
     return "Server CPU ms per answered request, project (its model compute, wall) / peer: " + ", ".join(cells) + "."
 
 
-def classification_table(r: dict[str, Any]) -> list[str]:
+def graph_batch(cell: str) -> int:
+    """The measured batch nearest below the rows a cell's load can gather: texts × connections
+    (`classify_{texts}x_{connections}`; `rerank_{connections}`: 8 pairs a request), at most 32."""
+    parts = cell.split("_")
+    rows = 8 * int(parts[1]) if parts[0] == "rerank" else int(parts[1][:-1]) * int(parts[2])
+    return max(b for b in (1, 8, 32) if b <= min(rows, 32))
+
+
+def classification_table(r: dict[str, Any], graphs: dict[str, float]) -> list[str]:
     p, q = r["project"], r["peer"]
     lines = [
         f"**{'/predict against /classify' if 'classify_1x_1' in p else '/rerank, a query and 8 texts'}**: "
         f"the project against {r['peer_name']}.",
         "",
-        "| cell | project req/s; p50; p99 ms | peer | project ÷ peer: req/s; p99 |",
-        "|---|---:|---:|---:|",
+        "| cell | project req/s; p50; p99 ms | peer | project ÷ peer: req/s; p99 | graph alone |",
+        "|---|---:|---:|---:|---:|",
     ]
+    model = "clf" if "classify_1x_1" in p else "xenc"
     for k, a in p.items():
         b = q[k]
+        batch = graph_batch(k)
+        g = graphs.get(f"{model}_{batch}", float("nan"))
         lines.append(
             f"| {k} | {a['per_s']:,.1f}; {a['p50_ms']:.1f}; {a['p99_ms']:.1f} | {b['per_s']:,.1f}; {b['p50_ms']:.1f}; "
-            f"{b['p99_ms']:.1f} | {ratio(a['per_s'], b['per_s'])}; {ratio(a['p99_ms'], b['p99_ms'])} |"
+            f"{b['p99_ms']:.1f} | {ratio(a['per_s'], b['per_s'])}; {ratio(a['p99_ms'], b['p99_ms'])} | "
+            f"{g:.2f} (b{batch}) |"
         )
     lines += ["", cpu_line(p, q)]
     return lines
@@ -584,7 +644,7 @@ def markdown(results: dict[str, Any]) -> str:
         if name.startswith("translation"):
             lines += translation_table(r, name.split("-")[1], results["engine"], a["connections"])
         else:
-            lines += classification_table(r)
+            lines += classification_table(r, results["graphs"])
         lines.append("")
     bad = {
         f"{name} {side}": sum(c.get("failed", 0) for c in r[side].values() if isinstance(c, dict))
@@ -643,6 +703,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         + ", ".join(f"{k[6:]} {v:.2f}" for k, v in engine.items() if k.startswith("ratio")),
         flush=True,
     )
+    graphs = graph_ratios(args) if args.infinity else {}
+    if graphs:
+        cells = ", ".join(f"{k} {v:.2f}" for k, v in graphs.items() if not k.endswith("_per_s"))
+        print(f"classifier graphs alone, project ÷ Infinity's: {cells}", flush=True)
     comps = run(args, log)
     results: dict[str, Any] = {
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -652,6 +716,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "new_tokens": NEW_TOKENS,
         "engine": engine,
+        "graphs": graphs,
         "comparisons": comps,
     }
     results["markdown"] = markdown(results)
