@@ -413,7 +413,9 @@ def engine_ratios(args: argparse.Namespace) -> dict[str, float]:
     plan = same_model.Plan(str(args.work), args.threads, NEW_TOKENS, [1, 4], sources, timing, 0 if args.smoke else 2)
     plan.save(args.work / "plan.json")
     speed: dict[str, dict[tuple[int, int], float]] = {}
-    for tool in ("ours", "ct2", "ours-int8", "ct2-int8"):
+    pairs = [("fp32", "ours", "ct2"), ("int8", "ours-int8", "ct2-int8")]
+    pairs = [pair for pair in pairs if pair[0] in args.precisions]
+    for tool in (t for _, ours, ct2 in pairs for t in (ours, ct2)):
         cmd = ["taskset", "-c", args.server_cpus, sys.executable, "-m", "bench.same_model", "--run", tool]
         done = subprocess.run(
             [*cmd, "--plan", str(args.work / "plan.json")],
@@ -427,7 +429,7 @@ def engine_ratios(args: argparse.Namespace) -> dict[str, float]:
         cases = json.loads(done.stdout)["cases"]
         speed[tool] = {(c["beam"], c["batch"]): c["batch"] * NEW_TOKENS / c["seconds"] for c in cases}
     out: dict[str, float] = {}
-    for precision, ours, ct2 in (("fp32", "ours", "ct2"), ("int8", "ours-int8", "ct2-int8")):
+    for precision, ours, ct2 in pairs:
         for (beam, batch), mine in speed[ours].items():
             decode = "greedy" if beam == 1 else "beam"
             out[f"ratio_{precision}_{decode}_{batch}"] = mine / speed[ct2][(beam, batch)]
