@@ -95,7 +95,7 @@ bench-peer: $(VENV)/.bench-installed
 
 # Against the peers users pick (bench/peers.py): LitServe 0.2.19 + CTranslate2 (fp32 and int8) on one
 # imported Marian checkpoint, Infinity (its ONNX backend) on one BERT classifier and one cross-encoder;
-# each alone on the same CPU and threads (~15 min, an idle machine). Writes bench/results/peers.json.
+# each alone on the same CPU and threads (~12 min, an idle machine). Writes bench/results/peers.json.
 # Smoke run: $(PYTHON) -m bench.peers --smoke (Infinity: `make bench-infinity-venv` first, or --no-infinity)
 .PHONY: bench-peers bench-infinity-venv
 INFINITY_VENV := bench/.venv-infinity

@@ -1,6 +1,6 @@
 """The served path against the stacks users pick instead, on the same checkpoints (`make bench-peers`).
 
-    make bench-peers                  # every comparison, an idle machine (~15 min)
+    make bench-peers                  # every comparison, an idle machine (~12 min)
     python -m bench.peers --smoke     # tiny models, 1 s per cell: the wiring only
 
 A report, not a test. Issue 70's peers, each fed the same requests by the same load generator:
