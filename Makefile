@@ -93,6 +93,28 @@ bench-peer: $(VENV)/.bench-installed
 	@command -v wrk >/dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends wrk
 	$(PYTHON) -m bench.peer --store $(STORE) $(PEER_ARGS)
 
+# Against the peers users pick (bench/peers.py): LitServe 0.2.19 + CTranslate2 (fp32 and int8) on one
+# imported Marian checkpoint, Infinity (its ONNX backend) on one BERT classifier and one cross-encoder;
+# each alone on the same CPU and threads (~12 min, an idle machine). Writes bench/results/peers.json.
+# Smoke run: $(PYTHON) -m bench.peers --smoke (Infinity: `make bench-infinity-venv` first, or --no-infinity)
+.PHONY: bench-peers bench-infinity-venv
+INFINITY_VENV := bench/.venv-infinity
+bench-peers: $(VENV)/.bench-installed $(INFINITY_VENV)/.installed
+	@command -v wrk >/dev/null || DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends wrk
+	$(PYTHON) -m bench.peers $(PEERS_ARGS)
+
+# Infinity in a virtual environment of its own: it needs numpy<2 and older uvicorn, click and huggingface_hub
+# than the project's. torch<2.14: the CPU wheel where one is at hand (INFINITY_PIP_ARGS: e.g. a CPU-only
+# wheel index), else PyPI's. Optimum resolves to 2.x, whose API Infinity 0.0.78 predates (bench/peers.py
+# says what that changes); Optimum 1.x does not import with torch 2.13.
+bench-infinity-venv: $(INFINITY_VENV)/.installed
+$(INFINITY_VENV)/.installed:
+	$(PY) -m venv $(INFINITY_VENV) || python3 -m venv $(INFINITY_VENV)
+	$(INFINITY_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(INFINITY_VENV)/bin/python -m pip install --quiet 'infinity-emb[server,torch,optimum]==0.0.78' 'torch<2.14' \
+		$(INFINITY_PIP_ARGS)
+	touch $@
+
 # Rolling update through HAProxy (bench/rolling.py): two replicas replaced in turn under mixed load,
 # with SERVE_DRAIN_GRACE_S 0, 1 and 2; failures and p99 before/during/after. Writes
 # bench/results/rolling.json (~2 min, an idle machine). ROLLING_ARGS="--grace 2 --publish" also
