@@ -549,6 +549,13 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "–"
 
 
+def _latency_row(what: str, a: dict[str, Any], b: dict[str, Any], engine_ratio: float) -> str:
+    """A closed-loop cell: each side's requests/s, p50 and p99, project ÷ peer, the engines alone."""
+    sides = " | ".join(f"{x['per_s']:,.1f}; {x['p50_ms']:.0f}; {x['p99_ms']:.0f}" for x in (a, b))
+    ratios = "; ".join(ratio(a[k], b[k]) for k in ("per_s", "p50_ms", "p99_ms"))
+    return f"| {what}: req/s; p50; p99 ms | {sides} | {ratios} | {engine_ratio:.2f} |"
+
+
 def translation_table(r: dict[str, Any], precision: str, engine: dict[str, float], conns: Sequence[int]) -> list[str]:
     p, q = r["project"], r["peer"]
     lines = [
@@ -563,11 +570,7 @@ def translation_table(r: dict[str, Any], precision: str, engine: dict[str, float
             a, b = p[f"{decode}_{c}"], q[f"{decode}_{c}"]
             e = engine.get(f"ratio_{precision}_{decode}_{min(c, 32)}", float("nan"))
             what = "greedy" if decode == "greedy" else "beam 4"
-            lines.append(
-                f"| {what}, {c} conn.: req/s; p50; p99 ms | {a['per_s']:,.1f}; {a['p50_ms']:.0f}; {a['p99_ms']:.0f} | "
-                f"{b['per_s']:,.1f}; {b['p50_ms']:.0f}; {b['p99_ms']:.0f} | {ratio(a['per_s'], b['per_s'])}; "
-                f"{ratio(a['p50_ms'], b['p50_ms'])}; {ratio(a['p99_ms'], b['p99_ms'])} | {e:.2f} |"
-            )
+            lines.append(_latency_row(f"{what}, {c} conn.", a, b, e))
     a, b = p["mixed"], q["mixed"]
     e8 = engine.get(f"ratio_{precision}_beam_8", float("nan"))
     lines.append(
@@ -581,11 +584,7 @@ def translation_table(r: dict[str, Any], precision: str, engine: dict[str, float
     )
     a, b = p["think"], q["think"]
     e32 = engine.get(f"ratio_{precision}_greedy_32", float("nan"))
-    lines.append(
-        f"| 64 clients, 0.2 s think: req/s; p50; p99 ms | {a['per_s']:,.1f}; {a['p50_ms']:.0f}; {a['p99_ms']:.0f} | "
-        f"{b['per_s']:,.1f}; {b['p50_ms']:.0f}; {b['p99_ms']:.0f} | {ratio(a['per_s'], b['per_s'])}; "
-        f"{ratio(a['p50_ms'], b['p50_ms'])}; {ratio(a['p99_ms'], b['p99_ms'])} | {e32:.2f} |"
-    )
+    lines.append(_latency_row("64 clients, 0.2 s think", a, b, e32))
     for side, o in (("project", p["overload"]), ("peer", q["overload"])):
         lines.append(
             f"| overload, {side}: {o['rate_per_s']:.0f} req/s for the run | answered {o['answered']} of {o['sent']} "
