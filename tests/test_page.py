@@ -194,7 +194,12 @@ def test_a_catalog_uploaded_on_the_page_comes_back_translated(
     downloads = tmp_path / "downloads"
     browser.execute_cdp_cmd("Browser.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
     link.click()
-    wait_for(browser, "the download", lambda d: (downloads / "greetings_de.po").is_file())
+    saved = downloads / "greetings_de.po"  # Chromium may name the file before it has written all of it
+
+    def downloaded(_: WebDriver) -> bool:
+        return saved.is_file() and 'msgstr "Ein kleiner Hund rennt."' in saved.read_text(encoding="utf-8")
+
+    wait_for(browser, "the download", downloaded)
     shown = (downloads / "greetings_de.po").read_text(encoding="utf-8")
     with httpx.Client(base_url=server.url, timeout=60) as c:
         direct = c.post("/translate_file", files={"file": ("greetings.po", catalog.read_bytes())})
