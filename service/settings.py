@@ -98,6 +98,12 @@ class Settings(BaseSettings):
     step_express_work: int = Field(
         default=128, ge=0, description="the largest request taking express steps: estimated row-steps, rows x steps"
     )
+    step_express_few: int = Field(
+        default=8,
+        ge=0,
+        description="an express lane of more sentences than this (a flood of short requests) steps once for each main "
+        "step instead of by its share, so that its rows advance at the beams' pace, not at their expense",
+    )
     step_max_cache_tokens: int = Field(
         default=131072, ge=64, description="cache tokens reserved by running sentences: rows x (source + max new)"
     )

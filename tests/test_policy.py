@@ -19,6 +19,7 @@ from service.scheduling.policy import (
     backlog,
     expected_wait,
     express_request,
+    express_time,
     express_turn,
     next_lane,
     plan,
@@ -180,6 +181,35 @@ def test_the_policy_chooses_the_lane_that_steps() -> None:
     # the turns the engine's batch takes alone (`LaneBatch.step()` with `turn`) are the same rule
     for express_s in (0.0, 1.0, 2.4, 2.5, 9.0):
         assert (lane(3, 2, express_s) is Lane.EXPRESS) == express_turn(express_s, 5.0, 0.5)
+
+
+def test_a_flood_of_short_requests_steps_once_a_main_step_not_by_the_share() -> None:
+    """An express lane of a few sentences takes its share of the time (several small steps per main
+    step); one of more than `express_few` is a batch in its own right: it steps once after each main
+    step, so its rows advance at the main rows' pace instead of at their expense (the think mix's
+    beams waited 2-3x the greedy requests with the share). Off, by setting it high, the share rules."""
+    limits = StepLimits(express_share=0.5, express_few=8)
+
+    def lane(express: int, express_s: float, main_s: float = 5.0, few: int = 8) -> Lane:
+        return next_lane(LaneLoad(3, express, express_s, main_s), StepLimits(express_share=0.5, express_few=few))
+
+    assert lane(express=8, express_s=2.0) is Lane.EXPRESS  # a few: within the share
+    assert lane(express=9, express_s=0.0) is Lane.EXPRESS  # many: once after the main step
+    assert lane(express=9, express_s=0.1) is Lane.MAIN  # and not again before the next one
+    assert lane(express=9, express_s=0.0, main_s=0.0) is Lane.MAIN  # the main lane goes first
+    assert lane(express=9, express_s=2.0, few=100) is Lane.EXPRESS  # the share alone
+    assert next_lane(LaneLoad(0, 30, 9.0, 5.0), limits) is Lane.EXPRESS  # alone, it steps on
+    # admission reads the same rule: a few take the share, many their rows' share of the time
+    assert express_time(8, 100, limits) == 0.5
+    assert express_time(30, 90, limits) == 30 / 120
+    assert express_time(30, 500, limits) == 30 / (30 + 128)  # the main batch steps at most max_rows
+    assert express_time(30, 0, limits) == 1.0
+    many = [costed([1], work=20) for _ in range(12)]  # twelve one-sentence greedy requests, 20 row-steps each
+    beams = costed([4], work=100)
+    rate, on = 10.0, StepLimits(express_share=0.5, express_work=100, express_few=8)
+    short = costed([1], work=20)
+    assert estimate([*many, beams], short, on, rate).seconds == (12 * 20 + 20) / (rate * 12 / 16)
+    assert estimate([*many[:4], beams], short, on, rate).seconds == (4 * 20 + 20) / (rate * 0.5)
 
 
 def costed(widths: Sequence[int], work: int, admitted: int = 0, deadline: float = 100.0) -> Job:

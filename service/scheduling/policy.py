@@ -19,7 +19,9 @@ The rules:
   (`takes_express`: the plan's `lanes`), stepped between the main batch's steps for up to that
   share of the time while both have work (`next_lane`, from the lanes' load the batch measured,
   asked once the step's sentences have joined and left): a short request behind beams then waits
-  for a few small steps instead of one main step per token.
+  for a few small steps instead of one main step per token. An express lane of more than
+  `express_few` sentences (a flood of short requests, not a few behind a batch) takes one step
+  for each main step instead: its rows then advance at the main rows' pace, not at their expense.
 
 Admission reads the same rules (`backlog`, `expected_wait`): a request waits for its turns among
 the waiting requests', in its lane, not for the whole queue.
@@ -67,13 +69,14 @@ class StepLimits:
     express_share: float = 0.0  # the time express steps may take while the main batch runs; 0: no express
     # lane (the service's default is SERVE_STEP_EXPRESS_SHARE's)
     express_work: int = 128  # the largest request (estimated row-steps, all its sentences) that takes it
+    express_few: int = 8  # an express lane of more sentences steps once a main step, not by the share
 
     def __post_init__(self) -> None:
         if self.max_rows < 1 or self.max_cache_tokens < 1 or self.max_queue < 1 or not 0 < self.admit_share <= 1:
             raise ValueError(f"invalid step limits {self}")
         if not self.admit_share <= self.keep_share <= 1:
             raise ValueError(f"invalid step limits {self}")
-        if not 0 <= self.express_share < 1 or self.express_work < 0:
+        if not 0 <= self.express_share < 1 or self.express_work < 0 or self.express_few < 0:
             raise ValueError(f"invalid step limits {self}")
 
     @property
@@ -312,7 +315,7 @@ class Backlog:
 def backlog(jobs: Iterable[Job], limits: StepLimits, rate: float, now: float) -> Backlog:
     """The unanswered `jobs` at `rate` row-steps a second: by lane, the work of their running
     sentences and their waiting ones (in turns), and each waiting request's room (`expected_wait`)."""
-    running, rows = [0.0, 0.0], 0
+    running, rows, lane_rows = [0.0, 0.0], 0, [0, 0]
     waiting: tuple[list[tuple[int, float, float]], list[tuple[int, float, float]]] = ([], [])
     for k in jobs:
         if k.cancelled is not None or not k.remaining:
@@ -322,10 +325,11 @@ def backlog(jobs: Iterable[Job], limits: StepLimits, rate: float, now: float) ->
         m = t.live[k.admitted]
         running[lane] += (k.remaining - m) * t.work[0] / max(1, t.live[0])
         rows += k.remaining * t.width
+        lane_rows[lane] += k.remaining * t.width
         if m:
             waiting[lane].append((m, t.work[k.admitted], limits.keep_share * (k.deadline - now) * rate))
     main_busy, express_busy = bool(running[0] or waiting[0]), bool(running[1] or waiting[1])
-    share = limits.express_share
+    share = express_time(lane_rows[1], lane_rows[0], limits)
     main = _Lane(running[0], waiting[0], 1.0 - share if express_busy else 1.0)
     express = _Lane(running[1], waiting[1], share if main_busy else 1.0)
     return Backlog((main, express), rows, rate, now)
@@ -376,10 +380,26 @@ def express_turn(express_s: float, main_s: float, share: float) -> bool:
     return express_s < share / (1.0 - share) * main_s
 
 
+def express_time(express_rows: int, main_rows: int, limits: StepLimits) -> float:
+    """The share of the time the express lane takes while both lanes have work, as `next_lane`
+    steps them: the express share while the lane holds a few sentences; beyond `express_few`, one
+    step each in turn, which takes about the lanes' rows' share (a step's time grows with its rows;
+    the main batch steps at most `max_rows`)."""
+    if express_rows <= limits.express_few:
+        return limits.express_share
+    express, main = min(express_rows, limits.max_rows), min(main_rows, limits.max_rows)
+    return express / (express + main) if main else 1.0
+
+
 def next_lane(load: LaneLoad, limits: StepLimits) -> Lane:
     """The lane that steps next: the express lane while it has work and the main lane has none,
     or while its steps since the main lane's last one stay within the express share
-    (`express_turn`); else the main lane."""
-    if load.express and (not load.main or express_turn(load.express_s, load.main_s, limits.express_share)):
+    (`express_turn`); an express lane of more than `express_few` sentences, once after each main
+    step. Else the main lane."""
+    if not load.express:
+        return Lane.MAIN
+    if not load.main:
         return Lane.EXPRESS
-    return Lane.MAIN
+    if load.express > limits.express_few:
+        return Lane.EXPRESS if load.express_s == 0.0 and load.main_s > 0.0 else Lane.MAIN
+    return Lane.EXPRESS if express_turn(load.express_s, load.main_s, limits.express_share) else Lane.MAIN

@@ -81,6 +81,7 @@ class Seq2SeqTask(Task[Q, R]):
             s.max_queue,
             express_share=s.step_express_share,
             express_work=s.step_express_work,
+            express_few=s.step_express_few,
         )
 
         def make_batch() -> DecoderBatch[Sentence]:
