@@ -34,7 +34,8 @@ overload: `bench.loadgen` in this process) pinned to `--client-cpus`. The cells:
    closed-loop requests/s at 32 connections, estimated from cell 1) for `--seconds`, a 30 s client
    timeout (the project's request deadline): answered, refused (and how fast), timed out;
 5. classification: 1 / 8 / 32 connections, 1 and 8 texts a request; reranking: a query and 8 texts
-   at 8 and 32 connections.
+   at 8 and 32 connections, a query and 64 texts at 1 and 8; one pair a request (the project's
+   `/predict` `pairs`, Infinity's `/rerank` of one document) at 1 / 8 / 32.
 
 Beside each translation cell, the engine-alone ratio on the same checkpoint: the project's engine
 ÷ CTranslate2 at the same precision, tokens/s, each in a fresh process pinned to the server CPUs
@@ -103,9 +104,17 @@ def classify_bodies(server: str, texts: int) -> list[dict[str, Any]]:
     return [{"input": g} if server == "infinity" else {"texts": g} for g in groups]
 
 
-def rerank_bodies(server: str) -> list[dict[str, Any]]:
-    docs = [(REVIEWS[k:] + REVIEWS[:k])[:8] for k in range(len(REVIEWS))]
+def rerank_bodies(server: str, documents: int = 8) -> list[dict[str, Any]]:
+    docs = [((REVIEWS * (1 + documents // len(REVIEWS)))[k:] + REVIEWS[:k])[:documents] for k in range(len(REVIEWS))]
     return [{"query": QUERY, "documents": d} if server == "infinity" else {"query": QUERY, "texts": d} for d in docs]
+
+
+def pair_bodies(server: str) -> list[dict[str, Any]]:
+    """One (query, text) pair a request: the project's `/predict` `pairs`; Infinity scores a pair
+    only through `/rerank` (a query and one document)."""
+    if server == "infinity":
+        return [{"query": QUERY, "documents": [t]} for t in REVIEWS]
+    return [{"pairs": [[QUERY, t]]} for t in REVIEWS]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -159,7 +168,8 @@ def prepare(work: Path, tiny: bool, infinity: bool) -> None:
         return
     t0 = time.perf_counter()
     env = same_model.offline_env()
-    same_model.prepare(TINY_SHAPE if tiny else SHAPE, work, ("ours", "ours-int8", "ct2"), None)
+    shape, marian = TINY_SHAPE if tiny else SHAPE, same_model.FAMILIES["marian"]
+    same_model.prepare(shape, work, ("ours", "ours-int8", "ct2"), None, marian)
     import ctranslate2
 
     ctranslate2.converters.TransformersConverter(str(work / "hf")).convert(str(work / "ct2-int8"), quantization="int8")
@@ -395,9 +405,19 @@ def classification_cells(s: Served, server: str, args: argparse.Namespace) -> di
 
 
 def rerank_cells(s: Served, server: str, args: argparse.Namespace) -> dict[str, Any]:
-    check(s.url, "/rerank", rerank_bodies(server)[0])
+    """A query and 8 texts at 8 and 32 connections; a query and 64 texts at 1 and 8; one pair a
+    request (the project's `/predict` pairs) at every connection count (issue 67's cells)."""
+    pair_path = "/rerank" if server == "infinity" else "/predict"
+    check(s.url, "/rerank", rerank_bodies(server, 64)[0])
+    check(s.url, pair_path, pair_bodies(server)[0])
     warm(s, "/rerank", rerank_bodies(server), args)
-    return {f"rerank_{conns}": cell(s, "/rerank", rerank_bodies(server), conns, args) for conns in args.connections[1:]}
+    out = {f"rerank_{conns}": cell(s, "/rerank", rerank_bodies(server), conns, args) for conns in args.connections[1:]}
+    for conns in args.connections[:2]:
+        out[f"rerank64_{conns}"] = cell(s, "/rerank", rerank_bodies(server, 64), conns, args)
+    warm(s, pair_path, pair_bodies(server), args)
+    for conns in args.connections:
+        out[f"pair_{conns}"] = cell(s, pair_path, pair_bodies(server), conns, args)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -611,16 +631,22 @@ def cpu_line(p: dict[str, Any], q: dict[str, Any]) -> str:
 
 def graph_batch(cell: str) -> int:
     """The measured batch nearest below the rows a cell's load can gather: texts × connections
-    (`classify_{texts}x_{connections}`; `rerank_{connections}`: 8 pairs a request), at most 32."""
+    (`classify_{texts}x_{connections}`; `rerank_{connections}`: 8 pairs a request; `rerank64_`: 64;
+    `pair_`: one), at most 32."""
     parts = cell.split("_")
-    rows = 8 * int(parts[1]) if parts[0] == "rerank" else int(parts[1][:-1]) * int(parts[2])
+    per_request = {"rerank": 8, "rerank64": 64, "pair": 1}
+    known = parts[0] in per_request
+    rows = per_request[parts[0]] * int(parts[1]) if known else int(parts[1][:-1]) * int(parts[2])
     return max(b for b in (1, 8, 32) if b <= min(rows, 32))
+
+
+RERANK_TITLE = "/rerank (a query and 8 or 64 texts); one pair a request: /predict pairs against /rerank of one"
 
 
 def classification_table(r: dict[str, Any], graphs: dict[str, float]) -> list[str]:
     p, q = r["project"], r["peer"]
     lines = [
-        f"**{'/predict against /classify' if 'classify_1x_1' in p else '/rerank, a query and 8 texts'}**: "
+        f"**{'/predict against /classify' if 'classify_1x_1' in p else RERANK_TITLE}**: "
         f"the project against {r['peer_name']}.",
         "",
         "| cell | project req/s; p50; p99 ms | peer | project ÷ peer: req/s; p99 | graph alone |",
@@ -668,17 +694,17 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--connections", default="1,8,32")
     p.add_argument("--heavy-clients", type=int, default=4)
     p.add_argument("--think-clients", type=int, default=64)
-    p.add_argument("--precisions", default="fp32,int8", help="translation: fp32, int8 or both")
+    p.add_argument("--precisions", default="fp32,int8", help="translation: fp32, int8, both, or none")
     p.add_argument("--no-infinity", dest="infinity", action="store_false", help="leave out Infinity")
     p.add_argument("--work", type=Path, default=None, help="checkpoints folder, kept and reused (default: a new one)")
     p.add_argument("--smoke", action="store_true", help="tiny models, 1 s per cell, fewer clients")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "peers.json")
     args = p.parse_args(argv)
     args.connections = [int(c) for c in args.connections.split(",")]
-    args.precisions = args.precisions.split(",")
+    args.precisions = [] if args.precisions == "none" else args.precisions.split(",")
     if args.smoke:
         args.seconds, args.heavy_clients, args.think_clients = 1.0, 2, 8
-        args.connections, args.precisions = [1, 8], ["fp32"]
+        args.connections, args.precisions = [1, 8], [p for p in args.precisions if p == "fp32"]
     if args.infinity and not (INFINITY_VENV / "bin" / "infinity_emb").exists():
         p.error(f"Infinity is not installed in {INFINITY_VENV}: `make bench-infinity-venv`, or --no-infinity")
     return args

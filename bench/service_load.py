@@ -302,7 +302,7 @@ def isolation(args: argparse.Namespace, log: Path) -> dict[str, Any]:
     """Part 3: the translator saturated with 64-text beam-8 requests; what one /predict client and
     a one-sentence greedy /translate see, for several per-step budgets (SERVE_STEP_MAX_ROWS)."""
     out: dict[str, Any] = {
-        "load": "2 clients sending 64-text beam-8 /translate requests back to back",
+        "load": f"{args.heavy_clients} clients sending 64-text beam-8 /translate requests back to back",
         "cpus": f"server on CPUs {args.isolation_cpus} with {args.isolation_threads} threads (classifier and "
         "translator split them: service.serving.split_threads); the Python clients anywhere",
         "budgets": {},
@@ -313,7 +313,7 @@ def isolation(args: argparse.Namespace, log: Path) -> dict[str, Any]:
             idle_greedy = latencies(url, "/translate", GREEDY_ONE, args.probes)
             idle_predict = latencies(url, "/predict", {"texts": [REVIEWS[0]]}, args.probes)
             stop, done = threading.Event(), list[int]()
-            threads = heavy_load(url, 2, stop, done)
+            threads = heavy_load(url, args.heavy_clients, stop, done)
             time.sleep(args.seconds / 4)  # the heavy work is running
             t0, texts0 = time.perf_counter(), sum(done)
             predict = latencies(url, "/predict", {"texts": [REVIEWS[0]]}, args.probes * 5)
@@ -451,6 +451,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parts", default="scheduling,http,isolation,abandonment")
     p.add_argument("--budgets", default="16,32,64,128", help="isolation: SERVE_STEP_MAX_ROWS values")
     p.add_argument("--probes", type=int, default=20, help="isolation: requests per latency measurement")
+    p.add_argument("--heavy-clients", type=int, default=3, help="isolation: clients sending 64-text beam-8 requests")
     p.add_argument("--isolation-cpus", default="0,1", help="isolation and abandonment: the server's CPUs")
     p.add_argument("--isolation-threads", type=int, default=2, help="isolation and abandonment: SERVE_THREADS")
     p.add_argument("--smoke", action="store_true", help="a few seconds per part")
