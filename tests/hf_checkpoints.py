@@ -566,7 +566,9 @@ def build_classifier(tokenizer: Checkpoint, folder: Path, id2label: dict[int, st
     base = tokenizer.config
     labels = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
     sizes = SMALL if base.is_encoder_decoder else CLASSIFIER_SIZES
-    config = base.__class__(**{**base.to_diff_dict(), **sizes, **labels})
+    # DeBERTa's config keeps the pooler width it was made with: it follows the new hidden size
+    diff = {k: v for k, v in base.to_diff_dict().items() if k != "pooler_hidden_size"}
+    config = base.__class__(**{**diff, **sizes, **labels})
     torch.manual_seed(seed)
     model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
     with torch.no_grad():

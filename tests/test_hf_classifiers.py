@@ -358,8 +358,15 @@ NLI = {0: "contradiction", 1: "neutral", 2: "entailment"}
 
 @pytest.fixture(
     scope="module",
-    params=[("bert", {0: "score"}), ("roberta", LABELS), ("bart", NLI)],
-    ids=["bert", "roberta", "bart"],
+    params=[
+        ("bert", {0: "score"}),
+        ("roberta", LABELS),
+        ("bart", NLI),
+        ("deberta", NLI),  # v3: no token types, relative positions only
+        ("deberta", {0: "score"}),  # a v3 cross-encoder
+        ("deberta_v2", NLI),  # v2's layout: token types, absolute positions
+    ],
+    ids=["bert", "roberta", "bart", "deberta-v3", "deberta-v3-scorer", "deberta-v2"],
 )
 def pair_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """(transformers' tokenizer, transformers' model, the imported engine) of one pair classifier."""
@@ -392,10 +399,12 @@ def test_pairs_match_transformers_on_a_padded_batch(pair_model) -> None:
     mask = np.array(enc["attention_mask"])
     assert [r.ids for r in rows] == [ids[: m.sum()] for ids, m in zip(enc["input_ids"], mask, strict=True)]
     assert max(len(r.ids) for r in rows) == limit  # the long pairs were cut to the limit
-    if "token_type_ids" in enc:  # BERT: segment 1 from the second text on
+    if "token_type_ids" in enc:  # BERT, DeBERTa: segment 1 from the second text on
         types = [[int(i >= r.first) for i in range(len(r.ids))] for r in rows]
         assert types == [t[: m.sum()] for t, m in zip(enc["token_type_ids"], mask, strict=True)]
-        assert engine.segments and any(1 in t for t in types)
+        assert any(1 in t for t in types)
+        # an input of the graph only where the model has a token type table (DeBERTa-v3 has none)
+        assert engine.segments == (model.config.type_vocab_size >= 2)
     with torch.no_grad():
         ref = model(**{k: torch.tensor(v) for k, v in enc.items()}).logits.numpy()
     got = engine.logits_ids([r.ids for r in rows], [r.first for r in rows])
