@@ -10,7 +10,7 @@ own submodules. Quirks stated here once, as transformers' modeling_deberta_v2 ha
 - relative distances log-bucketed (`position_buckets`, `max_relative_positions`); the buckets are a
   constant table over distances made by transformers' own `make_log_bucket_position`, so the graph
   holds no logarithm to round otherwise, and it serves any length: past the table's reach both
-  terms read the last row of the relative embeddings, as transformers' clamp makes them;
+  terms read the end rows of the relative embeddings, as transformers' clamp makes them;
 - `rel_embeddings`, through the encoder's LayerNorm where `norm_rel_ebd` says `layer_norm`; their
   keys and queries are the content ones where `share_att_key` (v3), else `pos_key_proj` and
   `pos_query_proj`;
@@ -98,18 +98,18 @@ class _Embeddings(nn.Module):
 class _Layer(nn.Module):
     """One DeBERTa-v2 layer: disentangled self-attention, then the post-norm output and feed-forward."""
 
-    def __init__(self, layer: nn.Module, heads: int, c2p: bool, p2c: bool, span: int) -> None:
+    def __init__(self, layer: nn.Module, heads: int, c2p: bool, p2c: bool) -> None:
         super().__init__()
         att = layer.attention.self
         self.q, self.k, self.v = att.query_proj, att.key_proj, att.value_proj
-        self.relative = bool(att.relative_attention)
+        relative = bool(att.relative_attention)
         shared = att.share_att_key
-        self.pos_k = (att.key_proj if shared else att.pos_key_proj) if self.relative and c2p else None
-        self.pos_q = (att.query_proj if shared else att.pos_query_proj) if self.relative and p2c else None
+        self.pos_k = (att.key_proj if shared else att.pos_key_proj) if relative and c2p else None
+        self.pos_q = (att.query_proj if shared else att.pos_query_proj) if relative and p2c else None
         self.out, self.norm1 = layer.attention.output.dense, layer.attention.output.LayerNorm
         self.ffn = nn.Sequential(layer.intermediate, layer.output.dense)
         self.norm2 = layer.output.LayerNorm
-        self.heads, self.d_k, self.span = heads, att.query_proj.out_features // heads, span
+        self.heads, self.d_k = heads, att.query_proj.out_features // heads
         # transformers' scale: sqrt of a float32 head width times (1 + the relative terms named)
         factor = 1 + int(c2p) + int(p2c)
         self.scale = float(torch.sqrt(torch.tensor(self.d_k, dtype=torch.float) * factor))
@@ -159,15 +159,14 @@ class DebertaClassifierGraph(nn.Module):
         config, base = model.config, model.deberta
         c2p, p2c = pos_att_terms(config)
         encoder = base.encoder
-        self.relative = bool(encoder.relative_attention)
+        relative = bool(encoder.relative_attention)
         self.embeddings = _Embeddings(base.embeddings)
-        _, _, span = _span(config)
-        table, self.reach = bucket_table(config) if self.relative else (torch.zeros(1, dtype=torch.long), 0)
+        _, _, self.span = _span(config)
+        table, self.reach = bucket_table(config) if relative else (torch.zeros(1, dtype=torch.long), 0)
         self.register_buffer("buckets", table, persistent=False)
-        self.span = span
-        self.rel_table = encoder.rel_embeddings if self.relative else None
+        self.rel_table = encoder.rel_embeddings if relative else None
         self.rel_norm = encoder.LayerNorm if "layer_norm" in encoder.norm_rel_ebd else None
-        self.layers = nn.ModuleList(_Layer(layer, heads, c2p, p2c, span) for layer in encoder.layer)
+        self.layers = nn.ModuleList(_Layer(layer, heads, c2p, p2c) for layer in encoder.layer)
         self.conv = _Conv(encoder.conv) if encoder.conv is not None else None
         self.pool, self.pool_act = model.pooler.dense, ACT2FN[config.pooler_hidden_act]
         self.classifier = model.classifier
