@@ -372,6 +372,71 @@ def bart(tmp_path_factory: pytest.TempPathFactory, byte_bpe: tuple) -> Checkpoin
     return Checkpoint(folder, transformers.BartConfig(vocab_size=len(vocab), pad_token_id=1, eos_token_id=2))
 
 
+DEBERTA_V3 = {  # microsoft/deberta-v3-*'s options (buckets and relative reach scaled to 64 positions)
+    "relative_attention": True,
+    "pos_att_type": "p2c|c2p",
+    "position_buckets": 16,
+    "max_relative_positions": -1,  # max_position_embeddings
+    "norm_rel_ebd": "layer_norm",
+    "share_att_key": True,
+    "position_biased_input": False,
+    "type_vocab_size": 0,
+}
+DEBERTA_V2 = {  # DeBERTa-v2's older layout: absolute positions, token types, own position projections, no buckets
+    **DEBERTA_V3,
+    "position_buckets": -1,
+    "max_relative_positions": 24,
+    "norm_rel_ebd": "none",
+    "share_att_key": False,
+    "position_biased_input": True,
+    "type_vocab_size": 2,
+    "conv_kernel_size": 3,
+    "conv_act": "gelu",
+}
+
+
+def deberta_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """microsoft/deberta-v3-*'s files: spm.model ([PAD] 0, [CLS] 1, [SEP] 2, [UNK] 3; transformers
+    adds [MASK] after the pieces) and tokenizer_config.json, no tokenizer.json."""
+    folder = tmp_path_factory.mktemp("deberta")
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(corpus(1200, 6)),
+        model_writer=model,
+        vocab_size=400,
+        model_type="unigram",
+        character_coverage=1.0,
+        num_threads=1,
+        minloglevel=2,
+        **{"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3},
+        **{"pad_piece": "[PAD]", "bos_piece": "[CLS]", "eos_piece": "[SEP]", "unk_piece": "[UNK]"},
+    )
+    (folder / "spm.model").write_bytes(model.getvalue())
+    specials = {"bos_token": "[CLS]", "eos_token": "[SEP]", "unk_token": "[UNK]", "sep_token": "[SEP]"}
+    specials |= {"pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
+    config = {"tokenizer_class": "DebertaV2Tokenizer", "do_lower_case": False, "split_by_punct": False, **specials}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.fixture(scope="session")
+def deberta(tmp_path_factory: pytest.TempPathFactory) -> Checkpoint:
+    """A DeBERTa-v3 (cross-encoder/nli-deberta-v3-*): spm.model only, the embedding past the
+    tokenizer (128100 rows for 128001 ids in the real ones)."""
+    folder = deberta_files(tmp_path_factory)
+    size = len(transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True))
+    return Checkpoint(folder, transformers.DebertaV2Config(vocab_size=size + 3, pad_token_id=0, **DEBERTA_V3))
+
+
+@pytest.fixture(scope="session")
+def deberta_v2(tmp_path_factory: pytest.TempPathFactory, deberta: Checkpoint) -> Checkpoint:
+    """A DeBERTa-v2-layout config (segments, absolute positions, convolution) over the same
+    tokenizer, saved again by transformers (tokenizer.json)."""
+    folder = saved(tmp_path_factory, "deberta-v2", deberta.hf())
+    config = transformers.DebertaV2Config(vocab_size=deberta.config.vocab_size, pad_token_id=0, **DEBERTA_V2)
+    return Checkpoint(folder, config)
+
+
 # -- tiny random seq2seq checkpoints over these tokenizers (tests/test_import_hf.py, test_serve_checkpoint.py) --
 
 SMALL = {
@@ -501,7 +566,9 @@ def build_classifier(tokenizer: Checkpoint, folder: Path, id2label: dict[int, st
     base = tokenizer.config
     labels = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}}
     sizes = SMALL if base.is_encoder_decoder else CLASSIFIER_SIZES
-    config = base.__class__(**{**base.to_diff_dict(), **sizes, **labels})
+    # DeBERTa's config keeps the pooler width it was made with: it follows the new hidden size
+    diff = {k: v for k, v in base.to_diff_dict().items() if k != "pooler_hidden_size"}
+    config = base.__class__(**{**diff, **sizes, **labels})
     torch.manual_seed(seed)
     model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
     with torch.no_grad():

@@ -11,6 +11,7 @@ import pytest
 import transformers
 
 from export.hf import ImportProblem, families, tokenizer
+from export.hf.classifiers import ClassifierLayout, takes_segments
 from export.hf.families import FAMILIES, family_of
 
 
@@ -26,6 +27,23 @@ def test_a_family_is_found_by_its_model_type() -> None:
     assert family_of(transformers.T5Config()).task == family_of(transformers.MT5Config()).task == "translation"
     with pytest.raises(ImportProblem, match="unsupported model family 'gpt2' \\(supported: bart, bert, "):
         family_of(transformers.GPT2Config())
+
+
+def test_deberta_v2_and_v3_are_one_classifier_entry() -> None:
+    """cross-encoder/nli-deberta-v3-* and microsoft/deberta-v2-* are both `deberta-v2`: one classifier
+    entry, its tokenizer spm.model or tokenizer.json; token types an input only where the config has
+    a table of two rows (v2), never for v3 (type_vocab_size 0)."""
+    v3 = transformers.DebertaV2Config(type_vocab_size=0, architectures=["DebertaV2ForSequenceClassification"])
+    family = family_of(v3)
+    assert (family.model_type, family.task) == ("deberta-v2", "classification")
+    assert family.tokenization.files == (("tokenizer.json",), ("spm.model",))
+    assert isinstance(family.graph, ClassifierLayout)
+    assert family.graph.model_class == "DebertaV2ForSequenceClassification"
+    assert not takes_segments(v3, family.graph)
+    assert takes_segments(transformers.DebertaV2Config(type_vocab_size=2), family.graph)
+    assert not takes_segments(
+        transformers.DebertaV2Config(type_vocab_size=2), family_of(transformers.RobertaConfig()).graph
+    )
 
 
 def test_two_tasks_of_one_model_type_are_told_apart_by_architectures() -> None:

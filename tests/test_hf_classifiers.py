@@ -21,6 +21,7 @@ from export.hf.classifiers import ClassifierLayout
 from export.hf.families import FAMILIES, family_of
 from export.validate import FP32_TOL, ExportError, session
 from service.contract.graphs import pad
+from tests.hf_checkpoints import DEBERTA_V2, DEBERTA_V3
 
 pytestmark = pytest.mark.families  # Hugging Face families against transformers: left out of `make test-fast`
 
@@ -48,16 +49,18 @@ def tiny_config(family: str, **options: object) -> transformers.PretrainedConfig
         return transformers.DistilBertConfig(**{**SIZES, **DISTILBERT_SIZES, **options})
     if family == "roberta":
         return transformers.RobertaConfig(**{**SIZES, **BERT_SIZES, **ROBERTA_IDS, **options})
+    if family == "deberta-v2":  # v3's layout: relative attention over log buckets, no positions, no token types
+        return transformers.DebertaV2Config(**{**SIZES, **BERT_SIZES, **DEBERTA_V3, **options})
     return transformers.XLMRobertaConfig(**{**SIZES, **BERT_SIZES, **ROBERTA_IDS, "hidden_act": "gelu_new", **options})
 
 
-def tiny_model(family: str) -> transformers.PreTrainedModel:
+def tiny_model(family: str, **options: object) -> transformers.PreTrainedModel:
     """Seeded, loaded as from_pretrained would load it (sdpa attention), every weight moved well off
     its initial value: under the default init (std 0.02, zero biases, unit norms) the logits are
     about 0.02 and attention nearly uniform, so a missing pooler tanh moves the logits by only 5e-4
     (measured); here by 6."""
     torch.manual_seed(0)
-    model = transformers.AutoModelForSequenceClassification.from_config(tiny_config(family)).eval()
+    model = transformers.AutoModelForSequenceClassification.from_config(tiny_config(family, **options)).eval()
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.3)
@@ -91,7 +94,7 @@ def max_diffs(
     model.set_attn_implementation("eager")
     try:
         for batch in batches(config):
-            inputs = clf.feeds(batch, layout(config.model_type))
+            inputs = clf.feeds(batch, clf.takes_segments(config, layout(config.model_type)))
             mask = batch[1]
             logits, weights = run(inputs)
             with torch.no_grad():
@@ -133,19 +136,20 @@ def test_onnx_matches_transformers(exported) -> None:
     logits, attentions = max_diffs(run, model, model.config)
     print(f"{family}: max abs diff logits {logits:.1e}, attentions {attentions:.1e}")
     assert logits <= FP32_TOL and attentions <= FP32_TOL
-    assert model.config._attn_implementation == "sdpa"  # the export put the model back as it was
+    loaded = tiny_model(family).config._attn_implementation  # sdpa; eager where there is none (DeBERTa)
+    assert model.config._attn_implementation == loaded  # the export put the model back as it was
 
 
 def test_graph_file_follows_the_contract(exported) -> None:
-    _, model, path = exported
+    family, model, path = exported
     proto = onnx.load(str(path))
     dims = {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in proto.graph.input}
     dims |= {v.name: [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in proto.graph.output}
-    segments = {"token_type_ids": ["batch", "sequence"]} if model.config.model_type == "bert" else {}
+    segments = {"token_type_ids": ["batch", "sequence"]} if family == "bert" else {}
     assert dims == {
         "input_ids": ["batch", "sequence"],
         "attention_mask": ["batch", "sequence"],
-        **segments,  # BERT's segments (IO contract 7); RoBERTa, XLM-R and DistilBERT have none
+        **segments,  # BERT's segments (IO contract 7); RoBERTa, XLM-R, DistilBERT and DeBERTa-v3 have none
         "logits": ["batch", 3],
         "attentions": ["batch", 4, "sequence", "sequence"],
     }
@@ -155,20 +159,22 @@ def test_graph_file_follows_the_contract(exported) -> None:
 
 def test_padding_changes_no_real_row(exported) -> None:
     """Each row answers as it would alone, whatever id fills the padding (the service's pad id 0 is
-    RoBERTa's <s>): positions of real tokens do not depend on what follows them."""
+    RoBERTa's <s>): positions of real tokens do not depend on what follows them. (A padded query's
+    own weights are not compared: DeBERTa's pairwise mask leaves it nothing to attend, so uniform.)"""
     family, model, path = exported
     sess = session(path)
+    segments = clf.takes_segments(model.config, layout(family))
     seqs = [[5, 9, 17, 30, 4], [8, 11], [40]]
     for pad_id in {model.config.pad_token_id, 0}:
         ids, mask = pad(seqs, pad_id=pad_id)
         types = mask * (np.arange(ids.shape[1]) >= 1)  # the second segment from the second token
-        logits, weights = sess.run(None, clf.feeds((ids, mask, types), layout(family)))
+        logits, weights = sess.run(None, clf.feeds((ids, mask, types), segments))
         for row, seq in enumerate(seqs):
             part = (ids[row : row + 1, : len(seq)], mask[row : row + 1, : len(seq)], types[row : row + 1, : len(seq)])
-            alone, alone_weights = sess.run(None, clf.feeds(part, layout(family)))
+            alone, alone_weights = sess.run(None, clf.feeds(part, segments))
             assert np.abs(logits[row] - alone[0]).max() <= 1e-5
             assert np.abs(weights[row, :, : len(seq), : len(seq)] - alone_weights[0]).max() <= 1e-5
-            assert np.all(weights[row, :, :, len(seq) :] == 0.0)  # padding takes no attention
+            assert np.all(weights[row, :, : len(seq), len(seq) :] == 0.0)  # padding takes no real row's attention
 
 
 def drop_pooler_tanh(graph: nn.Module) -> None:
@@ -181,7 +187,16 @@ def shift_positions(graph: nn.Module) -> None:
     graph.embeddings.positions = nn.Embedding.from_pretrained(torch.roll(table, 1, dims=0))
 
 
-@pytest.mark.parametrize(("family", "break_graph"), [("bert", drop_pooler_tanh), ("roberta", shift_positions)])
+def drop_position_to_content(graph: nn.Module) -> None:
+    """DeBERTa's p2c term left out (its scale kept)."""
+    for layer in graph.layers:
+        layer.pos_q = None
+
+
+@pytest.mark.parametrize(
+    ("family", "break_graph"),
+    [("bert", drop_pooler_tanh), ("roberta", shift_positions), ("deberta-v2", drop_position_to_content)],
+)
 def test_a_graph_that_differs_is_caught(family: str, break_graph, tmp_path: Path, monkeypatch) -> None:
     """The comparisons above would see these mistakes, and the export refuses to write them."""
     model = tiny_model(family)
@@ -228,6 +243,11 @@ def test_labels_refuses_missing_or_repeated_names(id2label: dict, message: str) 
         ("xlm-roberta", {"pruned_heads": {1: [0]}}, r"pruned_heads=\{1: \[0\]\}"),
         ("roberta", {"pad_token_id": None}, "pad_token_id=None"),
         ("bert", {"max_position_embeddings": 4}, "max_position_embeddings=4 leaves 4 positions"),
+        (
+            "deberta-v2",
+            {"position_buckets": 256, "max_relative_positions": 64},
+            "position_buckets=256, max_relative_positions=64: the log buckets do not grow",
+        ),
     ],
 )
 def test_check_supported_names_the_option(family: str, options: dict, message: str) -> None:
@@ -243,6 +263,61 @@ def test_a_short_position_table_is_checked_within_it(family: str, positions: int
     clf.export_classifier(model, layout(family), tmp_path / "model.onnx")
     longest = max(ids.shape[1] for ids, *_ in clf.probe_batches(config, layout(family)))
     assert longest == clf.max_sequence_length(config, layout(family)) == 16
+
+
+DEBERTA_LAYOUTS = {
+    "v2": DEBERTA_V2,  # absolute positions, token types, pos_key_proj and pos_query_proj, no buckets, convolution
+    "c2p-narrow": {"pos_att_type": "c2p", "share_att_key": False, "embedding_size": 24, "type_vocab_size": 1},
+    "p2c": {"pos_att_type": "p2c", "norm_rel_ebd": "none"},
+    "absolute": {"relative_attention": False, "position_biased_input": True},
+}
+
+
+@pytest.mark.parametrize("options", DEBERTA_LAYOUTS.values(), ids=DEBERTA_LAYOUTS.keys())
+def test_deberta_layouts_match_transformers(options: dict, tmp_path: Path) -> None:
+    """DeBERTa's options besides v3's (the `exported` fixture's): each within 1e-4 of transformers
+    in ONNX Runtime; token types an input only where the table has two rows."""
+    model = tiny_model("deberta-v2", **options)
+    clf.export_classifier(model, layout("deberta-v2"), tmp_path / "model.onnx")
+    sess = session(tmp_path / "model.onnx")
+    assert ("token_type_ids" in [i.name for i in sess.get_inputs()]) == (model.config.type_vocab_size >= 2)
+    logits, attentions = max_diffs(lambda inputs: tuple(sess.run(None, inputs)), model, model.config)
+    assert logits <= FP32_TOL and attentions <= FP32_TOL
+
+
+def test_deberta_v3_serves_past_its_bucket_reach(tmp_path: Path) -> None:
+    """Without absolute positions the graph takes any length: 300 tokens (past the 64-position table
+    and the buckets' reach) answer as transformers does, padded rows too."""
+    model, path = tiny_model("deberta-v2"), tmp_path / "model.onnx"
+    clf.export_classifier(model, layout("deberta-v2"), path)
+    rng = np.random.default_rng(3)
+    ids, mask = pad([[int(i) for i in rng.integers(3, 120, size=n)] for n in (300, 170)], pad_id=0)
+    logits, weights = session(path).run(None, {"input_ids": ids, "attention_mask": mask})
+    with torch.no_grad():
+        model.set_attn_implementation("eager")
+        ref = model(input_ids=torch.from_numpy(ids), attention_mask=torch.from_numpy(mask), output_attentions=True)
+        model.set_attn_implementation("sdpa")
+    assert np.abs(logits - ref.logits.numpy()).max() <= FP32_TOL
+    assert clf.real_diff(weights, ref.attentions[-1].numpy(), mask) <= FP32_TOL
+
+
+def test_deberta_buckets_are_transformers_relative_positions() -> None:
+    """The constant table (deberta-v3-base's 256 buckets over 512 positions) gives transformers'
+    relative positions at every distance, and past its reach indices both terms clamp alike."""
+    from transformers.models.deberta_v2.modeling_deberta_v2 import build_relative_position
+
+    from export.hf.deberta_classifier import bucket_table
+
+    config = transformers.DebertaV2Config(relative_attention=True, position_buckets=256, max_position_embeddings=512)
+    table, reach = bucket_table(config)
+    for n in (7, 300, reach + 1, 1500):
+        x = torch.zeros(1, n, 4)
+        want = build_relative_position(x, x, bucket_size=256, max_position=512)[0]  # (n, n)
+        t = torch.arange(n)
+        got = table[torch.clamp(t[:, None] - t[None, :], -reach, reach) + reach]
+        assert torch.equal(torch.clamp(got + 256, 0, 511), torch.clamp(want + 256, 0, 511))
+        assert torch.equal(torch.clamp(-got + 256, 0, 511), torch.clamp(-want + 256, 0, 511))
+        assert n - 1 > reach or torch.equal(got, want)  # within its reach, the very same positions
 
 
 def test_check_supported_accepts_the_families_and_refuses_others() -> None:
@@ -283,8 +358,15 @@ NLI = {0: "contradiction", 1: "neutral", 2: "entailment"}
 
 @pytest.fixture(
     scope="module",
-    params=[("bert", {0: "score"}), ("roberta", LABELS), ("bart", NLI)],
-    ids=["bert", "roberta", "bart"],
+    params=[
+        ("bert", {0: "score"}),
+        ("roberta", LABELS),
+        ("bart", NLI),
+        ("deberta", NLI),  # v3: no token types, relative positions only
+        ("deberta", {0: "score"}),  # a v3 cross-encoder
+        ("deberta_v2", NLI),  # v2's layout: token types, absolute positions
+    ],
+    ids=["bert", "roberta", "bart", "deberta-v3", "deberta-v3-scorer", "deberta-v2"],
 )
 def pair_model(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory):
     """(transformers' tokenizer, transformers' model, the imported engine) of one pair classifier."""
@@ -317,10 +399,12 @@ def test_pairs_match_transformers_on_a_padded_batch(pair_model) -> None:
     mask = np.array(enc["attention_mask"])
     assert [r.ids for r in rows] == [ids[: m.sum()] for ids, m in zip(enc["input_ids"], mask, strict=True)]
     assert max(len(r.ids) for r in rows) == limit  # the long pairs were cut to the limit
-    if "token_type_ids" in enc:  # BERT: segment 1 from the second text on
+    if "token_type_ids" in enc:  # BERT, DeBERTa: segment 1 from the second text on
         types = [[int(i >= r.first) for i in range(len(r.ids))] for r in rows]
         assert types == [t[: m.sum()] for t, m in zip(enc["token_type_ids"], mask, strict=True)]
-        assert engine.segments and any(1 in t for t in types)
+        assert any(1 in t for t in types)
+        # an input of the graph only where the model has a token type table (DeBERTa-v3 has none)
+        assert engine.segments == (model.config.type_vocab_size >= 2)
     with torch.no_grad():
         ref = model(**{k: torch.tensor(v) for k, v in enc.items()}).logits.numpy()
     got = engine.logits_ids([r.ids for r in rows], [r.first for r in rows])

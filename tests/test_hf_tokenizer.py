@@ -190,6 +190,8 @@ def test_mbart(name: str, framing: str, request: pytest.FixtureRequest) -> None:
         ("bert", "[CLS]", "[SEP]", None),
         ("distilbert", "[CLS]", "[SEP]", None),
         ("roberta", "<s>", "</s>", None),
+        ("deberta", "[CLS]", "[SEP]", None),  # DeBERTa-v3: spm.model alone
+        ("deberta_v2", "[CLS]", "[SEP]", None),  # saved again by transformers: tokenizer.json
         ("bart", "<s>", "</s>", "<s>"),  # BART's labels start with <s>: generation forces it
     ],
 )

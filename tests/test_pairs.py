@@ -1,7 +1,7 @@
 """Pairs of texts over HTTP (issue 67): `/predict` pairs, `/rerank` (TEI's shape) and
 `/zero-shot-classification` (transformers' pipeline's numbers) on tiny random checkpoints imported
-in the test (a BERT cross-encoder of one label, a RoBERTa NLI model), against transformers; bad
-input answered 4xx while other requests go on."""
+in the test (BERT and DeBERTa-v3 cross-encoders of one label, RoBERTa, BART and DeBERTa-v3 NLI
+models), against transformers; bad input answered 4xx while other requests go on."""
 
 from __future__ import annotations
 
@@ -38,10 +38,11 @@ def anyio_backend() -> str:
 
 @pytest.fixture(scope="module")
 def pair_store(
-    tmp_path_factory: pytest.TempPathFactory, tiny_store: Path, bert, roberta, bart
+    tmp_path_factory: pytest.TempPathFactory, tiny_store: Path, bert, roberta, bart, deberta
 ) -> tuple[Path, dict[str, Path]]:
-    """A store with a cross-encoder (`xenc`), NLI models (RoBERTa `nli`, BART `bart-nli`, the class of
-    bart-large-mnli) and the bundled single-text `tiny-clf`."""
+    """A store with cross-encoders (BERT `xenc`, DeBERTa-v3 `deberta-xenc`, cross-encoder/ms-marco-*'s
+    and cross-encoder/nli-deberta-v3-*'s families), NLI models (RoBERTa `nli`, BART `bart-nli`, the
+    class of bart-large-mnli, DeBERTa-v3 `deberta-nli`) and the bundled single-text `tiny-clf`."""
     root = tmp_path_factory.mktemp("pairs")
     store = root / "store"
     shutil.copytree(tiny_store / "tiny-clf", store / "tiny-clf")
@@ -49,6 +50,8 @@ def pair_store(
         "xenc": build_classifier(bert, root / "xenc", {0: "relevance"}, seed=3),
         "nli": build_classifier(roberta, root / "nli", NLI, seed=4),
         "bart-nli": build_classifier(bart, root / "bart-nli", NLI, seed=5),
+        "deberta-xenc": build_classifier(deberta, root / "deberta-xenc", {0: "relevance"}, seed=6),
+        "deberta-nli": build_classifier(deberta, root / "deberta-nli", NLI, seed=7),
     }
     for name, folder in folders.items():
         import_checkpoint(folder, store, ImportOptions(name=name), log=lambda _: None)
@@ -79,35 +82,34 @@ def reference(folder: Path, pairs: list[tuple[str, str]]) -> np.ndarray:
         return model(**enc).logits.numpy().astype(np.float64)
 
 
-async def test_predict_and_rerank_answer_as_transformers(pair_store) -> None:
+@pytest.mark.parametrize("xenc", ["xenc", "deberta-xenc"])
+async def test_predict_and_rerank_answer_as_transformers(pair_store, xenc: str) -> None:
     store, folders = pair_store
-    logits = reference(folders["xenc"], [(QUERY, d) for d in DOCS])[:, 0]
+    logits = reference(folders[xenc], [(QUERY, d) for d in DOCS])[:, 0]
     sigmoid = 1 / (1 + np.exp(-logits))
     async with serving(store) as c:
-        r = await c.post("/predict", json={"model": "xenc", "pairs": [[QUERY, d] for d in DOCS]})
+        r = await c.post("/predict", json={"model": xenc, "pairs": [[QUERY, d] for d in DOCS]})
         assert r.status_code == 200, r.text
         got = [p["scores"]["relevance"] for p in r.json()["predictions"]]
         assert np.abs(np.array(got) - sigmoid).max() <= 1e-4
 
-        r = await c.post("/rerank", json={"model": "xenc", "query": QUERY, "texts": DOCS, "return_text": True})
+        r = await c.post("/rerank", json={"model": xenc, "query": QUERY, "texts": DOCS, "return_text": True})
         assert r.status_code == 200, r.text
         ranks = r.json()
         assert [x["index"] for x in ranks] == list(np.argsort(-sigmoid, kind="stable"))
         assert np.abs(np.array([x["score"] for x in ranks]) - np.sort(sigmoid)[::-1]).max() <= 1e-4
         assert [x["text"] for x in ranks] == [DOCS[x["index"]] for x in ranks]
 
-        raw = (
-            await c.post("/rerank", json={"model": "xenc", "query": QUERY, "texts": DOCS, "raw_scores": True})
-        ).json()
+        raw = (await c.post("/rerank", json={"model": xenc, "query": QUERY, "texts": DOCS, "raw_scores": True})).json()
         assert all("text" not in x for x in raw)
         assert np.abs(np.array([x["score"] for x in raw]) - np.sort(logits)[::-1]).max() <= 1e-4
 
         models = {m["name"]: m for m in (await c.get("/v1/models")).json()["data"]}
-        assert models["xenc"].get("pairs") is True and "pairs" not in models["tiny-clf"]
+        assert models[xenc].get("pairs") is True and "pairs" not in models["tiny-clf"]
 
 
 @pytest.mark.parametrize("multi_label", [False, True])
-@pytest.mark.parametrize("model", ["nli", "bart-nli"])
+@pytest.mark.parametrize("model", ["nli", "bart-nli", "deberta-nli"])
 async def test_zero_shot_matches_transformers_pipeline(pair_store, model: str, multi_label: bool) -> None:
     store, folders = pair_store
     pipe = transformers.pipeline(

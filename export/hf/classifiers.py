@@ -186,8 +186,18 @@ class ClassifierLayout:
     loader: Callable[[nn.Module, int], nn.Module]  # (model, heads) -> graph over its weights
     model_class: str  # e.g. "BertForSequenceClassification"
     positions_from_pad: bool = False  # fairseq positions: pad id + 1 + index
-    segments: bool = False  # a token_type_ids input: a pair's second text is segment 1
+    # a token_type_ids input where the config's table has two rows or more: a pair's second text is
+    # segment 1 (BERT, DeBERTa-v2; DeBERTa-v3 has no table)
+    segments: bool = False
     pool_eos: bool = False  # an encoder-decoder read at each row's last end token (BART): no encoder-only checks
+    # the family's own refusals: what of a config its graph would not reproduce, one phrase each
+    check: Callable[[transformers.PretrainedConfig], list[str]] | None = None
+
+
+def takes_segments(config: transformers.PretrainedConfig, layout: ClassifierLayout) -> bool:
+    """Whether the graph takes `token_type_ids`: a family with segments whose config has a token
+    type table of two rows or more (with one row every token is in segment 0; with none, nothing is added)."""
+    return layout.segments and getattr(config, "type_vocab_size", 2) >= 2
 
 
 def check_supported(config: transformers.PretrainedConfig, layout: ClassifierLayout) -> None:
@@ -221,6 +231,8 @@ def check_supported(config: transformers.PretrainedConfig, layout: ClassifierLay
             f"max_position_embeddings={config.max_position_embeddings} leaves {max_sequence_length(config, layout)} "
             f"positions: too few to classify a text (at least {MIN_TOKENS})"
         )
+    if layout.check is not None:
+        problems += layout.check(config)
     if problems:
         raise ImportProblem(f"{family}: " + "; ".join(problems))
 
@@ -259,7 +271,7 @@ def max_sequence_length(config: transformers.PretrainedConfig, layout: Classifie
 def graph_spec(config: transformers.PretrainedConfig, layout: ClassifierLayout) -> GraphSpec:
     """The classifier contract's IO, with this model's label and head counts and, where the family
     has segments, its token_type_ids input."""
-    names = (io.INPUT_IDS, io.ATTENTION_MASK, *((io.TOKEN_TYPE_IDS,) if layout.segments else ()))
+    names = (io.INPUT_IDS, io.ATTENTION_MASK, *((io.TOKEN_TYPE_IDS,) if takes_segments(config, layout) else ()))
     ids = [TensorSpec(name=name, dtype="int64", shape=["batch", "sequence"]) for name in names]
     out = [
         TensorSpec(name=io.LOGITS, dtype="float32", shape=["batch", config.num_labels]),
@@ -310,10 +322,11 @@ def probe_batches(config: transformers.PretrainedConfig, layout: ClassifierLayou
     return batches
 
 
-def feeds(batch: Batch, layout: ClassifierLayout) -> dict[str, np.ndarray]:
-    """The graph's inputs for a probe batch: its token types only where the family has segments."""
+def feeds(batch: Batch, segments: bool) -> dict[str, np.ndarray]:
+    """The graph's inputs for a probe batch: its token types only where the graph takes segments
+    (`takes_segments`)."""
     ids, mask, types = batch
-    return {io.INPUT_IDS: ids, io.ATTENTION_MASK: mask} | ({io.TOKEN_TYPE_IDS: types} if layout.segments else {})
+    return {io.INPUT_IDS: ids, io.ATTENTION_MASK: mask} | ({io.TOKEN_TYPE_IDS: types} if segments else {})
 
 
 @contextlib.contextmanager
@@ -366,11 +379,12 @@ def export_classifier(model: transformers.PreTrainedModel, layout: ClassifierLay
         )
     spec = graph_spec(model.config, layout)
     batches = probe_batches(model.config, layout)
+    segments = takes_segments(model.config, layout)
     with torch.no_grad(), _eager(model):
         model.eval()
         expected = []
         for batch in batches:
-            inputs = {k: torch.from_numpy(v) for k, v in feeds(batch, layout).items()}
+            inputs = {k: torch.from_numpy(v) for k, v in feeds(batch, segments).items()}
             ref = model(**inputs, output_attentions=True)
             logits, weights = graph(**inputs)
             mask = batch[1]
@@ -386,11 +400,11 @@ def export_classifier(model: transformers.PreTrainedModel, layout: ClassifierLay
     tmp = Path(tmp_name)
     try:
         with torch.no_grad():
-            example = tuple(torch.from_numpy(v) for v in feeds(batches[1], layout).values())
+            example = tuple(torch.from_numpy(v) for v in feeds(batches[1], segments).values())
             export_graph(graph, example, spec, tmp)
         sess = session(tmp)
         for batch, (logits, weights) in zip(batches, expected, strict=True):
-            got_logits, got_weights = sess.run(None, feeds(batch, layout))
+            got_logits, got_weights = sess.run(None, feeds(batch, segments))
             _check(
                 "ONNX Runtime vs graph module",
                 float(np.abs(got_logits - logits).max()),

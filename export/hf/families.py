@@ -23,7 +23,7 @@ from typing import Literal
 import transformers
 from torch import nn
 
-from export.hf import ImportProblem, bart_classifier, classifiers, seq2seq, t5
+from export.hf import ImportProblem, bart_classifier, classifiers, deberta_classifier, seq2seq, t5
 from export.hf import tokenizer as tok
 from export.hf.classifiers import ClassifierLayout
 from export.hf.seq2seq import Layout
@@ -170,6 +170,16 @@ FAMILIES: tuple[Family, ...] = (
         "bart",
         ClassifierLayout(bart_classifier.bart, "BartForSequenceClassification", pool_eos=True),
         _BPE_FILES,
+    ),
+    _classifier(  # DeBERTa-v2 and v3: disentangled attention over log-bucketed relative positions
+        "deberta-v2",
+        ClassifierLayout(
+            deberta_classifier.deberta,
+            "DebertaV2ForSequenceClassification",
+            segments=True,  # where type_vocab_size > 1 (v2); v3 has no token type table
+            check=deberta_classifier.problems,
+        ),
+        (("tokenizer.json",), ("spm.model",)),
     ),
 )
 
