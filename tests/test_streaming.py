@@ -409,3 +409,18 @@ async def test_a_burst_of_events_is_not_a_slow_reader(app: FastAPI) -> None:
     sent = await collect(event_stream(at_once(), Protocol.REST), scope_of(app))
     events = parse_events(b"".join(m.get("body", b"") for m in sent[1:]).decode())
     assert events == [*burst, "[DONE]"]
+
+
+async def test_a_streamed_translation_cut_short_keeps_its_spans_and_says_so(client: httpx.AsyncClient) -> None:
+    """A stream cut at its limit gets the missing spans in its deltas, as the whole answer does, and
+    its last event counts them (`spans_appended`); a whole one's last event has no such field."""
+    text = "The cat 5 sees http://example.org a dog."
+    for body in ({"texts": [text], "decode": "greedy", "max_new_tokens": 1}, {"texts": [text]}):
+        whole = (await client.post("/translate", json=body)).json()["translations"][0]
+        streamed = await client.post("/translate", json=body | {"stream": True})
+        joined, ends = texts_of(parse_events(streamed.text), 1)
+        assert joined == [whole["text"]]
+        assert ends[0].get("spans_appended") == whole.get("spans_appended")
+    assert ends[0].get("spans_appended") is None and whole.get("spans_appended") is None
+    cut = (await client.post("/translate", json={"texts": [text], "max_new_tokens": 1, "decode": "greedy"})).json()
+    assert cut["translations"][0]["spans_appended"] >= 1

@@ -171,7 +171,8 @@ class Seq2SeqRequest(TextsRequest, SearchOptions):
 
 TEXT_EVENTS_DOC = """With "stream": true, Server-Sent Events: `data: {"index": i, "text": "<delta>"}` as text
 i's output grows (its deltas joined are the text answered without stream), `data: {"index": i,
-"text": "", "finish_reason": ..., "score"?: ...}` once text i is complete, then `data: [DONE]`. An
+"text": "", "finish_reason": ..., "score"?: ..., "spans_appended"?: ...}` once text i is complete (the
+last: protected spans put at the end of a text cut at its limit), then `data: [DONE]`. An
 error after the first event is `data: {"error": ..., "type": ...}`, then the stream ends; before it,
 the JSON error and its status."""
 """A sequence-to-sequence REST stream's events (`text_events`), for the API document."""
@@ -195,6 +196,8 @@ async def text_events(
                 end: dict[str, object] = {"index": event.index, "text": "", "finish_reason": event.output.finish_reason}
                 if scores:
                     end["score"] = finite(event.output.score)
+                if event.output.spans_appended:
+                    end["spans_appended"] = event.output.spans_appended
                 yield end
 
 
