@@ -290,7 +290,7 @@ def test_training_pairs_keep_the_served_kinds_as_they_were(text: str) -> None:
 
 PROSE = [
     "Enter your name and press the button.",
-    "Enter keys to abort, or type Return.",
+    "Enter keys to abort, or type Return; Express Delete and Keymap Tab are products.",
     'The message "Hello world" is shown; click \'save changes\' or "make changes" when done.',
     "The alt-right movement, a 1.5-fold rise and a 2.5-inch disk.",
     "He said deadbeef and 1234567 twice at 12:30:45 on 2024-01-15.",

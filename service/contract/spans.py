@@ -112,7 +112,7 @@ _NAMED_KEY = (
 )
 _FKEY = r"F(?:2[0-4]|1\d|[1-9])"
 _KEY = rf"""(?:{_FKEY}|(?i:{_NAMED_KEY})|[A-Za-z0-9]|[`~!@#$%^&*()_=+\[\]{{}};:'",.<>/?\\|-])(?![A-Za-z0-9]|[+-]\w)"""
-_PRESS = "|".join(f"(?<={v} )" for v in ("[Pp]ress", "[Pp]ressing", "[Pp]resses", "[Hh]it", "[Hh]itting", "[Tt]ap"))
+_PRESS = "|".join(rf"(?<=\b{v} )" for v in ("[Pp]ress", "[Pp]ressing", "[Pp]resses", "[Hh]it", "[Hh]itting", "[Tt]ap"))
 _NAMED = f"(?:{_NAMED_KEY}|{_NAMED_KEY.upper()})"
 _HEX_ID = (
     r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|0[xX][0-9A-Fa-f]+"
