@@ -5,7 +5,8 @@ share of outputs with an immediate repetition the reference lacks (a word twice 
 word pair twice in a row: "Änderungen speichern speichern?"), and retention: of the identifiers,
 inline code, names, quoted spans and dash runs (`service.contract.verbatim`, as the service finds
 them) that the reference keeps as written, the share the translation keeps as written too (and,
-apart, the same for the capitalised words the service leaves to the model); on the test split and, with
+apart, the same for the capitalised words the service leaves to the model, and per kind for every span
+the service masks); on the test split and, with
 `--ood`, on the out-of-domain stand-in of `bench.ood` (and apart on its messages the training
 split lacks: a message of a stand-in package can also be another package's). Classifier: accuracy and macro-F1 overall
 and per source, the expected calibration error, and the VADER lexicon on the same split for
@@ -21,6 +22,7 @@ import json
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from bench.engines import load_engine, newest
 from service.contract import spans, verbatim
@@ -92,10 +94,13 @@ def retention(
     them the translation keeps as written (as often as the source has them). With `vocab_words`
     (the tokenizer's whole words alone), also `UNMASKED_WORDS`: the capitalised words the
     vocabulary lacks but the training text writes in lower case, which the service leaves to the
-    model ("Tasks", "Tablet"; a reference may keep one in English)."""
+    model ("Tasks", "Tablet"; a reference may keep one in English). And `kinds`: the same per kind
+    for every span the service masks (`spans.find_spans` as served: format strings, keys, digests,
+    quoted commands, ... and the candidates)."""
     total: Counter[str] = Counter()
     kept: Counter[str] = Counter()
     lost: dict[str, list[dict[str, str]]] = {}
+    kinds: dict[str, dict[str, Any]] = {}
     for src, ref, hyp in zip(sources, refs, hyps, strict=True):
         strict = [(s.start, s.end) for s in spans.find_spans(src)]
         served = verbatim.candidates(src, words, strict)
@@ -106,19 +111,37 @@ def retention(
             found += [(c, UNMASKED_WORDS) for c in broad if c.kind == "name" and (c.start, c.end) not in starts]
         for c, group in found:
             word = src[c.start : c.end]
-            if not verbatim.kept_in(ref, word):
+            if (ok := _kept(word, src, ref, hyp)) is None:
                 continue
             total[group] += 1
-            if len(verbatim.kept_in(hyp, word)) >= len(verbatim.kept_in(src, word)):
+            if ok:
                 kept[group] += 1
             elif len(lost.setdefault(group, [])) < 5:
                 lost[group].append({"word": word, "en": src, "hyp": hyp})
+        for s in spans.find_spans(src, True, verbatim=True, words=words):
+            word = src[s.start : s.end]
+            if (ok := _kept(word, src, ref, hyp)) is None:
+                continue
+            kind = kinds.setdefault(s.kind, {"kept": 0, "of": 0, "lost": []})
+            kind["of"] += 1
+            kind["kept"] += ok
+            if not ok and len(kind["lost"]) < 5:
+                kind["lost"].append({"word": word, "en": src, "hyp": hyp})
     every = sum(n for g, n in total.items() if g != UNMASKED_WORDS)
     every_kept = sum(n for g, n in kept.items() if g != UNMASKED_WORDS)
     return {
         "all": {"kept": every_kept, "of": every, "share": every_kept / every if every else 1.0},
         **{g: {"kept": kept[g], "of": n, "share": kept[g] / n, "lost": lost.get(g, [])} for g, n in total.items()},
+        "kinds": {k: {**v, "share": v["kept"] / v["of"]} for k, v in sorted(kinds.items())},
     }
+
+
+def _kept(word: str, src: str, ref: str, hyp: str) -> bool | None:
+    """None when the reference does not keep `word` as written; else whether the translation
+    keeps it as often as the source has it."""
+    if not verbatim.kept_in(ref, word):
+        return None
+    return len(verbatim.kept_in(hyp, word)) >= len(verbatim.kept_in(src, word))
 
 
 def translator_quality(
@@ -211,7 +234,8 @@ def stand_in(workdir: Path, data_dir: Path) -> tuple[list[dict[str, str]], froze
 def _shares(result: dict[str, object]) -> str:
     groups = result["retention"]
     assert isinstance(groups, dict)
-    return ", ".join(f"{g} {v['kept']}/{v['of']}" for g, v in groups.items())
+    kinds = ", ".join(f"{k} {v['kept']}/{v['of']}" for k, v in groups["kinds"].items())
+    return ", ".join(f"{g} {v['kept']}/{v['of']}" for g, v in groups.items() if g != "kinds") + f"; per kind {kinds}"
 
 
 def _accuracy(result: object) -> str:

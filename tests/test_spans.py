@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -205,3 +207,117 @@ def test_a_span_that_is_white_space_survives_at_the_end(space: str) -> None:
     out = unmask(f"{placeholder(1)} {placeholder(2)}", m.spans)
     assert out == f"0 {space} 0"
     assert unmask(placeholder(2), m.spans) == f"{space} 0 0"
+
+
+SERVED_KIND_CASES = {
+    "Press Ctrl+Shift+P, Alt+F4, Cmd+K or Ctrl-C; Shift+Tab goes back.": [
+        ("Ctrl+Shift+P", "key"),
+        ("Alt+F4", "key"),
+        ("Cmd+K", "key"),
+        ("Ctrl-C", "key"),
+        ("Shift+Tab", "key"),
+    ],
+    "F1 opens the help, F24 nothing; press Esc, then ctrl + c or ⌘⇧P and Ctrl+,": [
+        ("F1", "key"),
+        ("F24", "key"),
+        ("Esc", "key"),
+        ("ctrl + c", "key"),
+        ("⌘⇧P", "key"),
+        ("Ctrl+,", "key"),
+    ],
+    "Press Enter to go on, hit Tab twice or press the Delete key.": [
+        ("Enter", "key"),
+        ("Tab", "key"),
+        ("Delete", "key"),
+    ],
+    "Commit a1b2c3d, checksum 9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08.": [
+        ("a1b2c3d", "digest"),
+        ("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08", "digest"),
+    ],
+    "Error 0x80070005 in 123e4567-e89b-12d3-a456-426614174000, image sha256:2cf24dba5fb0a30e.": [
+        ("0x80070005", "digest"),
+        ("123e4567-e89b-12d3-a456-426614174000", "digest"),
+        ("sha256:2cf24dba5fb0a30e", "digest"),
+    ],
+    "Use 1.0.0-rc.2, 2.0.0-beta+exp.sha.5114f85, 5.15.0-91-generic or 3.11.4a1, not v2.3.1 or 1.2.3.": [
+        ("1.0.0-rc.2", "version"),
+        ("2.0.0-beta+exp.sha.5114f85", "version"),
+        ("5.15.0-91-generic", "version"),
+        ("3.11.4a1", "version"),
+        ("v2.3.1", "number"),  # the number rule already keeps a plain version whole
+        ("1.2.3", "number"),
+    ],
+    "Listen on 192.168.0.1:8080, [::1]:443, 2001:db8::1, localhost:3000/api or db.example.com:5432.": [
+        ("192.168.0.1:8080", "address"),
+        ("[::1]:443", "address"),
+        ("2001:db8::1", "address"),
+        ("localhost:3000/api", "address"),
+        ("db.example.com:5432", "address"),
+    ],
+    "Run 'rm -rf build', then ‘git commit --amend’ and \"npm install\".": [
+        ("'rm -rf build'", "command"),
+        ("‘git commit --amend’", "command"),
+        ('"npm install"', "command"),
+    ],
+    "Type 'make clean' or “./configure --prefix=/usr” or 'python3 -m venv .venv'": [
+        ("'make clean'", "command"),
+        ("“./configure --prefix=/usr”", "command"),
+        ("'python3 -m venv .venv'", "command"),
+    ],
+}
+
+
+@pytest.mark.parametrize(("text", "want"), SERVED_KIND_CASES.items())
+def test_served_texts_protect_keys_digests_versions_addresses_and_quoted_commands(
+    text: str, want: list[tuple[str, str]]
+) -> None:
+    assert [(text[s.start : s.end], s.kind) for s in find_spans(text, symbols=True)] == want
+    m = mask(text, ASCII, frozenset(re.findall(r"[^\W\d_]+", text)))  # every word known: no names
+    assert list(m.spans) == [w for w, _ in want]
+    assert unmask(m.text, m.spans) == text
+    reordered = " | ".join(placeholder(i) for i in range(len(m.spans), 0, -1))  # as a German word order may
+    assert unmask(reordered, m.spans) == " | ".join(reversed(m.spans))
+
+
+SERVED_KINDS = {"key", "digest", "version", "address", "command"}
+
+
+@pytest.mark.parametrize("text", SERVED_KIND_CASES)
+def test_training_pairs_keep_the_served_kinds_as_they_were(text: str) -> None:
+    """The bundled model was trained without these rules: training masks stay as they were."""
+    assert not {s.kind for s in find_spans(text)} & SERVED_KINDS
+
+
+PROSE = [
+    "Enter your name and press the button.",
+    "Enter keys to abort, or type Return; Express Delete and Keymap Tab are products.",
+    'The message "Hello world" is shown; click \'save changes\' or "make changes" when done.',
+    "The alt-right movement, a 1.5-fold rise and a 2.5-inch disk.",
+    "He said deadbeef and 1234567 twice at 12:30:45 on 2024-01-15.",
+    "Use std::vector, a[::2] or Foo :: Bar; ratio 16:9.",
+    "Press the button, then Tab through the fields and Delete the rest.",
+    "Tom's 'favourite' song is on the 'Home' page, isn't it?",
+    "I'd rather go home, make tea and find the cat.",
+    "Ctrl, Shift and Alt are keys; F is a letter.",
+    'The rule "return_value takes one text per request" holds.',
+    "`longest_first` truncation as the users' tokenizer does it, in a.md:3",  # no pair, no address
+]
+
+
+@pytest.mark.parametrize("text", PROSE)
+def test_prose_masks_as_before_the_served_kinds(text: str) -> None:
+    found = find_spans(text, symbols=True, alphabet=ASCII, verbatim=True, words=WORDS)
+    assert not {s.kind for s in found} & SERVED_KINDS, [(text[s.start : s.end], s.kind) for s in found]
+
+
+def test_a_key_touching_markup_merges_into_one_span() -> None:
+    assert mask("Press <kbd>Ctrl+Shift+P</kbd> now").spans == ("<kbd>Ctrl+Shift+P</kbd>",)
+    assert mask("Tag v1.0.0-rc.1@a1b2c3d").spans == ("v1.0.0-rc.1", "a1b2c3d")  # "@" between: two spans
+    assert mask("See 'git log' (F1)").spans == ("'git log'", "F1")
+
+
+def test_a_quoted_command_takes_the_spans_inside_it() -> None:
+    text = "Run 'pip install -r requirements.txt --upgrade' now"
+    assert [s.kind for s in find_spans(text, symbols=True)] == ["command"]
+    assert [s.kind for s in find_spans(text)] == ["option", "file", "option"]  # training: its parts
+    assert verbatim.quoted("Don't run 'a b' or „c d“, it's late") == [(10, 15), (19, 24)]

@@ -13,24 +13,39 @@ repeated keeps only its first occurrence; an unknown one is removed.
 The exporter masks its training pairs with `mask_pair`, the service masks requests with `mask`:
 one module, so training and serving agree by construction.
 
-Rules, in the order they are tried at each position (the first that matches wins):
+Rules, in the order they are tried at each position (the first that matches wins); those marked
+``*`` only for served texts (``symbols=True``: `mask` and the service; not the training pairs of
+`mask_pair`, so that the bundled models' training data stays as it was: a model copies a
+placeholder whatever it stands for):
   own       a literal placeholder ``⟨7⟩`` in the input (so it passes through too)
   ansi      a terminal's escape sequence, ``\x1b[31m`` (colour, cursor)
   markup    ``<b>``, ``</a>``, ``<br/>``, ``<a href="x">``; entities ``&amp;`` ``&#39;``
   quoted    GCC's ``%<...%>`` code quotes
   url       ``scheme://...``, ``www....``, ``mailto:...`` (trailing punctuation excluded)
   email     ``name@host.tld``
+  address*  an address with its port, whole: ``192.168.0.1:8080``, ``localhost:3000``,
+            ``db.example.com:5432`` (any host name, given a port), ``[::1]:443``; IPv6
+            ``2001:db8::1`` ``fe80::1/64``; MAC ``00:1A:2B:3C:4D:5E``; ``localhost``; IPv4
   path      ``/usr/bin/x``, ``~/x``, ``./x``, ``../x``, ``C:\\x``, ``dir/file.ext``
   host      ``example.com``, ``files.example.org`` (common top-level domains)
   file      ``config.ini``, ``README.md`` (common file extensions)
   format    ``%s`` ``%d`` ``%-5.2f`` ``%1$s`` ``%(name)s`` ``%qD`` ``%1`` ``%%`` ``{0}`` ``{name}``
             ``{{`` ``}}`` ``$VAR`` ``${VAR}`` ``$(VAR)`` ``$1`` ``@VAR@`` ``#NAME#``
   option    ``-v``, ``--force``, ``--output=x``, ``-fsanitize=address``
+  digest*   commit ids and digests: 7 to 128 hex digits of one case with a digit and a letter
+            (``a1b2c3d``; not ``deadbeef`` nor ``1234567``), ``0x1F``, UUIDs, a ``sha256:`` or
+            ``md5:`` prefix included (`number` cut ``9f86d0...`` after its first digit)
+  version*  what `number` leaves out of a version: a pre-release or build, ``1.0.0-rc.2``,
+            ``2.0.0-beta+exp.sha.5114f85``, ``5.15.0-91-generic``, ``3.11.4a1`` (``v2.3.1`` and
+            ``1.2.3`` are numbers; ``1.5-fold`` is a number and a word)
+  key*      combinations ``Ctrl+Shift+P`` ``Alt+F4`` ``Cmd+K`` ``Ctrl-C`` ``ctrl + c`` ``⌘⇧P``
+            (lower-case modifiers with ``+`` only: "alt-right" is a word), ``F1``-``F24``,
+            ``Esc``; a named key alone (``Enter``, ``Tab``, ``Delete``, ...) only after press,
+            hit or tap or as "the Tab key": "Enter your name" stays prose
   number    ``42``, ``-3``, ``1,299.95``, ``10⁵``, ``3D``, dates ``2024-01-15`` ``15.01.2024``
             ``01/15/2024``, times ``12:30:45``, IP addresses ``192.168.0.1``, versions ``1.2.3``
   marker    ``▁`` (U+2581, the tokenizer's word marker)
-and, for served texts only (``symbols=True``: `mask` and the service; not the training pairs of
-`mask_pair`, so that the bundled models' training data stays as it was):
+and, after those, for served texts only:
   symbol    a run of symbols (Unicode category So: emoji, pictographs, ``™`` ``©`` ``°C`` ``▸``)
             with the characters that join or modify them (zero-width joiner, variation
             selectors, keycap, skin tones, tag characters), and invisible format characters
@@ -42,6 +57,13 @@ and, for served texts only (``symbols=True``: `mask` and the service; not the tr
             or such a character alone outside words: ``Ørsted``, ``brûlée``, ``日本語``. The
             tokenizer spells it in byte tokens the model can neither translate nor copy; as a
             placeholder it comes back as written.
+  command   a quoted command line, quotes included, with the spans inside it: ``'rm -rf build'``,
+            ``‘git commit --amend’``, ``"npm install"`` (`service.contract.verbatim.quoted`): two
+            or more shell words, none a prose word, the first a program (`_COMMANDS`) or code
+            (a path, a file, an option, a call). ``"Hello world"`` and 'save changes' are prose.
+            Quotes inside, as the `verbatim` ``quotes``: around a placeholder the model turns
+            them into »...« or „...“, but lost a closing ``’``. Unmasked, beam search wrote
+            ``'rm -rf build'`` as „rm -rf” and ``'sudo apt update'`` as »sudopt«.
 Spans that touch (no character between them) are merged into one. At most `PLACEHOLDER_COUNT`
 spans of a text are masked; any further ones stay in the text as they are.
 """
@@ -82,21 +104,50 @@ _EXT = (
 _TRAIL = r"""[.,;:!?'"»«)\]]*(?:\s|$)"""  # punctuation that ends a sentence, not a path
 
 _ANSI = r"\x1b\[[0-?]*[ -/]*[@-~]"  # a terminal's escape sequence (colour, cursor), whole
-_RULES: tuple[tuple[str, str], ...] = (
-    ("own", r"⟨\d+⟩"),
-    ("ansi", _ANSI),
-    ("markup", r"</?[A-Za-z][A-Za-z0-9:-]*(?:\s[^<>]*)?/?>|&(?:[A-Za-z][A-Za-z0-9]*|#\d+|#[xX][0-9A-Fa-f]+);"),
-    ("quoted", r"%<.*?%>"),
-    ("url", r"""(?<![\w@])(?:[A-Za-z][A-Za-z0-9+.-]*://|www\.|mailto:)[^\s<>"]+"""),
-    ("email", r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?![\w-])"),
+_MOD = r"(?:Ctrl|CTRL|Control|Shift|SHIFT|AltGr|Alt|ALT|Option|Opt|Cmd|CMD|Command|Meta|Super|Win|Fn)"
+_MOD_ANY = rf"(?:{_MOD}|ctrl|shift|alt|cmd)"  # in lower case, joined by "+" only ("alt-right" is a word)
+_NAMED_KEY = (
+    "Enter|Return|Tab|Escape|Esc|Spacebar|Space|Backspace|Delete|Del|Insert|Ins|Home|End|PageUp|PageDown|"
+    "PgUp|PgDn|Up|Down|Left|Right|PrintScreen|PrtSc|Pause|Break|CapsLock|NumLock|ScrollLock|Menu"
+)
+_FKEY = r"F(?:2[0-4]|1\d|[1-9])"
+_KEY = rf"""(?:{_FKEY}|(?i:{_NAMED_KEY})|[A-Za-z0-9]|[`~!@#$%^&*()_=+\[\]{{}};:'",.<>/?\\|-])(?![A-Za-z0-9]|[+-]\w)"""
+_PRESS = "|".join(rf"(?<=\b{v} )" for v in ("[Pp]ress", "[Pp]ressing", "[Pp]resses", "[Hh]it", "[Hh]itting", "[Tt]ap"))
+_NAMED = f"(?:{_NAMED_KEY}|{_NAMED_KEY.upper()})"
+_HEX_ID = (
+    r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}|0[xX][0-9A-Fa-f]+"
+    r"|(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,128}|(?=[0-9A-F]*[A-F])(?=[0-9A-F]*\d)[0-9A-F]{7,128}"
+)
+_IDENT = r"[0-9A-Za-z-]+(?:\.[0-9A-Za-z-]+)*"  # semver's dot-separated identifiers
+_PRE = r"\d|(?i:alpha|beta|rc|preview|pre|dev|snapshot|nightly|canary|final|stable|lts)(?![A-Za-z])"
+_PORT = r"(?::\d{1,5}(?!\d))"
+# (name, regex, served only): served-only rules are tried only for served texts (`symbols=True`)
+_RULES: tuple[tuple[str, str, bool], ...] = (
+    ("own", r"⟨\d+⟩", False),
+    ("ansi", _ANSI, False),
+    ("markup", r"</?[A-Za-z][A-Za-z0-9:-]*(?:\s[^<>]*)?/?>|&(?:[A-Za-z][A-Za-z0-9]*|#\d+|#[xX][0-9A-Fa-f]+);", False),
+    ("quoted", r"%<.*?%>", False),
+    ("url", r"""(?<![\w@])(?:[A-Za-z][A-Za-z0-9+.-]*://|www\.|mailto:)[^\s<>"]+""", False),
+    ("email", r"(?<![\w.+-])[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,}(?![\w-])", False),
+    (
+        "address",
+        rf"(?<![\w:.])\[(?=[^\]]*:[^\]]*:)(?=[^\]]*[0-9A-Fa-f])[0-9A-Fa-f:.]+\]{_PORT}?(?![\w:])"
+        r"|(?<![\w:.\[])(?=[0-9A-Fa-f:]*::|(?:[0-9A-Fa-f]{1,4}:){7}[0-9A-Fa-f])(?=[0-9A-Fa-f:]*[0-9A-Fa-f])"
+        r"(?:[0-9A-Fa-f]{0,4}:){2,7}(?:\d{1,3}(?:\.\d{1,3}){3}|[0-9A-Fa-f]{0,4})(?:/\d{1,3})?(?![\w:])"
+        r"|(?<![\w:.-])(?:[0-9A-Fa-f]{2}:){5}[0-9A-Fa-f]{2}(?![\w:])"
+        rf"|(?<![\w@./:-])(?:localhost|(?:[A-Za-z0-9-]+\.)+(?!(?:{_EXT}):)[A-Za-z]{{2,}}(?={_PORT})|\d{{1,3}}(?:\.\d{{1,3}}){{3}})"
+        rf"{_PORT}?(?:/[^\s<>\"'`]*)?(?![\w-])",
+        True,
+    ),
     (
         "path",
         rf"""(?<![\w/\\])(?:(?:~|\.\.?)?/[\w.@+~%-]+(?:/[\w.@+~%-]*)*?(?={_TRAIL})"""
         r"|[A-Za-z]:\\[^\s<>\"]*[^\s<>\".,;:!?)]"
         rf"|(?:[\w.-]+/)+[\w.-]*\.(?:{_EXT})(?![\w]))",
+        False,
     ),
-    ("host", rf"(?<![\w@.-])(?:[A-Za-z0-9-]+\.)+(?:{_TLD})(?![\w-])"),
-    ("file", rf"(?<![\w.-])[\w-]+(?:\.[\w-]+)*\.(?:{_EXT})(?![\w-])"),
+    ("host", rf"(?<![\w@.-])(?:[A-Za-z0-9-]+\.)+(?:{_TLD})(?![\w-])", False),
+    ("file", rf"(?<![\w.-])[\w-]+(?:\.[\w-]+)*\.(?:{_EXT})(?![\w-])", False),
     (
         "format",
         r"(?<!\d)%(?:\d+\$)?(?:\([^()\s]*\))?[-+#0'q]*(?:\d+|\*)?(?:\.(?:\d+|\*))?(?:hh|ll|[hlLjzt])?[A-Za-z]"
@@ -104,12 +155,29 @@ _RULES: tuple[tuple[str, str], ...] = (
         r"|\{\{|\}\}|\{[^{}\s]*\}"
         r"|\$\{[^{}\s]*\}|\$\([^()\s]*\)|\$[A-Za-z_][A-Za-z0-9_]*|\$\d+(?:[.,]\d+)*"
         r"|@[A-Za-z_][A-Za-z0-9_]*@|#[A-Z][A-Z_]*#",
+        False,
     ),
-    ("option", r"""(?<![^\s(\[{"'»«„“])--?[A-Za-z][\w-]*(?:=[^\s,;]+)?"""),
-    ("number", r"(?<![\w.,])(?:[vV](?=\d)|[+-])?\d+(?:[.,:/-]\d+)*[⁰¹²³⁴⁵⁶⁷⁸⁹]*(?:[A-Za-z]+(?![\w-]))?"),
-    ("marker", r"▁+"),
+    ("option", r"""(?<![^\s(\[{"'»«„“])--?[A-Za-z][\w-]*(?:=[^\s,;]+)?""", False),
+    ("digest", rf"(?<![\w.+-])(?:(?:sha(?:1|224|256|384|512)|md5):)?(?:{_HEX_ID})(?![\w-])", True),
+    (
+        "version",
+        rf"(?<![\w.,+-])[vV]?\d+(?:\.\d+)+(?:-(?=[0-9A-Za-z-]*[A-Za-z])(?:{_PRE})[0-9A-Za-z-]*(?:\.[0-9A-Za-z-]+)*"
+        rf"(?:\+{_IDENT})?|\+{_IDENT}|(?:\.?(?:a|b|rc|dev|post)\d+)+)(?![\w-])",
+        True,
+    ),
+    (
+        "key",
+        rf"(?<![\w+-])(?:{_MOD}(?:[+-]{_MOD})*[+-]{_KEY}"
+        rf"|{_MOD_ANY}(?: ?\+ ?{_MOD_ANY})*(?: ?\+ ?)(?:{_KEY}|{_MOD_ANY}(?![\w+]| \+))"
+        rf"|[⌘⌥⇧⌃]+(?:{_FKEY}|{_NAMED}|[A-Z0-9])(?![A-Za-z0-9])|{_FKEY}(?![\w+-])|(?:Esc|ESC)(?![\w-])"
+        rf"|(?:{_PRESS}){_NAMED}(?![\w-])|(?<=the ){_NAMED}(?= key\b))",
+        True,
+    ),
+    ("number", r"(?<![\w.,])(?:[vV](?=\d)|[+-])?\d+(?:[.,:/-]\d+)*[⁰¹²³⁴⁵⁶⁷⁸⁹]*(?:[A-Za-z]+(?![\w-]))?", False),
+    ("marker", r"▁+", False),
 )
-_PATTERN = re.compile("|".join(f"(?P<{kind}>{rx})" for kind, rx in _RULES))
+_PATTERN = re.compile("|".join(f"(?P<{kind}>{rx})" for kind, rx, served in _RULES if not served))
+_SERVED = re.compile("|".join(f"(?P<{kind}>{rx})" for kind, rx, _ in _RULES))
 _OUTPUT_PLACEHOLDER = re.compile(r"( ?)⟨(\d+)⟩( ?)")
 
 
@@ -164,22 +232,75 @@ def find_spans(
 
 def _strict(text: str, symbols: bool, alphabet: frozenset[str] | None) -> list[Span]:
     found: list[Span] = []
-    for m in _PATTERN.finditer(text):
+    for m in (_SERVED if symbols else _PATTERN).finditer(text):
         kind = m.lastgroup or "span"
-        end = _url_end(text, m.start(), m.end()) if kind == "url" else m.end()
+        end = _url_end(text, m.start(), m.end()) if kind in ("url", "address") else m.end()
         if end > m.start():
             found.append(Span(m.start(), end, kind))
     if symbols and not (text.isascii() and text.isprintable()):
         found = _add(found, _symbol_runs(text))
     if alphabet is not None and not text.isascii():
         found = _add(found, _foreign_words(text, alphabet))
+    if symbols:
+        found = _absorb(found, _quoted_commands(text, found))
     return found
+
+
+_COMMANDS = frozenset(
+    "git npm npx yarn pnpm pip pipx python node deno bun cargo rustc rustup gcc clang cmake ninja meson "
+    "sudo su apt apt-get dpkg dnf yum rpm pacman zypper brew flatpak systemctl journalctl "
+    "docker podman kubectl minikube terraform ansible vagrant ssh scp rsync curl wget ls cd rm cp mv "
+    "mkdir rmdir chmod chown ln grep sed awk tar unzip gzip echo ps df du pkill tmux vim nano emacs "
+    "java javac mvn gradle dotnet ruby rails php composer perl bash sh zsh conda poetry uv pytest "
+    "tox ruff mypy eslint tsc nslookup traceroute ifconfig netstat umount openssl gpg psql mysql sqlite "
+    "redis-cli".split()
+)
+"""Programs whose name opens a quoted command line: ``'npm install'``, ``"git status"``."""
+_WORD_COMMANDS = frozenset("make go find cat kill snap gem bundle ping dig mount helm".split())  # English words too
+_SUBCOMMANDS = frozenset(
+    "install uninstall build clean test check run all get mod fmt vet dist distclean update upgrade list".split()
+)
+_SHELL_WORD = re.compile(r"""[\w./~:=@%+,*$?{}\[\]<>|&;"'`()!#^\\-]+""")
+_PROSE_WORD = re.compile(r"[A-Z][a-z]+[.,;:!?]*|[a-z]+[.,;:!?]+")  # "Hello", "world!": prose, not a command
+_CODE = frozenset({"path", "file", "url", "host", "address", "option", "code", "snake"})
+
+
+def _quoted_commands(text: str, found: list[Span]) -> list[Span]:
+    """Quoted command lines (``'rm -rf build'``, ``‘git commit --amend’``, ``"npm install"``), quotes
+    included, as the `quotes` candidates of `service.contract.verbatim` take them: two or more
+    ASCII shell words, none a prose word, the first a program of `_COMMANDS` (one that is also an
+    English word with a subcommand or a code-like span after it) or itself code (a path, a file,
+    a call) with more code or at most two words after it. Quoted prose ("Hello world", 'save
+    changes', "return_value takes one text per request") stays text."""
+    out = []
+    for start, end in verbatim_words.quoted(text):
+        inner = text[start + 1 : end - 1]
+        words = inner.split()
+        if len(words) < 2 or not inner.isascii() or any(_PROSE_WORD.fullmatch(w) for w in words):
+            continue
+        if not all(_SHELL_WORD.fullmatch(w) for w in words):
+            continue
+        code = [s.start - start - 1 for s in found if start < s.start and s.end < end and s.kind in _CODE]
+        code = sorted(code + [c.start for c in verbatim_words.candidates(inner, None) if c.kind in _CODE])
+        program = re.sub(r"[\d.]+$", "", words[0])  # python3.12: python
+        if program in _WORD_COMMANDS:  # "make clean", "ping 10.0.0.1", not "make changes"
+            ok = words[1] in _SUBCOMMANDS or bool(code)
+        else:
+            ok = program in _COMMANDS or (code[:1] == [0] and (len(words) <= 3 or len(code) > 1))
+        if ok:
+            out.append(Span(start, end, "command"))
+    return out
 
 
 def _absorb(strict: list[Span], extra: list[Span]) -> list[Span]:
     """`strict` with each `extra` span that holds every strict span it overlaps whole (those go
-    into it); one that would cut a strict span apart (a word inside a path) is dropped."""
-    kept = [e for e in extra if all(s.start >= e.start and s.end <= e.end for s in strict if _overlap(s, e))]
+    into it); one that would cut a strict span apart (a word inside a path), or is one (it keeps
+    its kind: ``Esc`` is a key, not a name), is dropped."""
+
+    def holds(e: Span, s: Span) -> bool:
+        return s.start >= e.start and s.end <= e.end and (s.start, s.end) != (e.start, e.end)
+
+    kept = [e for e in extra if all(holds(e, s) for s in strict if _overlap(s, e))]
     rest = [s for s in strict if not any(_overlap(s, e) for e in kept)]
     return sorted(rest + kept, key=lambda s: s.start)
 

@@ -110,6 +110,22 @@ def candidates(text: str, words: frozenset[str] | None, spans: Iterable[tuple[in
     return _outermost(quoted + found)
 
 
+_QUOTED = re.compile(
+    "|".join(
+        rf"(?<![^\s(\[{{]){re.escape(o)}(?=\S)[^\n{re.escape(o + c)}]+(?<=\S){re.escape(c)}(?![^\s.,;:!?)\]}}])"
+        for o, c in _QUOTES.items()
+    )
+)
+
+
+def quoted(text: str) -> list[tuple[int, int]]:
+    """Where `text` quotes something, quotes included, left to right, on one line: an opening quote
+    at the start or after a space or bracket, its closing quote (`_QUOTES`) before the end, a space
+    or punctuation; the inner text neither starts nor ends with a space (so "don't" opens none)
+    and holds neither quote (a backtick of ```x``` never pairs with the apostrophe of "users'")."""
+    return [(m.start(), m.end()) for m in _QUOTED.finditer(text)]
+
+
 def _enclosed(text: str, start: int, end: int) -> bool:
     if start == 0 or end >= len(text):
         return False
