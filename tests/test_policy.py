@@ -71,6 +71,12 @@ def test_the_row_budget_passes_over_a_sentence_that_does_not_fit() -> None:
     assert who(p, wide, narrow) == [(1, 0), (1, 1)]  # 5 + 4 > 7 rows beams may fill; greedy fits
     assert p.waiting == [wide]
     assert StepLimits(max_rows=4).wide_rows == 3
+    # with an express lane, beams fill every main row and short greedy requests have rows of their own
+    assert StepLimits(max_rows=4, express_share=0.5).wide_rows == 4
+    p = decide([wide, narrow], running=Usage(rows=4, cache_tokens=0, express_rows=6), max_rows=8, express_share=0.5)
+    assert who(p, wide, narrow) == [(0, 0), (1, 0), (1, 1)] and p.lanes == [Lane.MAIN, Lane.EXPRESS, Lane.EXPRESS]
+    p = decide([wide, narrow], running=Usage(rows=8, cache_tokens=0, express_rows=7), max_rows=8, express_share=0.5)
+    assert who(p, wide, narrow) == [(1, 0)]  # the main lane full, the express lane's last row
     assert decide([wide], max_rows=4).admit == wide.sentences  # wider than beams may fill: it runs alone
 
 

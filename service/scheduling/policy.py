@@ -7,9 +7,9 @@ applies the plan and runs the step.
 The rules:
 - waiting requests are served round-robin, one sentence each in turn, so a one-sentence request
   is not stuck behind a 64-sentence one;
-- a sentence joins when its rows fit `max_rows` and its cache reservation fits
-  `max_cache_tokens`; beams may fill only `wide_rows` while others run, so a greedy sentence
-  can join at the next step even when the batch is full of beams;
+- a sentence joins when its rows fit `max_rows` (each lane its own) and its cache reservation fits
+  `max_cache_tokens` (both lanes); without an express lane, beams may fill only `wide_rows` while
+  others run, so a greedy sentence can join at the next step even when the batch is full of beams;
 - a sentence that does not fit is passed over, unless it has waited `starvation_s`: then
   nothing else is admitted before it, except greedy sentences in the rows beams may not fill;
 - when sentences must be encoded for this step, up to `encode_ahead` of those likely to join
@@ -83,8 +83,11 @@ class StepLimits:
     def wide_rows(self) -> int:
         """Rows beam sentences may fill while others run: an eighth of the budget is kept for
         greedy sentences, so a short greedy request joins at the next step even while the
-        batch is full of beams (a beam wider than this still runs, alone)."""
-        return self.max_rows - max(1, self.max_rows // 8)
+        batch is full of beams (a beam wider than this still runs, alone). With an express lane
+        the short greedy requests take that lane, whose rows are a budget of their own, and beams
+        may fill every main row: kept free, the eighth split 32 closed-loop beam-4 clients into
+        28 running and 4 waiting for them."""
+        return self.max_rows if self.express_share > 0 else self.max_rows - max(1, self.max_rows // 8)
 
 
 @dataclass(eq=False)
@@ -129,8 +132,9 @@ class Sentence:
 class Usage:
     """What the running batch holds now."""
 
-    rows: int
-    cache_tokens: int  # reserved by its sentences
+    rows: int  # of the main lane (the only one without an express share)
+    cache_tokens: int  # reserved by its sentences, in either lane
+    express_rows: int = 0  # of the express lane: a budget of `max_rows` of its own
 
 
 @dataclass(frozen=True)
@@ -161,7 +165,7 @@ def _select(
 ) -> list[Sentence]:
     """Waiting sentences to admit: round-robin over jobs within the budgets (turns `queue` and
     moves `cursor`)."""
-    rows, reserved, chosen = running.rows, running.cache_tokens, []
+    rows, reserved, chosen = [running.rows, running.express_rows], running.cache_tokens, []
     skipped = 0  # jobs in a row whose next sentence did not fit
     wide_held = False  # a starving beam sentence waits for rows: no other beam goes in first
     while queue and skipped < len(queue):
@@ -172,9 +176,9 @@ def _select(
         i = cursor.get(job, job.admitted)
         s = job.sentences[i]
         if not s.search.done:  # a sentence with limit 0 was answered without a step
-            width = s.search.width
-            cap = limits.max_rows if width == 1 or not rows else limits.wide_rows
-            fits = rows + width <= cap and reserved + s.reserve <= limits.max_cache_tokens
+            width, lane = s.search.width, takes_express(s, limits)
+            cap = limits.max_rows if width == 1 or not rows[lane] else limits.wide_rows
+            fits = rows[lane] + width <= cap and reserved + s.reserve <= limits.max_cache_tokens
             if not fits or (width > 1 and wide_held):
                 if now - job.enqueued >= limits.starvation_s:
                     if width == 1:
@@ -184,7 +188,7 @@ def _select(
                 skipped += 1
                 continue
             chosen.append(s)
-            rows += width
+            rows[lane] += width
             reserved += s.reserve
         cursor[job] = i + 1
         skipped = 0

@@ -263,7 +263,8 @@ class StepScheduler:
             if self._stop and not batch.blocks and not self._waiting:
                 return False
             now = time.monotonic()
-            running = Usage(batch.rows, sum(b.tag.reserve for b in batch.blocks))
+            express_rows = batch.express.rows if isinstance(batch, LaneBatch) else 0
+            running = Usage(batch.rows - express_rows, sum(b.tag.reserve for b in batch.blocks), express_rows)
             plan = policy.plan(self._waiting, self._jobs, running, self.limits, now)
             self._apply(plan)
         self._forget(batch.drop(lambda s: s.job.cancelled is None))
