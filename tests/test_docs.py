@@ -1,6 +1,7 @@
 """The documentation a newcomer reads holds together: every relative link in README.md and docs/
-reaches a file that exists and, for a markdown file, a heading it has; docs/results.md stays a
-page of short lines (tables, not paragraphs of figures).
+reaches a file that exists and, for a markdown file, a heading it has; so does every page named as
+`docs/<page>.md#<anchor>` in code, comments, manifests and code blocks (a moved section leaves none
+behind); docs/results.md stays a page of short lines (tables, not paragraphs of figures).
 
 Anchors are GitHub's: the heading's text in lower case, characters other than letters, digits,
 spaces, `-` and `_` dropped, spaces turned into `-`, a repeated anchor numbered `-1`, `-2`, ...
@@ -24,6 +25,13 @@ HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
 LINK = re.compile(r"(?<!!)\[(?:[^\]\\]|\\.)*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 CODE_SPAN = re.compile(r"(`+).*?\1")
 EXPLICIT_ANCHOR = re.compile(r"<a\s+(?:name|id)=\"([^\"]+)\"")
+# A page named by its path from the root, as code and comments do: `docs/serving.md#settings`.
+DOC_MENTION = re.compile(r"(?<![\w./-])(docs/[\w./-]+?\.md)(?:#([\w-]+))?")
+MENTION_PLACES = (
+    *("README.md", "Makefile", "Dockerfile", "pyproject.toml"),
+    *(".ci", "bench", "docker", "docs", "export", "k8s", "service", "tests"),
+)
+MENTION_SUFFIXES = {".md", ".py", ".json", ".yaml", ".yml", ".toml", ".sh", ".js", ".html", ".txt", ""}
 
 
 def prose_lines(text: str) -> list[tuple[int, str]]:
@@ -82,6 +90,30 @@ def broken_links(path: Path) -> list[str]:
     return problems
 
 
+def mention_files(root: Path) -> list[Path]:
+    """The project's text files that may name a page by its path (not data, not caches)."""
+    out = []
+    for place in MENTION_PLACES:
+        path = root / place
+        files = [path] if path.is_file() else sorted(path.rglob("*")) if path.is_dir() else []
+        out += [f for f in files if f.is_file() and f.suffix in MENTION_SUFFIXES and "__pycache__" not in f.parts]
+    return out
+
+
+def broken_mentions(path: Path) -> list[str]:
+    """Each `docs/<page>.md#<anchor>` that `path` names whose page or heading does not exist."""
+    problems = []
+    for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+        for page, anchor in DOC_MENTION.findall(line):
+            dest = ROOT / page
+            where = f"{path.relative_to(ROOT)}:{number}: {page}" + (f"#{anchor}" if anchor else "")
+            if not dest.is_file():
+                problems.append(f"{where} (no such file)")
+            elif anchor and anchor not in anchors(dest):
+                problems.append(f"{where} (no heading #{anchor})")
+    return problems
+
+
 def test_slug_is_githubs() -> None:
     assert slug("Against a peer: LitServe") == "against-a-peer-litserve"
     assert slug("Kubernetes (`k8s/`)") == "kubernetes-k8s"
@@ -108,6 +140,27 @@ def test_broken_links_are_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(page: Path) -> None:
     assert broken_links(page) == []
+
+
+def test_broken_mentions_are_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "b.md").write_text("# Title\n\n## A section: here\n")
+    code = tmp_path / "a.py"
+    page, missing = "docs" + "/b.md", "docs" + "/c.md"  # split, so this file names no page itself
+    code.write_text(
+        f'"""See {page}#a-section-here and {page}."""\n# {page}#elsewhere, {missing}, https://example.org/{page}#x\n'
+    )
+    assert broken_mentions(code) == [
+        f"a.py:2: {page}#elsewhere (no heading #elsewhere)",
+        f"a.py:2: {missing} (no such file)",
+    ]
+
+
+def test_pages_named_in_code_exist() -> None:
+    files = mention_files(ROOT)
+    assert ROOT / "service" / "http" / "libretranslate.py" in files and ROOT / "README.md" in files
+    assert [problem for path in files for problem in broken_mentions(path)] == []
 
 
 def test_results_lines_are_short() -> None:

@@ -164,7 +164,7 @@ def test_libretranslate_clients(request: pytest.FixtureRequest, expected: dict[s
 
 
 def test_libretranslate_answers_as_libretranslate(open_server: Server, expected: dict[str, object]) -> None:
-    """The shapes and refusals of LibreTranslate's `app.py` (docs/serving.md has the table)."""
+    """The shapes and refusals of LibreTranslate's `app.py` (docs/protocols.md has the table)."""
     translations: list[str] = expected["translations"]  # type: ignore[assignment]
     with httpx.Client(base_url=open_server.url + "/libretranslate/", timeout=30) as c:
         r = c.post("translate", json={"q": TEXTS, "source": "en", "target": "de", "alternatives": 2})

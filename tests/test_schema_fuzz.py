@@ -5,7 +5,7 @@ beyond schemathesis' defaults the API really answers, and why).
 Twice: with the default settings (model control closed: the repository routes answer 403), and
 with keys, where the admin key opens model control and the stateful phase loads and unloads the
 models while the other operations run (an unloaded model's 503 is a documented answer). The run
-is bounded for CI; `make fuzz` (docs/serving.md, "The API document") is the long one.
+is bounded for CI; `make fuzz` (docs/protocols.md, "The API document") is the long one.
 """
 
 from __future__ import annotations

@@ -342,7 +342,7 @@ def disconnects(server: Server) -> float:
 
 @pytest.mark.slow
 def test_curl_streams_as_the_docs_show(server: Server) -> None:
-    """docs/serving.md's command, and the deltas add up to the whole answer over a real socket."""
+    """docs/protocols.md's command, and the deltas add up to the whole answer over a real socket."""
     body = {"texts": LAYOUT_TEXTS, "decode": "greedy"}
     whole = httpx.post(f"{server.url}/translate", json=body, timeout=60).json()["translations"]
     assert shutil.which("curl"), "curl is needed for this test"

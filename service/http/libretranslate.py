@@ -10,7 +10,7 @@ passed), 500. As in LibreTranslate's `app.py`, only translate, translate_file an
 key; the languages, settings, health and suggest routes are open.
 There is no language detector here: `source: "auto"` means the one source language a translator
 of the target language knows, and `/detect` answers LibreTranslate's "could not detect" (confidence
-0) for that language. docs/serving.md has the route table, LibreTranslate's behaviour beside ours.
+0) for that language. docs/protocols.md has the route table, LibreTranslate's behaviour beside ours.
 """
 
 from __future__ import annotations

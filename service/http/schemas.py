@@ -117,7 +117,7 @@ class ModelsResponse(ResponseModel):
 
 
 def _json_tensor(schema: dict[str, Any]) -> None:
-    """The document describes JSON bodies, where a tensor carries its data (binary: docs/serving.md)."""
+    """The document describes JSON bodies, where a tensor carries its data (binary: docs/protocols.md)."""
     schema["required"] = [*schema.get("required", []), "data"]
     schema["properties"]["data"] = {"type": "array", "items": {"type": "string"}, "description": "one text per row"}
     # [N] or [N, 1]; that N is the number of texts in `data` no schema can say (bench/schemathesis.toml)
