@@ -9,6 +9,7 @@ spaces, `-` and `_` dropped, spaces turned into `-`, a repeated anchor numbered 
 
 from __future__ import annotations
 
+import os
 import re
 from collections import Counter
 from pathlib import Path
@@ -95,8 +96,18 @@ def mention_files(root: Path) -> list[Path]:
     out = []
     for place in MENTION_PLACES:
         path = root / place
-        files = [path] if path.is_file() else sorted(path.rglob("*")) if path.is_dir() else []
-        out += [f for f in files if f.is_file() and f.suffix in MENTION_SUFFIXES and "__pycache__" not in f.parts]
+        files = [path] if path.is_file() else _walk(path) if path.is_dir() else []
+        out += [f for f in files if f.is_file() and f.suffix in MENTION_SUFFIXES]
+    return out
+
+
+def _walk(folder: Path) -> list[Path]:
+    """The files under `folder`, not under hidden folders (a benchmark's own virtual environment)
+    or caches."""
+    out = []
+    for top, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and d != "__pycache__")
+        out += [Path(top) / n for n in sorted(names)]
     return out
 
 
