@@ -379,7 +379,7 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
         "--test-rows",
         "0",
         "--length-penalty",
-        "1.25",
+        "1.2",
         "--early-stopping",
         "false",
     ]
@@ -388,7 +388,7 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
     report = json.loads(printed[printed.index("{\n") :])  # progress lines, then the whole report
     m = verify_folder(store / "mt" / "1")
     assert m.metrics["test_rows"] == {"evaluated": 110, "split": 110}
-    assert (m.generation.length_penalty, m.generation.early_stopping) == (1.25, False)  # the bundled en-de's
+    assert (m.generation.length_penalty, m.generation.early_stopping) == (1.2, False)  # the bundled en-de's
     assert report["folder"] == str(store / "mt" / "1") and report["metrics"] == m.metrics
     assert set(report["files"]) == set(m.files)
     # the reloaded checkpoint is the same model: same weights, same greedy output
