@@ -61,7 +61,8 @@ train: train-classifier train-translator
 # Rebuild the bundled store from scratch: data -> training -> validated export.
 models: data train
 	$(PYTHON) -m export.publish $(RUNS)/sentiment --name sentiment --store $(STORE) --version 1 --force --data-dir $(DATA) $(EXPORT_FLAGS)
-	$(PYTHON) -m export.publish $(RUNS)/en-de-cli2 --name en-de --store $(STORE) --version 1 --force --data-dir $(DATA) $(EXPORT_FLAGS)
+	$(PYTHON) -m export.publish $(RUNS)/en-de-cli2 --name en-de --store $(STORE) --version 1 --force --data-dir $(DATA) $(EXPORT_FLAGS) \
+		--length-penalty 1.2 --early-stopping false
 
 # The whole path in under a minute, after `make data` (docs/export.md#the-tiny-path): tiny models
 # trained and published into their own store; serve it with SERVE_MODEL_STORE=runs/tiny-store make serve.

@@ -1,15 +1,15 @@
 """One answer per input: the bundled translator decodes each test sentence exactly as alone when
 it shares steps with others, all at once or joining a running batch at every step.
 
-    python -m bench.invariance                  # 300 test sentences, greedy and beam 4
+    python -m bench.invariance                  # 300 test sentences, greedy, beam 4 and as served
     python -m bench.invariance --sentences 1000 --variant fp32
 
-For each decode mode: every sentence alone; all of them in one batch; and staggered, a few
-joining the running batch at every step (the service's step scheduler does the same), on a
-batch sharded over the engine's threads when it has more than one. Tokens must be identical, and
-scores within 1e-4 in fp32 (int8 and fp16 scores may drift by up to about 1e-3, see main); the
-report counts the sentences that differ in tokens, and in tokens or scores, and the largest drift. Writes
-bench/results/invariance.json.
+For each decode mode (greedy, beam 4, and the model's own defaults): every sentence alone; all
+of them in one batch; and staggered, a few joining the running batch at every step (the
+service's step scheduler does the same), on a batch sharded over the engine's threads when it
+has more than one. Tokens must be identical, and scores within 1e-4 in fp32 (int8 and fp16
+scores may drift by up to about 1e-3, see main); the report counts the sentences that differ in
+tokens, and in tokens or scores, and the largest drift. Writes bench/results/invariance.json.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -103,8 +104,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "threads": args.threads,
         "score_tolerance": SCORE_TOL,
     }
-    for name, params in (("greedy", DecodeParams(beam_size=1)), ("beam 4", DecodeParams(beam_size=4))):
-        params = DecodeParams(beam_size=params.beam_size, max_new_tokens=engine.max_new_tokens)
+    limit = engine.max_new_tokens
+    for name, params in (
+        ("greedy", DecodeParams(beam_size=1, max_new_tokens=limit)),
+        ("beam 4", DecodeParams(beam_size=4, max_new_tokens=limit)),
+        ("as served", replace(engine.default_params(), max_new_tokens=limit)),  # the manifest's generation
+    ):
         report[name] = measure(engine, seqs, params)
         print(name, report[name], flush=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)

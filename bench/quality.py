@@ -1,8 +1,11 @@
 """Quality of the served models on the test splits, through the engines as the service runs them.
 
-Translator (beam 4, lines and sentences split, spans masked): sacreBLEU BLEU and chrF, the
-share of outputs with an immediate repetition the reference lacks (a word twice in a row, or a
-word pair twice in a row: "Änderungen speichern speichern?"), and retention: of the identifiers,
+Translator (the model's decoding defaults, beam 4, unless `--length-penalty` or
+`--early-stopping` say otherwise; lines and sentences split, spans masked): sacreBLEU BLEU and
+chrF, the share of outputs with an immediate repetition the reference lacks (a word twice in a
+row, or a word pair twice in a row: "Änderungen speichern speichern?"), dropped content (the
+share of outputs shorter than 60 % of the reference in characters, and the share with fewer
+content words than greedy search gives: `dropped_scores`), and retention: of the identifiers,
 inline code, names, quoted spans and dash runs (`service.contract.verbatim`, as the service finds
 them) that the reference keeps as written, the share the translation keeps as written too (and,
 apart, the same for the capitalised words the service leaves to the model, and per kind for every span
@@ -19,8 +22,10 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import re
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,10 +55,64 @@ def repeats_beyond_reference(hyp: str, ref: str) -> bool:
     return any(n > ref_reps[gram] for gram, n in repetitions(hyp).items())
 
 
-def translate_rows(engine: TranslatorEngine, sources: list[str], batch: int = 64) -> list[str]:
-    """Beam-4 translations as served (lines and sentences split, spans masked), in input order;
-    batches of similar length, as a server's would be."""
-    params = DecodeParams(beam_size=4, max_new_tokens=engine.max_new_tokens)
+# Function words a translation may lose without losing what the user wrote: articles, pronouns,
+# prepositions, conjunctions, auxiliaries. Negations ("nicht", "kein") are content: dropping one
+# turns the meaning round.
+STOP_WORDS = frozenset(
+    """
+    der die das den dem des ein eine einen einem einer eines und oder aber doch denn sondern dass
+    ob wenn als wie so zu zum zur im in ins am an auf aus bei mit nach von vom vor für über unter
+    um durch gegen ohne bis seit ab es er sie ich du wir ihr sich mich dich uns euch mir dir ihm
+    ihn ihnen man dies diese dieser dieses diesen diesem sein seine ihre ihren ihrem ist sind war
+    waren bin bist seid wird werden wurde wurden kann können konnte muss müssen soll sollen hat
+    haben hatte hatten habe wollen will möchten auch nur noch schon hier da dann jetzt sehr
+    """.split()
+)
+# Quotes and brackets before a word, those and sentence punctuation after it (a "%s" or "--all" keeps its sign).
+_EDGES = re.compile(r"^[\"'„“”‚‘’«»(\[{¿¡]+|[\"'„“”‚‘’«»)\]}.,:;!?…]+$")
+SHORT_RATIO = 0.6  # below this output/reference length, a translation has likely lost content
+
+
+def content_words(text: str) -> frozenset[str]:
+    """The distinct content words of a German text, case-folded: tokens between spaces, quotes,
+    brackets and punctuation stripped from their ends (`_EDGES`), made of letters (and inner
+    hyphens: "Datei-Manager"), outside `STOP_WORDS`. Distinct, so a repeated word counts once: a
+    repetition is not content."""
+    words = (_EDGES.sub("", w).casefold() for w in text.split())
+    return frozenset(w for w in words if w.replace("-", "").isalpha() and w not in STOP_WORDS)
+
+
+def length_ratio(hyp: str, ref: str) -> float:
+    """Output over reference length in characters, spaces left out (1.0 for an empty reference).
+    Characters, not words: German compounds ("Wetterbericht", "Bericht über das Wetter") move a
+    word count more than the content, and a short message (most of the stand-in's) has too few
+    words for a ratio to be finer than halves."""
+    n = len("".join(ref.split()))
+    return len("".join(hyp.split())) / n if n else 1.0
+
+
+def dropped_scores(hyps: list[str], refs: list[str], greedy: list[str]) -> dict[str, float]:
+    """Dropped content: the share of translations shorter than `SHORT_RATIO` of their reference
+    (`length_ratio`), and the share with fewer content words (`content_words`) than the greedy
+    translation of the same source; with, for scale, the share with more (a paraphrase moves
+    the count either way: what beam search drops is the difference)."""
+    n = len(refs) or 1
+    short = sum(length_ratio(h, r) < SHORT_RATIO for h, r in zip(hyps, refs, strict=True))
+    counts = [(len(content_words(h)), len(content_words(g))) for h, g in zip(hyps, greedy, strict=True)]
+    return {
+        "short_share": short / n,
+        "fewer_content_than_greedy": sum(h < g for h, g in counts) / n,
+        "more_content_than_greedy": sum(h > g for h, g in counts) / n,
+    }
+
+
+def translate_rows(
+    engine: TranslatorEngine, sources: list[str], batch: int = 64, params: DecodeParams | None = None
+) -> list[str]:
+    """Translations as served (the model's own decoding defaults unless `params` says otherwise;
+    lines and sentences split, spans masked), in input order; batches of similar length, as a
+    server's would be."""
+    params = params or engine.default_params()
     order = sorted(range(len(sources)), key=lambda i: len(sources[i]))
     hyps = [""] * len(sources)
     for s in range(0, len(order), batch):
@@ -145,16 +204,24 @@ def _kept(word: str, src: str, ref: str, hyp: str) -> bool | None:
 
 
 def translator_quality(
-    engine: TranslatorEngine, rows: list[dict[str, str]], seen: frozenset[str] = frozenset()
+    engine: TranslatorEngine,
+    rows: list[dict[str, str]],
+    seen: frozenset[str] = frozenset(),
+    params: DecodeParams | None = None,
 ) -> dict[str, object]:
-    """`seen`: English texts of the training split; given, `unseen` scores the rows without them."""
-    hyps = translate_rows(engine, [r["en"] for r in rows])
+    """`seen`: English texts of the training split; given, `unseen` scores the rows without them.
+    `params`: the decoding measured (default: the model's own, as served); its greedy twin gives
+    the dropped-content figure's baseline (`dropped_scores`)."""
+    params = params or engine.default_params()
+    hyps = translate_rows(engine, [r["en"] for r in rows], params=params)
+    greedy = translate_rows(engine, [r["en"] for r in rows], params=replace(params, beam_size=1, num_hypotheses=1))
     refs = [r["de"] for r in rows]
     rep = [repeats_beyond_reference(h, r) for h, r in zip(hyps, refs, strict=True)]
     unseen = [i for i, r in enumerate(rows) if r["en"] not in seen]
     return {
         **translation_scores(hyps, refs),
         **({"unseen": translation_scores([hyps[i] for i in unseen], [refs[i] for i in unseen])} if seen else {}),
+        "dropped": dropped_scores(hyps, refs, greedy),
         "retention": retention([r["en"] for r in rows], refs, hyps, engine.codec.words, engine.codec.vocab_words),
         "repeated_examples": [{"hyp": h, "ref": r} for h, r, x in zip(hyps, refs, rep, strict=True) if x][:10],
         "examples": [{"en": r["en"], "ref": r["de"], "hyp": h} for r, h in list(zip(rows, hyps, strict=True))[:10]],
@@ -231,6 +298,16 @@ def stand_in(workdir: Path, data_dir: Path) -> tuple[list[dict[str, str]], froze
     return [{"en": r.en, "de": r.de} for r in pairs], frozenset(json.loads(x)["en"] for x in train.open())
 
 
+def _dropped(result: dict[str, object]) -> str:
+    d = result["dropped"]
+    assert isinstance(d, dict)
+    return (
+        f"shorter than {SHORT_RATIO:.0%} of the reference {d['short_share']:.2%}, "
+        f"fewer content words than greedy {d['fewer_content_than_greedy']:.2%} "
+        f"(more {d['more_content_than_greedy']:.2%})"
+    )
+
+
 def _shares(result: dict[str, object]) -> str:
     groups = result["retention"]
     assert isinstance(groups, dict)
@@ -254,6 +331,10 @@ def main() -> int:
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--ood", action="store_true", help="also the out-of-domain stand-in of bench.ood (apt downloads)")
     p.add_argument("--ood-workdir", type=Path, default=ROOT / "data" / "raw-ood")
+    p.add_argument("--length-penalty", type=float, default=None, help="translator (default: the model's)")
+    p.add_argument(
+        "--early-stopping", choices=("true", "false", "never"), default=None, help="translator (default: the model's)"
+    )
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "quality.json")
     args = p.parse_args()
     results: dict[str, object] = {}
@@ -264,18 +345,27 @@ def main() -> int:
             engine = load_engine(entry, LoadOptions(threads=args.threads, variant=variant))
             if isinstance(engine, TranslatorEngine):
                 rows = [json.loads(x) for x in (args.data_dir / "translation" / "test.jsonl").read_text().splitlines()]
-                result = translator_quality(engine, rows)
+                params = engine.default_params()
+                if args.length_penalty is not None:
+                    params = replace(params, length_penalty=args.length_penalty)
+                if args.early_stopping is not None:
+                    stop = {"true": True, "false": False, "never": "never"}[args.early_stopping]
+                    params = replace(params, early_stopping=stop)
+                result = translator_quality(engine, rows, params=params)
                 print(
                     f"{name} {variant}: BLEU {result['bleu']} chrF {result['chrf']}, "
-                    f"repetitions {result['repeated_ngram_share']:.2%}, kept as written {_shares(result)}",
+                    f"repetitions {result['repeated_ngram_share']:.2%}, kept as written {_shares(result)}; "
+                    f"{_dropped(result)}",
                     flush=True,
                 )
                 if args.ood:
-                    ood = translator_quality(engine, *stand_in(args.ood_workdir, args.data_dir))
+                    ood = translator_quality(engine, *stand_in(args.ood_workdir, args.data_dir), params=params)
                     result["ood"], unseen = ood, ood["unseen"]
                     assert isinstance(unseen, dict)
                     print(
-                        f"  stand-in: BLEU {ood['bleu']} chrF {ood['chrf']}, kept as written {_shares(ood)}; "
+                        f"  stand-in: BLEU {ood['bleu']} chrF {ood['chrf']}, "
+                        f"repetitions {ood['repeated_ngram_share']:.2%}, kept as written {_shares(ood)}; "
+                        f"{_dropped(ood)}; "
                         f"the {unseen['sentences']} messages the training split lacks: "
                         f"BLEU {unseen['bleu']} chrF {unseen['chrf']}"
                     )

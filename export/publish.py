@@ -41,6 +41,7 @@ from service.contract.manifest import (
     MANIFEST,
     MAX_MODEL_NAME,
     MODEL_NAME_PATTERN,
+    Generation,
     Manifest,
     file_entry,
     is_version_folder,
@@ -230,6 +231,13 @@ def build_parser(prog: str = "python -m export.publish") -> argparse.ArgumentPar
         help="the built datasets (`make data`: splits, datacard.json), relative to the working directory",
     )
     p.add_argument("--languages", default="en,de", help="translators: source,target language codes")
+    p.add_argument("--length-penalty", type=float, default=1.0, help="translators: the default length penalty (0-2)")
+    p.add_argument(
+        "--early-stopping",
+        choices=("true", "false", "never"),
+        default="true",
+        help="translators: when beam search stops by default (docs/engine.md)",
+    )
     p.add_argument(
         "--test-rows",
         type=int,
@@ -293,6 +301,10 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m export.publis
             labels=kind.dataset_labels,
             source_language=source,
             target_language=target,
+            generation=Generation(
+                length_penalty=args.length_penalty,
+                early_stopping={"true": True, "false": False, "never": "never"}[args.early_stopping],
+            ),
             train_metrics={k: v for k, v in train_report.items() if k not in ("curves", "examples", "args")},
             span_rules=span_rules,
             common_words=common,

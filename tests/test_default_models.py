@@ -134,7 +134,7 @@ def test_a_sentence_beside_a_longer_one_scores_bit_for_bit_as_alone(entries: dic
 
 def test_each_protected_span_comes_back_exactly_once_placed_by_the_model(entries: dict[str, store.StoreEntry]) -> None:
     """Spans the bundled model would drop (greedy: "config.xml" came back appended at the end) are
-    placed by the model itself, each exactly once, greedy and beam (`decoding.Placeholders`)."""
+    placed by the model itself, each exactly once, greedy, beam and as served (`decoding.Placeholders`)."""
     mt = load_translator(entries["en-de"], LoadOptions(threads=1))
     texts = [
         "Open C:\\Program Files\\App\\config.xml in a text editor.",
@@ -143,8 +143,12 @@ def test_each_protected_span_comes_back_exactly_once_placed_by_the_model(entries
     ]
     ids = {mt.codec.tok.token_to_id(p) for p in spans.PLACEHOLDERS}
     prepared = mt.prepare(texts)
-    for beam in (1, 4):
-        params = DecodeParams(beam_size=beam, max_new_tokens=mt.max_new_tokens)
+    limit = mt.max_new_tokens
+    for params in (
+        DecodeParams(beam_size=1, max_new_tokens=limit),
+        DecodeParams(beam_size=4, max_new_tokens=limit),
+        mt.default_params(),
+    ):
         hyps = mt.run(prepared.sources, mt.searches(prepared, params))
         for source, row in zip(prepared.sources, hyps, strict=True):
             assert sorted(t for t in row[0].tokens if t in ids) == sorted(t for t in source if t in ids)

@@ -362,6 +362,7 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
     assert "bleu" in m.metrics["test_fp32_greedy"]
     assert m.metrics["test_rows"] == {"evaluated": 40, "split": 110}  # capped, and the cap recorded
     assert m.data_sources == [{"package": "trans-de-en", "version": "1.9-6", "license": "GPL-2+"}]
+    assert (m.generation.length_penalty, m.generation.early_stopping) == (1.0, True)  # no flags: the contract's
     # the default output is a short summary: the folder, the variants, the checks with their figures
     out = capsys.readouterr().out.splitlines()
     assert len(out) <= 20 and out[0] == f"published {store / 'mt' / '1'}", out
@@ -370,11 +371,24 @@ def test_cli_exports_a_checkpoint_and_refuses_to_overwrite(
     assert any(line.startswith("  test_fp32_greedy: ") and "bleu" in line for line in out)
     assert exporter.main([*args, "--version", "1"]) == 1  # exists, no --force
     assert f"{store / 'mt' / '1'} exists" in capsys.readouterr().err
-    assert exporter.main([*args, "--version", "1", "--force", "--verbose", "--test-rows", "0"]) == 0
+    again = [
+        "--version",
+        "1",
+        "--force",
+        "--verbose",
+        "--test-rows",
+        "0",
+        "--length-penalty",
+        "1.2",
+        "--early-stopping",
+        "false",
+    ]
+    assert exporter.main([*args, *again]) == 0
     printed = capsys.readouterr().out
     report = json.loads(printed[printed.index("{\n") :])  # progress lines, then the whole report
     m = verify_folder(store / "mt" / "1")
     assert m.metrics["test_rows"] == {"evaluated": 110, "split": 110}
+    assert (m.generation.length_penalty, m.generation.early_stopping) == (1.2, False)  # the bundled en-de's
     assert report["folder"] == str(store / "mt" / "1") and report["metrics"] == m.metrics
     assert set(report["files"]) == set(m.files)
     # the reloaded checkpoint is the same model: same weights, same greedy output

@@ -26,6 +26,7 @@ from export.specs import CALIBRATION_SENTENCES, MAX_NEW_TOKENS, Description, Fee
 from export.tokenizer import encode_sources, encode_texts
 from export.validate import ExportError
 from service.contract.graphs import SPECIAL_IDS
+from service.contract.manifest import Generation
 
 COMMON_WORDS = "common_words.txt"  # a translator's words never masked as names (verbatim.common_words)
 
@@ -37,6 +38,7 @@ class ExportOptions(PublishOptions):
     labels: tuple[str, ...] = ()  # classifiers
     source_language: str | None = None  # translators (BCP 47)
     target_language: str | None = None
+    generation: Generation = field(default_factory=Generation)  # translators: the decoding a request gets by default
     min_parity_sentences: int = 100
     # test-split rows each variant's figures are measured on, spread over the split; 0: all of them.
     # The gates (parity, batch invariance) run on the validation split and do not depend on it.
@@ -244,6 +246,7 @@ class BundledTranslator(BundledSpec):
             target_language=self.options.target_language,
             span_rules=self.options.span_rules,
             common_words=COMMON_WORDS if self.options.common_words else None,
+            generation=self.options.generation,
         )
 
     def write_tokenizer(self, folder: Path) -> str:
