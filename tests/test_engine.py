@@ -27,6 +27,7 @@ from service.engine.device import DeviceBuffers, DeviceOps
 from service.engine.lengths import length_groups
 from service.engine.running import DecoderBatch, RunningBatch, ShardedBatch, encode_sources
 from service.engine.runtime import LoadOptions
+from service.engine.seq2seq import SourceOptions
 from service.engine.translator import TranslatorEngine, load_translator
 from service.errors import InputTooLong, InvalidInput
 from service.store import StoreEntry, read_pinned, scan
@@ -522,3 +523,21 @@ def test_a_translator_of_an_older_contract_is_refused_with_how_to_re_export(
     how = f"IO contract {contract}.*python -m export.publish CHECKPOINT --name tiny-mt"
     with pytest.raises(ManifestError, match=how):
         load_translator(newest(scan(tmp_path))["tiny-mt"], LoadOptions(threads=1))
+
+
+def test_a_texts_first_hypothesis_is_each_sentences_best_whatever_the_combined_scores(mt: TranslatorEngine) -> None:
+    """The k-th hypothesis of a text combines its sentences' k-th; the first stays every
+    sentence's best, the answer without n-best, even where a combination of longer second-best
+    sentences scores higher under a length penalty (re-sorted, it took the top)."""
+    prepared = mt.translation.prepare(["A dog runs. The red cat sees a dog."], SourceOptions())
+    assert len(prepared.sources) == 2
+    best = [Hypothesis((7, 8), -1.0, -1.0 / 3**2.0, True), Hypothesis((9,), -0.5, -0.5 / 2**2.0, True)]
+    second = [
+        Hypothesis((7, 8, 9, 10, 11), -2.0, -2.0 / 6**2.0, True),
+        Hypothesis((9, 10, 11), -1.5, -1.5 / 4**2.0, True),
+    ]
+    rows = [[best[0], second[0]], [best[1], second[1]]]
+    texts = mt.translation.assemble(prepared, rows, length_penalty=2.0)[0]
+    assert texts[1].score > texts[0].score  # the combination of second-best sentences scores higher
+    alone = mt.translation.assemble(prepared, [[best[0]], [best[1]]], length_penalty=2.0)[0]
+    assert texts[0].text == alone[0].text and texts[0].logprob == -1.5

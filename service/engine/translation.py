@@ -116,7 +116,10 @@ class Translation:
         self, prepared: Sentences, hyps: Sequence[Sequence[Hypothesis]], length_penalty: float
     ) -> list[list[Generated]]:
         """Per text, its n-best translations: the k-th combines each sentence's k-th hypothesis (or
-        its last, when a sentence has fewer); score = summed log-prob / summed length**penalty."""
+        its last, when a sentence has fewer); score = summed log-prob / summed length**penalty.
+        Kept in that order, not re-sorted by the combined score: the first is every sentence's best,
+        the answer without `num_hypotheses` (sorted, a combination of second-best sentences could
+        score higher under a length penalty and change a multi-sentence text's top answer)."""
         per_text: list[list[Sequence[Hypothesis]]] = [[] for _ in prepared.layouts]
         for i, row in zip(prepared.owner, hyps, strict=True):
             per_text[i].append(row)
@@ -133,5 +136,5 @@ class Translation:
                 outputs = [self.codec.decode(h.tokens) for h in chosen]
                 appended = sum(spans.missing(o, seg.spans) for o, seg in zip(outputs, layout.segments, strict=True))
                 ranked.append(Generated(text.join(layout, outputs), score, logprob, reason, appended))
-            out.append(sorted(ranked, key=lambda t: -t.score))
+            out.append(ranked)
         return out
