@@ -285,6 +285,7 @@ class Trace:
         self.start_ns, self.attributes = start_ns, attributes
         self.events: list[Event] = []
         self.error: str | None = None
+        self.streamed = False  # the answer is a stream that runs the work: the span ends once it is sent
 
     @property
     def trace_id(self) -> str:

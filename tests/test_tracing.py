@@ -308,6 +308,18 @@ def test_spans_of_every_kind_of_request_reach_the_collector(tiny_store: Path, tm
         assert span.attributes["http.route"] == "/v2/models/{name}/infer"
         check_translation(span, children)
 
+        # completions run the work in their answer, or as a stream (as a streamed /translate): the same
+        # children, the stream's span ending once it is sent
+        completion = {"model": "tiny-mt", "prompt": "A dog runs.", "temperature": 0}
+        for path, body in (
+            ("/v1/completions", completion),
+            ("/v1/completions", completion | {"stream": True}),
+            ("/translate", {"texts": ["A dog runs."], "stream": True}),
+        ):
+            span, children = traced(c, received, path, json=body)
+            assert span.name == f"POST {path}" and span.attributes["transformer_serve.texts"] == 1
+            check_translation(span, children)
+
         text = b"A dog runs.\nThe red cat sleeps.\nA dog runs.\n"
         upload = {"files": {"file": ("a.txt", text)}, "data": {"model": "tiny-mt"}}
         span, children = traced(c, received, "/translate_file", **upload)
