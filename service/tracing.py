@@ -291,14 +291,14 @@ def server_span(
         "http.route": route,
         "url.path": str(scope.get("path", "")),
         "url.scheme": str(scope.get("scheme", "http")),
-        "network.protocol.version": str(scope.get("http_version", "1.1")),
         "transformer_serve.request_id": request_id,
     }
-    client, server = scope.get("client"), scope.get("server")
-    if client:  # (not client.port: opt-in in the conventions, and each attribute costs the export ~1.7 us)
+    # the conventions' required ones and client.address; not client.port (opt-in), nor server.address,
+    # server.port and network.protocol.version (the resource names the instance; always HTTP/1.1): each
+    # attribute costs the export thread ~1.7 us of CPU (docs/deployment.md#tracing)
+    client = scope.get("client")
+    if client:
         attributes["client.address"] = client[0]
-    if server:
-        attributes["server.address"], attributes["server.port"] = server[0], server[1]
     context = SpanContext(trace_id, _span_id(), False, SAMPLED, trace_state)
     return Trace(tracing, name, context, parent, start_ns, attributes)
 

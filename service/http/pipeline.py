@@ -193,7 +193,7 @@ async def _execute_traced(codec: Codec[D, R, Out], request: D, task: Task[Any, R
     )
     document = codec.document_attributes(request)
     if document is None:
-        trace.set({"transformer_serve.texts": len(work.texts)})
+        trace.set({"transformer_serve.texts": len(work.texts) or len(work.pairs)})
         trace.streamed = codec.streams(request)
         return await codec.execute(request, task.run, replace(work, trace=trace))
     start = time.time_ns()

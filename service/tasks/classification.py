@@ -203,9 +203,7 @@ class ClassificationTask(Task[PredictRequest, Classified]):
         ran: list[Ran] = []
         scored = await self.batcher.submit_many(ids, work.deadline, ran)
         batches = sorted(set(ran), key=lambda b: b.start_ns)
-        trace.child(
-            "queue", t1, batches[0].start_ns if batches else time.time_ns(), {"transformer_serve.texts": len(ids)}
-        )
+        trace.child("queue", t1, batches[0].start_ns if batches else time.time_ns())
         for b in batches:
             trace.child(
                 "batch",

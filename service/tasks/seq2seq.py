@@ -221,13 +221,8 @@ def trace_sources(trace: Trace, started_ns: int, sources: Sequence[Sequence[int]
     """The tokenize span and the request's input figures; returns when the sources were ready."""
     ready = time.time_ns()
     tokens_in = sum(len(ids) for ids in sources)
-    trace.child(
-        "tokenize",
-        started_ns,
-        ready,
-        {"transformer_serve.sentences": len(sources), "gen_ai.usage.input_tokens": tokens_in},
-    )
-    trace.set({"gen_ai.usage.input_tokens": tokens_in})
+    trace.child("tokenize", started_ns, ready, {"transformer_serve.sentences": len(sources)})
+    trace.set({"gen_ai.usage.input_tokens": tokens_in})  # on the request's span only: an attribute is set once
     return ready
 
 
@@ -235,7 +230,7 @@ def trace_outputs(
     trace: Trace, started_ns: int, hyps: Sequence[Sequence[Hypothesis]], outputs: Sequence[Sequence[Generated]]
 ) -> None:
     """The assembly span and the request's output figures."""
-    trace.child("assembly", started_ns, time.time_ns(), {"transformer_serve.texts": len(outputs)})
+    trace.child("assembly", started_ns, time.time_ns())
     trace.set(
         {
             "gen_ai.usage.output_tokens": sum(len(h[0].tokens) + int(h[0].finished) for h in hyps if h),
