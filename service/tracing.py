@@ -4,13 +4,15 @@ The OpenTelemetry SDK reads its own variables (the one exception to `service.set
 environment): `OTEL_EXPORTER_OTLP_ENDPOINT` or `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` turns tracing on
 (`OTEL_SDK_DISABLED=true` keeps it off); `OTEL_EXPORTER_OTLP_PROTOCOL` (or `_TRACES_PROTOCOL`) picks
 `http/protobuf` (default) or `grpc`; `OTEL_SERVICE_NAME` (default `transformer-serve`),
-`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`/`_ARG`, `OTEL_BSP_*` and `OTEL_EXPORTER_OTLP_*` (headers,
-timeout, compression) act as the SDK documents them. With no collector, `start` returns None and
-nothing here runs for a request: the pipeline checks `tracing is None` once.
+`OTEL_RESOURCE_ATTRIBUTES`, `OTEL_TRACES_SAMPLER`/`_ARG` and `OTEL_EXPORTER_OTLP_*` (headers, timeout,
+compression) act as the SDK documents them; `OTEL_BSP_MAX_QUEUE_SIZE`, `_MAX_EXPORT_BATCH_SIZE` and
+`_SCHEDULE_DELAY` too, read here (the export queue is this module's). With no collector, `start`
+returns None and nothing here runs for a request: the pipeline checks `tracing is None` once.
 
-Never in the way: spans are built finished on the event loop (`Trace`) into a bounded queue; one
-SDK thread exports them in batches. A span that finds the queue full, or whose export failed (collector down, slow
-past its timeout, refusing), is dropped and counted in `traces_dropped_total`; no request waits.
+Never in the way: a request's spans are plain values on the event loop (`Trace`), handed at its end
+to a bounded queue; one thread builds the SDK's finished spans from them and has the SDK's exporter
+send them in batches. Spans that find the queue full, or whose export failed (collector down, slow
+past its timeout, refusing), are dropped and counted in `traces_dropped_total`; no request waits.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -36,7 +39,7 @@ from service.metrics import Metrics
 if TYPE_CHECKING:
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor
-    from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.sdk.trace.sampling import Sampler
     from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
@@ -47,6 +50,7 @@ ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_
 FLUSH_S = 5.0  # at shutdown, after the models' drain: the longest the queued spans' export is waited for
 MIN_FLUSH_S = 0.5  # ... even when the models' drain took all of SERVE_DRAIN_TIMEOUT_S
 DEFAULT_QUEUE = 8192  # spans waiting for export (the SDK's default: 2048)
+DEFAULT_DELAY_MS = 5000  # between exports when fewer than a batch wait (the SDK's default)
 DEFAULT_BATCH = 2048  # spans per export (the SDK's: 512): an export's HTTP post costs 0.9 ms of CPU whatever its size
 SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 UNSET = Status(StatusCode.UNSET)
@@ -67,7 +71,7 @@ class Tracing:
 
     provider: trace.TracerProvider
     sampler: Sampler  # OTEL_TRACES_SAMPLER, _ARG
-    record: Callable[[ReadableSpan], None]  # the export queue's on_end
+    record: Callable[[Trace], None]  # the export queue's: a request's spans, at its end
     finished: type[ReadableSpan]  # the SDK's classes (imported once tracing is on)
     event: Callable[[str, Attributes | None], Event]
     resource: Resource
@@ -121,7 +125,8 @@ def start(metrics: Metrics, environ: Mapping[str, str] | None = None) -> Tracing
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)
     bound = int(environ.get("OTEL_BSP_MAX_QUEUE_SIZE") or DEFAULT_QUEUE)
     batch = int(environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") or min(DEFAULT_BATCH, bound))
-    processor = _processor(_exporter(environ), metrics, bound, batch)
+    delay_s = float(environ.get("OTEL_BSP_SCHEDULE_DELAY") or DEFAULT_DELAY_MS) / 1000
+    processor, put = _processor(_exporter(environ), metrics, bound, batch, delay_s)
     provider.add_span_processor(processor)
     protocol = _protocol(environ)
     log.info("tracing on: OTLP %s to %s", protocol, next(environ[n] for n in ENDPOINT_VARIABLES if environ.get(n)))
@@ -130,7 +135,7 @@ def start(metrics: Metrics, environ: Mapping[str, str] | None = None) -> Tracing
     return Tracing(
         provider,
         sampler,
-        processor.on_end,
+        put,
         _finished(),
         Event,
         resource,
@@ -217,58 +222,73 @@ def _exporter(environ: Mapping[str, str]) -> SpanExporter:
     return HttpExporter()
 
 
-def _processor(exporter: SpanExporter, metrics: Metrics, bound: int, batch_size: int) -> SpanProcessor:
-    """A batch processor whose drops are counted (`traces_dropped_total`): past `bound` queued
-    spans it drops the new one itself, before the SDK's queue would drop one silently, and the
-    exporter counts the spans it could not deliver. (The SDK classes are imported only here, once
-    tracing is on.)"""
+def _processor(
+    exporter: SpanExporter, metrics: Metrics, bound: int, batch: int, delay_s: float
+) -> tuple[SpanProcessor, Callable[[Trace], None]]:
+    """The export queue, and what hands it a request's spans, all at once (on the event loop);
+    one thread exports them in batches of about `batch` spans, as soon as that many wait or every
+    `delay_s`. Past `bound` waiting spans a request's are dropped, and counted
+    (`traces_dropped_total`), as those the exporter could not deliver. (The SDK's classes are
+    imported only here, once tracing is on.)"""
     from opentelemetry.sdk.trace import SpanProcessor
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.export import SpanExportResult
 
     dropped = metrics.traces_dropped
-    lock = threading.Lock()
-    queued = [0]  # ended and not yet handed to the exporter: the batch processor's queue
 
-    class Counted(SpanExporter):
-        def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
-            with lock:
-                queued[0] -= len(spans)
-            try:
-                result = exporter.export(spans)
-            except Exception:  # the SDK would log and lose them: count them
-                log.exception("trace export failed")
-                result = SpanExportResult.FAILURE
-            if result is not SpanExportResult.SUCCESS:
-                dropped.inc(len(spans))
-            return result
+    class Batches(SpanProcessor):
+        def __init__(self) -> None:
+            self.traces: deque[Trace] = deque()
+            self.added = 0  # spans put, written by the event loop only ...
+            self.taken = 0  # ... spans taken, by the export thread only: no lock
+            self.stopping = False
+            self.wake = threading.Event()
+            self.thread = threading.Thread(target=self._run, name="trace-export", daemon=True)
+            self.thread.start()
+
+        def put(self, trace: Trace) -> None:
+            n = 1 + len(trace.children)
+            if self.added - self.taken + n > bound:
+                dropped.inc(n)
+                return
+            self.added += n
+            self.traces.append(trace)
+            if self.added - self.taken >= batch and not self.wake.is_set():
+                self.wake.set()
+
+        def _run(self) -> None:
+            while not self.stopping:
+                self.wake.wait(delay_s)
+                self.wake.clear()
+                self._export()
+            self._export()  # what was put before the stop
+
+        def _export(self) -> None:
+            while self.traces:
+                spans: list[ReadableSpan] = []
+                while self.traces and len(spans) < batch:
+                    spans += self.traces.popleft().spans()
+                self.taken += len(spans)
+                try:
+                    result = exporter.export(spans)
+                except Exception:  # the SDK would log and lose them: count them
+                    log.exception("trace export failed")
+                    result = SpanExportResult.FAILURE
+                if result is not SpanExportResult.SUCCESS:
+                    dropped.inc(len(spans))
 
         def shutdown(self) -> None:
+            """Exports what waits, then stops (the provider's shutdown, `Tracing.close`)."""
+            self.stopping = True
+            self.wake.set()
+            self.thread.join()
             exporter.shutdown()
 
         def force_flush(self, timeout_millis: int = 30000) -> bool:
-            return exporter.force_flush(timeout_millis)
+            self.wake.set()  # an export now; not waited for (nothing here asks for one: `shutdown` does)
+            return True
 
-    # its schedule (OTEL_BSP_SCHEDULE_DELAY) and export timeout as the SDK reads them
-    batch = BatchSpanProcessor(Counted(), max_queue_size=bound, max_export_batch_size=batch_size)
-
-    class Bounded(SpanProcessor):
-        def on_end(self, span: ReadableSpan) -> None:
-            with lock:
-                room = queued[0] < bound
-                if room:
-                    queued[0] += 1
-            if room:
-                batch.on_end(span)
-            else:
-                dropped.inc()
-
-        def shutdown(self) -> None:
-            batch.shutdown()
-
-        def force_flush(self, timeout_millis: int = 30000) -> bool:
-            return batch.force_flush(timeout_millis)
-
-    return Bounded()
+    queue = Batches()
+    return queue, queue.put
 
 
 def incoming(headers: Sequence[tuple[bytes, bytes]]) -> Context | None:
@@ -323,10 +343,11 @@ class Trace:
     """One request's SERVER span, to which its parts add children (with their own start and end
     times, measured where the work ran) and events.
 
-    Spans are built finished (the SDK's `ReadableSpan`) and handed to the export queue at their
-    end: attributes are kept in a dict as they come, the sampler is asked once, at the start. The
-    SDK's own spans (start, attribute checks on every set, end) cost the event loop several times
-    as much (bench.ab_http --sink, docs/deployment.md#tracing)."""
+    The event loop keeps the spans as plain values (attributes in a dict as they come, a child a
+    tuple) and hands the request's to the export queue once, at its end; the export thread builds
+    the SDK's finished spans (`ReadableSpan`) from them. The sampler is asked once, at the start. The
+    SDK's own spans (start, attribute checks on every set, end), or finished spans built and queued
+    one by one, cost the event loop several times as much (docs/deployment.md#tracing)."""
 
     def __init__(
         self,
@@ -340,6 +361,8 @@ class Trace:
         self.tracing, self.name, self.context, self.parent = tracing, name, context, parent
         self.start_ns, self.attributes = start_ns, attributes
         self.events: list[Event] = []
+        self.children: list[tuple[str, int, int, Attributes | None]] = []  # name, start, end, attributes
+        self.end_ns = 0
         self.error: str | None = None
         self.streamed = False  # the answer is a stream that runs the work: the span ends once it is sent
 
@@ -350,8 +373,7 @@ class Trace:
 
     def child(self, name: str, start_ns: int, end_ns: int, attributes: Attributes | None = None) -> None:
         """A finished child span of the request's span."""
-        context = SpanContext(self.context.trace_id, _span_id(), False, SAMPLED, self.context.trace_state)
-        self._record(name, context, self.context, SpanKind.INTERNAL, start_ns, end_ns, attributes, ())
+        self.children.append((name, start_ns, end_ns, attributes))
 
     def set(self, attributes: Attributes) -> None:
         self.attributes.update(attributes)
@@ -364,42 +386,43 @@ class Trace:
         self.error = description
 
     def end(self) -> None:
-        """Queues the request's span for export, ending now."""
-        self._record(
-            self.name,
-            self.context,
-            self.parent,
-            SpanKind.SERVER,
-            self.start_ns,
-            time.time_ns(),
-            self.attributes,
-            self.events,
-        )
+        """Hands the request's spans to the export queue, its own ending now; nothing changes it after."""
+        self.end_ns = time.time_ns()
+        self.tracing.record(self)
 
-    def _record(
-        self,
-        name: str,
-        context: SpanContext,
-        parent: SpanContext | None,
-        kind: SpanKind,
-        start_ns: int,
-        end_ns: int,
-        attributes: Attributes | None,
-        events: Sequence[Event],
-    ) -> None:
-        t = self.tracing
-        failed = kind is SpanKind.SERVER and self.error is not None
-        span = t.finished(
-            name,
-            status=Status(StatusCode.ERROR, self.error) if failed else UNSET,
-            context=context,
-            parent=parent,
-            resource=t.resource,
-            attributes=attributes,
-            events=events,
-            kind=kind,
-            start_time=start_ns,
-            end_time=end_ns,
-            instrumentation_scope=t.scope,
-        )
-        t.record(span)
+    def spans(self) -> list[ReadableSpan]:
+        """The request's span and its children as the SDK's finished spans: built by the export
+        thread, in batches, not on the event loop."""
+        t, context = self.tracing, self.context
+        status = Status(StatusCode.ERROR, self.error) if self.error is not None else UNSET
+        out = [
+            t.finished(
+                self.name,
+                status=status,
+                context=context,
+                parent=self.parent,
+                resource=t.resource,
+                attributes=self.attributes,
+                events=self.events,
+                kind=SpanKind.SERVER,
+                start_time=self.start_ns,
+                end_time=self.end_ns,
+                instrumentation_scope=t.scope,
+            )
+        ]
+        for name, start_ns, end_ns, attributes in self.children:
+            out.append(
+                t.finished(
+                    name,
+                    status=UNSET,
+                    context=SpanContext(context.trace_id, _span_id(), False, SAMPLED, context.trace_state),
+                    parent=context,
+                    resource=t.resource,
+                    attributes=attributes,
+                    kind=SpanKind.INTERNAL,
+                    start_time=start_ns,
+                    end_time=end_ns,
+                    instrumentation_scope=t.scope,
+                )
+            )
+        return out
