@@ -67,7 +67,7 @@ def configured(environ: Mapping[str, str]) -> bool:
 
 @dataclass
 class Tracing:
-    """The sampler, what records a finished span (`Trace`), and what shuts it down."""
+    """The sampler, what takes a request's finished spans (`Trace`), and what shuts it down."""
 
     provider: trace.TracerProvider
     sampler: Sampler  # OTEL_TRACES_SAMPLER, _ARG
@@ -264,17 +264,18 @@ def _processor(
 
         def _export(self) -> None:
             while self.traces:
-                spans: list[ReadableSpan] = []
-                while self.traces and len(spans) < batch:
-                    spans += self.traces.popleft().spans()
-                self.taken += len(spans)
-                try:
-                    result = exporter.export(spans)
-                except Exception:  # the SDK would log and lose them: count them
+                taken, n = [], 0
+                while self.traces and n < batch:
+                    taken.append(self.traces.popleft())
+                    n += 1 + len(taken[-1].children)
+                self.taken += n
+                try:  # a span that cannot be built or sent is counted, and the thread goes on
+                    result = exporter.export([span for t in taken for span in t.spans()])
+                except Exception:
                     log.exception("trace export failed")
                     result = SpanExportResult.FAILURE
                 if result is not SpanExportResult.SUCCESS:
-                    dropped.inc(len(spans))
+                    dropped.inc(n)
 
         def shutdown(self) -> None:
             """Exports what waits, then stops (the provider's shutdown, `Tracing.close`)."""
