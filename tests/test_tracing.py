@@ -25,7 +25,7 @@ from bench.serverproc import free_port
 from service.metrics import Metrics
 from service.scheduling.policy import Job, Mark, Sentence
 from service.tasks.seq2seq import trace_job
-from service.tracing import carries_context, configured, drops_roots, start
+from service.tracing import carries_context, configured, drops_roots, keeps_roots, start
 from tests.helpers import metric, run_server, until
 
 
@@ -205,7 +205,7 @@ def test_tracing_is_off_without_a_collector() -> None:
         start(Metrics(), {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"})
 
 
-def test_a_sampler_that_keeps_no_root_is_told_without_asking_it_per_request() -> None:
+def test_a_sampler_that_keeps_no_root_or_every_root_is_told_without_asking_it_per_request() -> None:
     """`drops_roots`: a request without a caller's context then runs untraced at once; a parent-based
     sampler still follows a sampled caller (such a request is asked as before: `carries_context`)."""
     from opentelemetry.sdk.trace import sampling
@@ -222,6 +222,11 @@ def test_a_sampler_that_keeps_no_root_is_told_without_asking_it_per_request() ->
 
     assert [drops_roots(s) for s in dropping] == [True] * 3
     assert [drops_roots(s) for s in [*keeping, Custom()]] == [False] * 4
+    # `keeps_roots`: such a request is traced without the sampler asked; not under a ratio below 1
+    every = [sampling.ALWAYS_ON, sampling.TraceIdRatioBased(1.0), sampling.ParentBased(sampling.ALWAYS_ON)]
+    assert [keeps_roots(s) for s in every] == [True] * 3
+    some = [sampling.TraceIdRatioBased(1 - 1e-9), sampling.ParentBased(sampling.TraceIdRatioBased(0.5))]
+    assert [keeps_roots(s) for s in [*some, *dropping, Custom()]] == [False] * 6
     assert carries_context([(b"traceparent", b"00-" + b"1" * 32 + b"-" + b"2" * 16 + b"-01")])
     assert not carries_context([(b"tracestate", b"a=b"), (b"x-traceparent", b"1")])
 
@@ -294,7 +299,7 @@ def test_spans_of_every_kind_of_request_reach_the_collector(tiny_store: Path, tm
 
         span, children = traced(c, received, "/predict", json={"texts": ["The red cat.", "A dog."]})
         assert span.name == "POST /predict" and span.attributes["transformer_serve.model"] == "tiny-clf"
-        assert {s.name for s in children} == {"tokenize", "queue", "batch"}
+        assert {s.name for s in children} == {"queue", "batch"}  # tokenizing: the time before the queue
         batches = [s.attributes for s in children if s.name == "batch"]  # one request at a time: only its texts
         assert sum(b["transformer_serve.batch_size"] for b in batches) == 2
         for b in batches:  # every text padded to the batch's longest
@@ -307,6 +312,18 @@ def test_spans_of_every_kind_of_request_reach_the_collector(tiny_store: Path, tm
         assert span.name == "POST /v2/models/{name}/infer"
         assert span.attributes["http.route"] == "/v2/models/{name}/infer"
         check_translation(span, children)
+
+        # completions run the work in their answer, or as a stream (as a streamed /translate): the same
+        # children, the stream's span ending once it is sent
+        completion = {"model": "tiny-mt", "prompt": "A dog runs.", "temperature": 0}
+        for path, body in (
+            ("/v1/completions", completion),
+            ("/v1/completions", completion | {"stream": True}),
+            ("/translate", {"texts": ["A dog runs."], "stream": True}),
+        ):
+            span, children = traced(c, received, path, json=body)
+            assert span.name == f"POST {path}" and span.attributes["transformer_serve.texts"] == 1
+            check_translation(span, children)
 
         text = b"A dog runs.\nThe red cat sleeps.\nA dog runs.\n"
         upload = {"files": {"file": ("a.txt", text)}, "data": {"model": "tiny-mt"}}

@@ -278,6 +278,9 @@ class CompletionsCodec(Codec[CompletionRequest, Any, Pending]):
             raise InvalidInput(describe_validation(exc.errors(), self.rules)) from None
         return Work(request.prompts, options, deadline)
 
+    def streams(self, request: CompletionRequest) -> bool:
+        return request.stream
+
     async def execute(self, request: CompletionRequest, run: Run[Any], work: Work) -> Pending:
         return Pending(work)
 

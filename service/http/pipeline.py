@@ -17,8 +17,9 @@ in this order, for every protocol:
    (`service.http.events`) is the run itself, its headers sent with its first event.
 
 With tracing on (`service.tracing`), `serve` wraps the same path in the request's SERVER span
-(`traced`): the task's traced run adds its parts as children; an error or a client gone is an event
-on it. With tracing off, the one check of `serve` is all that runs of it; so with a sampler that
+(`traced`): the work carries it (`Work.trace`), so the task's run adds its parts as children however
+the codec runs it (a stream's span ends once the stream is sent); an error or a client gone is an
+event on it. With tracing off, the one check of `serve` is all that runs of it; so with a sampler that
 keeps no request without a sampled caller (ratio 0), for a request that names none.
 
 A domain error raised anywhere is answered in the route's protocol by `dispatch.Endpoint`. A
@@ -33,11 +34,11 @@ import asyncio
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar, cast
 
 from opentelemetry.util.types import AttributeValue
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import DeadlineExceeded, QueueFull, RateLimited, ServiceError, ShuttingDown
 from service.http.scope import Call, request_info
@@ -115,8 +116,12 @@ async def traced(codec: Codec[Any, Any, Any], call: Call, tracing: Tracing) -> A
         return await _serve(codec, call, None)
     info.trace_id = trace.trace_id
     protocol = route.protocol if route is not None else Protocol.REST
+    stream = False  # a stream's span ends once it is sent (`_sent`), not here
     try:
         answer = await _serve(codec, call, trace)
+        if trace.streamed:
+            stream = True
+            return _sent(answer, trace)
     except ServiceError as exc:
         status = protocol.status(exc.status)
         trace.event(_EVENTS.get(type(exc), "error"), {"reason": str(exc), "error.type": type(exc).__name__})
@@ -136,8 +141,34 @@ async def traced(codec: Codec[Any, Any, Any], call: Call, tracing: Tracing) -> A
     else:
         trace.set({"http.response.status_code": 200})
     finally:
-        trace.end()
+        if not stream:
+            trace.end()
     return answer
+
+
+def _sent(answer: ASGIApp, trace: Trace) -> ASGIApp:
+    """A streamed answer in the request's span: the stream runs the work (its parts the span's
+    children), the status is the one it starts with, and the span ends once it is sent."""
+
+    async def send_traced(scope: Scope, receive: Receive, send: Send) -> None:
+        async def sending(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                trace.set({"http.response.status_code": status})
+                if status >= 500:
+                    trace.fail(f"HTTP {status}")
+            await send(message)
+
+        try:
+            await answer(scope, receive, sending)
+        except asyncio.CancelledError:
+            trace.event("cancelled", {"reason": "the client disconnected"})
+            trace.set({"error.type": "cancelled"})
+            raise
+        finally:
+            trace.end()
+
+    return send_traced
 
 
 _EVENTS: dict[type[ServiceError], str] = {
@@ -150,8 +181,9 @@ _EVENTS: dict[type[ServiceError], str] = {
 
 
 async def _execute_traced(codec: Codec[D, R, Out], request: D, task: Task[Any, R], work: Work, trace: Trace) -> Out:
-    """`codec.execute` with the task's traced run: the model named on the span, the run's parts its
-    children; a document's runs are one `document` span with its segment counts."""
+    """`codec.execute` with the work traced (`Work.trace`): the model named on the span, the run's
+    parts its children however the codec runs it (at once, in `encode`, or as a stream); a
+    document's runs are one `document` span with its segment counts."""
     trace.set(
         {
             "transformer_serve.model": task.entry.name,
@@ -161,11 +193,9 @@ async def _execute_traced(codec: Codec[D, R, Out], request: D, task: Task[Any, R
     )
     document = codec.document_attributes(request)
     if document is None:
-
-        async def run(w: Work) -> R:
-            return await task.run_traced(w, trace)
-
-        return await codec.execute(request, run, work)
+        trace.set({"transformer_serve.texts": len(work.texts) or len(work.pairs)})
+        trace.streamed = codec.streams(request)
+        return await codec.execute(request, task.run, replace(work, trace=trace))
     start = time.time_ns()
     try:
         return await codec.execute(request, task.run, work)
@@ -199,6 +229,11 @@ class Codec(ABC, Generic[D, R, Out]):
         """The work run: once, as here (`Out` is `R`); a codec overrides it to run it not at all
         (nothing to run), in parts, or as a stream."""
         return cast(Out, await run(work))
+
+    def streams(self, request: D) -> bool:
+        """Whether the answer is a stream that runs the work after the pipeline has returned it:
+        the request's span then ends once the stream is sent (`traced`)."""
+        return False
 
     def document_attributes(self, request: D) -> Mapping[str, AttributeValue] | None:
         """A document's trace attributes (its segment counts), traced as one span; None: not a document."""

@@ -116,6 +116,9 @@ class RestCodec(Codec[Q, R, "R | Streamed"], Generic[Q, R]):
     def work(self, request: Q, task: Task[Any, R], deadline: float) -> Work:
         return self.cls.rest_work(request, deadline)
 
+    def streams(self, request: Q) -> bool:
+        return request.streamed
+
     async def execute(self, request: Q, run: Run[R], work: Work) -> R | Streamed:
         return Streamed(work) if request.streamed else await run(work)
 

@@ -122,6 +122,7 @@ class Work:
     deadline: float  # time.monotonic() by which the answer is due
     attention: bool = False  # also the attention maps (one text)
     pairs: Sequence[tuple[str, str]] = ()  # a pair classifier's inputs instead of texts (`texts` empty)
+    trace: Trace | None = None  # the request's span when it is traced: the run adds its parts as children
 
 
 @dataclass(frozen=True)
@@ -200,12 +201,8 @@ class Task(ABC, Generic[Q, R]):
 
     @abstractmethod
     async def run(self, work: Work) -> R:
-        """The work's result, in the task's own terms (no protocol's shape)."""
-
-    async def run_traced(self, work: Work, trace: Trace) -> R:
-        """`run` with tracing on: its parts become children of the request's span (`trace`)."""
-        trace.set({"transformer_serve.texts": len(work.texts)})
-        return await self.run(work)
+        """The work's result, in the task's own terms (no protocol's shape); with `work.trace`, its
+        parts (queue, batches, decoder steps) become children of the request's span."""
 
     @abstractmethod
     def tensors(self, result: R) -> list[OutputTensor]:

@@ -130,30 +130,27 @@ class Seq2SeqTask(Task[Q, R]):
         ]
         return prepared, searches, first
 
-    async def stream(
-        self, work: Work, tokens: bool = False, trace: Trace | None = None
-    ) -> AsyncGenerator[Progress, None]:
+    async def stream(self, work: Work, tokens: bool = False) -> AsyncGenerator[Progress, None]:
         """The work's progress: with `tokens`, each token its greedy and sampled rows choose
         (`Piece`); each source's `Finished`; last, `Done` with the answer. A reader that stops
         reading (cancelled, or closing the stream: `contextlib.aclosing`) frees its rows at the
-        next step. With a `trace`, its parts become children of the request's span: tokenize,
+        next step. With `work.trace`, its parts become children of the request's span: tokenize,
         queue (submitted to the encoder run), encoder, decode (first join to last leave: steps,
-        rows, lane), assembly."""
-        _, events = self.open(work, tokens, trace)
+        rows, lane), assembly; whichever way it is read (whole, or streamed by any protocol)."""
+        _, events = self.open(work, tokens)
         async with contextlib.aclosing(events) as progress:
             async for event in progress:
                 yield event
 
-    def open(
-        self, work: Work, tokens: bool = False, trace: Trace | None = None
-    ) -> tuple[Prepared, AsyncGenerator[Progress, None]]:
+    def open(self, work: Work, tokens: bool = False) -> tuple[Prepared, AsyncGenerator[Progress, None]]:
         """The work's sources and its `stream`, refused now (busy, a bad text or option) rather
         than at its first read: a streamed answer's errors before its first byte."""
         self.queue.refuse_if_busy(work.deadline)
+        trace = work.trace
         t0 = time.time_ns() if trace is not None else 0
         prepared, searches, first = self.sources(work.texts, cast(Decoding, work.options))
         if trace is not None:
-            t0 = trace_sources(trace, t0, len(work.texts), prepared.sources)
+            t0 = trace_sources(trace, t0, prepared.sources)
         return prepared, self._progress(prepared, searches, first, work.deadline, tokens, trace, t0)
 
     async def _progress(
@@ -198,9 +195,9 @@ class Seq2SeqTask(Task[Q, R]):
             trace_outputs(trace, t2, hyps, outputs)
         yield Done(prepared, hyps, outputs)
 
-    async def answer(self, work: Work, trace: Trace | None = None) -> Done:
+    async def answer(self, work: Work) -> Done:
         """The work's answer: the last event of its `stream`."""
-        async with contextlib.aclosing(self.stream(work, trace=trace)) as progress:
+        async with contextlib.aclosing(self.stream(work)) as progress:
             async for event in progress:
                 if isinstance(event, Done):
                     return event
@@ -221,17 +218,12 @@ def phases(items: list[T], streamed: bool) -> list[tuple[int, list[T]]]:
     return [(0, items[:1]), (1, items[1:])]
 
 
-def trace_sources(trace: Trace, started_ns: int, texts: int, sources: Sequence[Sequence[int]]) -> int:
+def trace_sources(trace: Trace, started_ns: int, sources: Sequence[Sequence[int]]) -> int:
     """The tokenize span and the request's input figures; returns when the sources were ready."""
     ready = time.time_ns()
     tokens_in = sum(len(ids) for ids in sources)
-    trace.child(
-        "tokenize",
-        started_ns,
-        ready,
-        {"transformer_serve.sentences": len(sources), "gen_ai.usage.input_tokens": tokens_in},
-    )
-    trace.set({"transformer_serve.texts": texts, "gen_ai.usage.input_tokens": tokens_in})
+    trace.child("tokenize", started_ns, ready, {"transformer_serve.sentences": len(sources)})
+    trace.set({"gen_ai.usage.input_tokens": tokens_in})  # on the request's span only: an attribute is set once
     return ready
 
 
@@ -239,7 +231,7 @@ def trace_outputs(
     trace: Trace, started_ns: int, hyps: Sequence[Sequence[Hypothesis]], outputs: Sequence[Sequence[Generated]]
 ) -> None:
     """The assembly span and the request's output figures."""
-    trace.child("assembly", started_ns, time.time_ns(), {"transformer_serve.texts": len(outputs)})
+    trace.child("assembly", started_ns, time.time_ns())
     trace.set(
         {
             "gen_ai.usage.output_tokens": sum(len(h[0].tokens) + int(h[0].finished) for h in hyps if h),

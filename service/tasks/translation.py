@@ -41,7 +41,6 @@ from service.tasks.options import (
     text_events,
 )
 from service.tasks.seq2seq import Seq2SeqTask
-from service.tracing import Trace
 
 
 class DecodeOptions(SearchOptions):
@@ -174,13 +173,6 @@ class TranslationTask(Seq2SeqTask[TranslateRequest, Translated]):
     async def run(self, work: Work) -> Translated:
         assert isinstance(work.options, DecodeOptions)
         done = await self.answer(work)
-        attention = await self._attention(done.prepared, done.hypotheses) if work.attention else None
-        return Translated(done.outputs, attention)
-
-    async def run_traced(self, work: Work, trace: Trace) -> Translated:
-        """`run`, with its parts as children of the request's span (`Seq2SeqTask.stream`)."""
-        assert isinstance(work.options, DecodeOptions)
-        done = await self.answer(work, trace)
         attention = await self._attention(done.prepared, done.hypotheses) if work.attention else None
         return Translated(done.outputs, attention)
 
