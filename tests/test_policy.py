@@ -209,13 +209,16 @@ def test_a_flood_of_short_requests_steps_once_a_main_step_not_by_the_share() -> 
     assert express_time(8, 100, limits) == 0.5
     assert express_time(30, 90, limits) == 30 / 120
     assert express_time(30, 500, limits) == 30 / (30 + 128)  # the main batch steps at most max_rows
-    assert express_time(30, 0, limits) == 1.0
+    assert express_time(30, 0, limits) == 30 / 31  # an empty main lane: as of the newcomer's row
     many = [costed([1], work=20) for _ in range(12)]  # twelve one-sentence greedy requests, 20 row-steps each
     beams = costed([4], work=100)
     rate, on = 10.0, StepLimits(express_share=0.5, express_work=100, express_few=8)
     short = costed([1], work=20)
     assert estimate([*many, beams], short, on, rate).seconds == (12 * 20 + 20) / (rate * 12 / 16)
     assert estimate([*many[:4], beams], short, on, rate).seconds == (4 * 20 + 20) / (rate * 0.5)
+    # a beam request arriving while only the flood runs (the overload check's 500s: a main lane of
+    # no rows had no share of the time, and its wait divided by zero)
+    assert estimate(many, beams, on, rate).seconds == (100 / (rate * (1 - 12 / 13)))
 
 
 def costed(widths: Sequence[int], work: int, admitted: int = 0, deadline: float = 100.0) -> Job:

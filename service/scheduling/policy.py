@@ -391,8 +391,8 @@ def express_time(express_rows: int, main_rows: int, limits: StepLimits) -> float
     the main batch steps at most `max_rows`)."""
     if express_rows <= limits.express_few:
         return limits.express_share
-    express, main = min(express_rows, limits.max_rows), min(main_rows, limits.max_rows)
-    return express / (express + main) if main else 1.0
+    express, main = min(express_rows, limits.max_rows), min(max(1, main_rows), limits.max_rows)
+    return express / (express + main)  # a main lane of none: as of one row, the newcomer's own
 
 
 def next_lane(load: LaneLoad, limits: StepLimits) -> Lane:
