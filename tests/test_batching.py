@@ -372,6 +372,19 @@ def test_the_budget_counts_padded_tokens_and_a_batch_is_sorted_by_length() -> No
         assert len(b) * max(w.size for w in b) <= 40
 
 
+def test_a_newcomer_gives_the_item_that_pads_least_not_its_shortest() -> None:
+    """Requests still take turns, one item each, but a request past its first turn gives the
+    longest item the batch has room for without padding more: an older request's long items left
+    and a newcomer's short ones would pad the short ones to the long (its shortest first: 4 rows
+    of 30 tokens for 3 of 10, twice the tokens of what they hold)."""
+    waiting = [Item(0, n) for n in (30, 31, 32)] + [Item(1, n) for n in (10, 12, 30, 40)]
+    first = next_batch(waiting, max_items=2, max_cost=1000)
+    assert [waiting[i].size for i in first] == [30, 30]  # not 10 beside 30
+    batches = drain(waiting, max_items=32, max_cost=64)
+    assert [[(w.request, w.size) for w in b] for b in batches][0] == [(0, 30), (1, 30)]
+    assert sorted(w for b in batches for w in b) == sorted(waiting)  # nothing left behind
+
+
 def test_only_the_oldest_items_key_and_a_full_batch_stops_at_max_items() -> None:
     waiting = [Item(0, 1, "a"), Item(1, 1, "b"), Item(2, 1, "a"), Item(3, 1, "a")]
     assert next_batch(waiting, max_items=8, max_cost=100) == [0, 2, 3]

@@ -33,7 +33,7 @@ import contextlib
 import itertools
 import logging
 import time
-from collections import deque
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -80,11 +80,13 @@ class Waiting(Protocol):
 def next_batch(waiting: Sequence[Waiting], max_items: int, max_cost: int) -> list[int]:
     """The next batch: indices into `waiting` (arrival order), shortest first. Items of the oldest
     item's key, taken round-robin over their requests (in the order of their oldest item), one
-    item of each in turn, a request's shortest first, while the batch has at most `max_items`
-    and its padded cost (items x the longest) stays within `max_cost`; a request whose next item
-    does not fit is done for this batch (its later items are no shorter). The oldest request's
-    shortest item always goes, alone if it is over the cost. First come, first served would keep
-    a one-item request waiting behind every item of a large one queued before it."""
+    item of each in turn, while the batch has at most `max_items` and its padded cost (items x
+    the longest) stays within `max_cost`. The oldest request's shortest item goes first, alone if
+    it is over the cost; at each later turn a request gives its longest item the batch holds
+    room for without padding more (at most the batch's longest), else its shortest, and is done
+    for this batch when that does not fit. First come, first served would keep a one-item
+    request waiting behind every item of a large one queued before it; each request's shortest
+    first would pad a newcomer's short items to the long ones older requests have left."""
     if not waiting:
         return []
     key = waiting[0].key
@@ -92,22 +94,26 @@ def next_batch(waiting: Sequence[Waiting], max_items: int, max_cost: int) -> lis
     for i, w in enumerate(waiting):
         if w.key == key:
             lines.setdefault(w.request, []).append(i)
-    turns = [deque(sorted(line, key=lambda i: waiting[i].size)) for line in lines.values()]  # stable
+    turns = [sorted(line, key=lambda i: waiting[i].size) for line in lines.values()]  # stable
+    sizes = [[waiting[i].size for i in line] for line in turns]
     chosen: list[int] = []
     longest = 0
     while turns and len(chosen) < max_items:
         still = []
-        for line in turns:
+        for line, size_of in zip(turns, sizes, strict=True):
             if len(chosen) >= max_items:
                 break
-            size = waiting[line[0]].size
+            below = bisect_right(size_of, longest) if chosen else 0
+            at = bisect_left(size_of, size_of[below - 1]) if below else 0  # the first of that size
+            size = size_of[at]
             if chosen and (len(chosen) + 1) * max(longest, size) > max_cost:
                 continue  # full for this request
-            chosen.append(line.popleft())
+            chosen.append(line.pop(at))
+            del size_of[at]
             longest = max(longest, size)
             if line:
-                still.append(line)
-        turns = still
+                still.append((line, size_of))
+        turns, sizes = [t for t, _ in still], [z for _, z in still]
     return sorted(chosen, key=lambda i: waiting[i].size)
 
 
