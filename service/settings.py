@@ -78,6 +78,13 @@ class Settings(BaseSettings):
     # batching
     max_batch_size: int = Field(default=32, ge=1, le=1024, description="items (texts) per batch")
     max_batch_tokens: int = Field(default=512, ge=1, description="padded tokens per batch (rows x longest row)")
+    batch_express_items: int = Field(
+        default=8,
+        ge=0,
+        description="classification: requests of at most this many texts (or pairs) waiting take a batch of their "
+        "own, every other batch, while a larger request waits: a one-text request then waits for the running batch "
+        "only; 0: off",
+    )
     max_wait_ms: float = Field(default=2.0, ge=0, le=1000, description="a batch closes this long after its first item")
     max_queue: int = Field(default=512, ge=1, description="queued items (translation: sentences) per model before 429")
     # translation: step-level scheduling

@@ -13,7 +13,7 @@ import pytest
 
 from service.errors import DeadlineExceeded, PayloadTooLarge, QueueFull, ShuttingDown
 from service.scheduling.admission import Admission, LoadedSpan
-from service.scheduling.batcher import BatchLimits, DynamicBatcher, next_batch
+from service.scheduling.batcher import BatchLimits, DynamicBatcher, express_applies, next_batch
 
 
 class Model:
@@ -383,6 +383,49 @@ def test_a_newcomer_gives_the_item_that_pads_least_not_its_shortest() -> None:
     batches = drain(waiting, max_items=32, max_cost=64)
     assert [[(w.request, w.size) for w in b] for b in batches][0] == [(0, 30), (1, 30)]
     assert sorted(w for b in batches for w in b) == sorted(waiting)  # nothing left behind
+
+
+def test_few_item_requests_batch_alone_while_a_large_one_waits() -> None:
+    """With `few`, the requests of at most that many waiting items form the batch alone: a one-text
+    request behind a 256-document rerank waits for the batch running only, not also for a full
+    batch of rerank items beside its own. Only while both kinds wait; the batcher allows it every
+    other batch, so the large request goes on."""
+    waiting = [Item(0, 20) for _ in range(256)] + [Item(1, 20), Item(2, 20), Item(2, 20)]
+    assert express_applies(waiting, few=8) and not express_applies(waiting, few=0)
+    assert sorted(next_batch(waiting, max_items=32, max_cost=512, few=8)) == [256, 257, 258]
+    assert len(next_batch(waiting, max_items=32, max_cost=512)) == 25  # round-robin: 512 // 20 items
+    alone = [Item(1, 20), Item(2, 20)]
+    assert not express_applies(alone, few=8)  # nothing larger waits: one batch for all
+    assert not express_applies([Item(0, 5)] * 9, few=8)
+
+
+def test_the_batcher_runs_few_item_batches_first_within_their_share() -> None:
+    """One-text requests queued behind a large one: the first batch after them is theirs alone
+    (FCFS or round-robin: beside 7 of the large one's items), and the batch after it carries the
+    large one's items again: few-item batches take at most `express_share` of the time."""
+    model = Model()
+    model.gate.clear()  # the first batch waits in the worker: everything is queued meanwhile
+
+    async def main() -> list[list[int]]:
+        b = make(model, max_batch_size=8, max_wait_s=0.001, express_items=1)
+        b.start()
+        large = asyncio.ensure_future(b.submit_many(list(range(1, 65))))
+        await asyncio.sleep(0.05)
+        small = [asyncio.ensure_future(b.submit(1000 + k)) for k in range(3)]
+        await asyncio.sleep(0.05)
+        model.gate.set()
+        assert [await s for s in small] == [2001, 2003, 2005]
+        await large
+        await b.close(1)
+        return model.batches
+
+    batches = run(main())
+    first = next(i for i, batch in enumerate(batches) if any(x >= 1000 for x in batch))
+    assert sorted(batches[first]) == [1000, 1001, 1002]  # theirs alone
+    assert all(x < 1000 for x in batches[first + 1]) and len(batches[first + 1]) == 8
+    for bad in ({"express_items": -1}, {"express_share": 1.0}):
+        with pytest.raises(ValueError):
+            BatchLimits(**bad)  # type: ignore[arg-type]
 
 
 def test_only_the_oldest_items_key_and_a_full_batch_stops_at_max_items() -> None:

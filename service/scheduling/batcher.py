@@ -34,6 +34,7 @@ import itertools
 import logging
 import time
 from bisect import bisect_left, bisect_right
+from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from service.errors import DeadlineExceeded, NotReady, ShuttingDown
 from service.scheduling.admission import Admission
+from service.scheduling.policy import express_turn
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +79,16 @@ class Waiting(Protocol):
     def size(self) -> int: ...  # its cost in a batch (tokens)
 
 
-def next_batch(waiting: Sequence[Waiting], max_items: int, max_cost: int) -> list[int]:
+def express_applies(waiting: Sequence[Waiting], few: int) -> bool:
+    """Whether the next batch is the few-item requests' own: of the oldest item's key, some
+    requests have at most `few` items waiting and some more (`next_batch`)."""
+    if not waiting or few < 1:
+        return False
+    counts = Counter(w.request for w in waiting if w.key == waiting[0].key)
+    return min(counts.values()) <= few < max(counts.values())
+
+
+def next_batch(waiting: Sequence[Waiting], max_items: int, max_cost: int, few: int = 0) -> list[int]:
     """The next batch: indices into `waiting` (arrival order), shortest first. Items of the oldest
     item's key, taken round-robin over their requests (in the order of their oldest item), one
     item of each in turn, while the batch has at most `max_items` and its padded cost (items x
@@ -86,7 +97,10 @@ def next_batch(waiting: Sequence[Waiting], max_items: int, max_cost: int) -> lis
     room for without padding more (at most the batch's longest), else its shortest, and is done
     for this batch when that does not fit. First come, first served would keep a one-item
     request waiting behind every item of a large one queued before it; each request's shortest
-    first would pad a newcomer's short items to the long ones older requests have left."""
+    first would pad a newcomer's short items to the long ones older requests have left.
+    With `few` (`express_applies`), only the requests of at most `few` waiting items take part: a
+    one-text request then waits for the batch running, not also for a full batch of a large one's
+    items beside its own (the batcher allows it for a share of the time, so the large one goes on)."""
     if not waiting:
         return []
     key = waiting[0].key
@@ -94,6 +108,8 @@ def next_batch(waiting: Sequence[Waiting], max_items: int, max_cost: int) -> lis
     for i, w in enumerate(waiting):
         if w.key == key:
             lines.setdefault(w.request, []).append(i)
+    if express_applies(waiting, few):  # the few-item requests' batch: theirs alone
+        lines = {r: line for r, line in lines.items() if len(line) <= few}
     turns = [sorted(line, key=lambda i: waiting[i].size) for line in lines.values()]  # stable
     sizes = [[waiting[i].size for i in line] for line in turns]
     chosen: list[int] = []
@@ -147,9 +163,13 @@ class BatchLimits:
     max_queue: int = 512
     max_batch_cost: int = 512  # padded size units per batch; one oversized item still runs alone
     admit_share: float = 0.5  # admit when the admitted work fits in this share of the time left
+    express_items: int = 0  # requests of at most this many waiting items batch alone while a larger one waits,
+    express_share: float = 0.5  # for up to this share of the time (`policy.express_turn`): the larger one goes on
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_queue < 1 or self.max_batch_cost < 1 or self.max_wait_s < 0:
+            raise ValueError(f"invalid batch limits {self}")
+        if self.express_items < 0 or not 0 <= self.express_share < 1:
             raise ValueError(f"invalid batch limits {self}")
         if not 0 < self.admit_share <= 1:
             raise ValueError(f"invalid batch limits {self}")
@@ -175,6 +195,9 @@ class DynamicBatcher(Generic[T, R]):
         self._task: asyncio.Task[None] | None = None
         self._closing = False
         self._last_size: dict[Hashable, int] = {}  # per key: items in its last batch
+        self._express = False  # the batch running is the few-item requests' own
+        self._express_s = 0.0  # their batches' time since the last other batch
+        self._normal_s = 0.0  # the last other batch's time
         self._current: list[_Pending[T, R]] = []  # the batch now running
         self._admitted = 0  # the sizes of the items admitted and not finished: what a newcomer waits behind
         self.admission = Admission(name, limits.max_queue, limits.admit_share, "items")  # rate: size units/s
@@ -334,7 +357,10 @@ class DynamicBatcher(Generic[T, R]):
 
     def _select(self) -> list[_Pending[T, R]]:
         """Takes the next batch's items out of `_waiting` (`next_batch`)."""
-        picked = next_batch(self._waiting, self.limits.max_batch_size, self.limits.max_batch_cost)
+        turn = express_turn(self._express_s, self._normal_s, self.limits.express_share)
+        few = self.limits.express_items if turn else 0
+        self._express = express_applies(self._waiting, few)
+        picked = next_batch(self._waiting, self.limits.max_batch_size, self.limits.max_batch_cost, few)
         taken = set(picked)
         chosen = [self._waiting[i] for i in picked]
         self._waiting = [p for i, p in enumerate(self._waiting) if i not in taken]
@@ -396,6 +422,11 @@ class DynamicBatcher(Generic[T, R]):
                     p.future.set_exception(exc)
         else:
             mark = Ran(began[0], time.time_ns(), len(ran), len(ran) * max((p.size for p in ran), default=0))
+            took = (mark.end_ns - mark.start_ns) / 1e9
+            if self._express:
+                self._express_s += took
+            else:
+                self._normal_s, self._express_s = took, 0.0
             for p, r in zip(ran, results, strict=True):
                 if not p.future.done():
                     p.ran = mark

@@ -133,7 +133,9 @@ class ClassificationTask(Task[PredictRequest, Classified]):
         super().__init__(entry, engine.variant)
         self.engine = engine
         s = context.settings
-        limits = BatchLimits(s.max_batch_size, s.max_wait_ms / 1000, s.max_queue, s.max_batch_tokens)
+        limits = BatchLimits(
+            s.max_batch_size, s.max_wait_ms / 1000, s.max_queue, s.max_batch_tokens, express_items=s.batch_express_items
+        )
         self.executor = ThreadPoolExecutor(1, f"classify-{entry.name}", lower_priority)
         self.batcher: DynamicBatcher[Encoded, Scored] = DynamicBatcher(
             entry.name,
