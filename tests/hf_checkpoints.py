@@ -71,7 +71,8 @@ def texts() -> list[str]:
 TEXTS = texts()
 
 
-def train_spm(sentences: list[str], vocab_size: int, model_type: str) -> bytes:
+def train_spm(sentences: list[str], vocab_size: int, model_type: str, **special: int | str) -> bytes:
+    """A SentencePiece model trained here; `special`: its special pieces' ids and names (`pad_id`, `pad_piece`, ...)."""
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(sentences),
@@ -81,6 +82,7 @@ def train_spm(sentences: list[str], vocab_size: int, model_type: str) -> bytes:
         character_coverage=1.0,
         num_threads=1,
         minloglevel=2,
+        **special,
     )
     return model.getvalue()
 
@@ -247,21 +249,8 @@ def t5_files(tmp_path_factory: pytest.TempPathFactory, name: str, shipped_json: 
     """google-t5's files: spiece.model (<pad> 0, </s> 1, <unk> 2) and 10 sentinels <extra_id_N> after
     the pieces; `shipped_json`: saved again by transformers with its tokenizer.json (mT5, Flan-T5)."""
     folder = tmp_path_factory.mktemp(name)
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(corpus(1200, 1)),
-        model_writer=model,
-        vocab_size=400,
-        model_type="unigram",
-        character_coverage=1.0,
-        num_threads=1,
-        minloglevel=2,
-        pad_id=0,
-        eos_id=1,
-        unk_id=2,
-        bos_id=-1,
-    )
-    (folder / "spiece.model").write_bytes(model.getvalue())
+    model = train_spm(corpus(1200, 1), 400, "unigram", pad_id=0, eos_id=1, unk_id=2, bos_id=-1)
+    (folder / "spiece.model").write_bytes(model)
     config = {"tokenizer_class": "T5Tokenizer", "extra_ids": 10, "model_max_length": 512}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     if shipped_json:
@@ -399,19 +388,9 @@ def deberta_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """microsoft/deberta-v3-*'s files: spm.model ([PAD] 0, [CLS] 1, [SEP] 2, [UNK] 3; transformers
     adds [MASK] after the pieces) and tokenizer_config.json, no tokenizer.json."""
     folder = tmp_path_factory.mktemp("deberta")
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(corpus(1200, 6)),
-        model_writer=model,
-        vocab_size=400,
-        model_type="unigram",
-        character_coverage=1.0,
-        num_threads=1,
-        minloglevel=2,
-        **{"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3},
-        **{"pad_piece": "[PAD]", "bos_piece": "[CLS]", "eos_piece": "[SEP]", "unk_piece": "[UNK]"},
-    )
-    (folder / "spm.model").write_bytes(model.getvalue())
+    ids = {"pad_id": 0, "bos_id": 1, "eos_id": 2, "unk_id": 3}
+    pieces = {"pad_piece": "[PAD]", "bos_piece": "[CLS]", "eos_piece": "[SEP]", "unk_piece": "[UNK]"}
+    (folder / "spm.model").write_bytes(train_spm(corpus(1200, 6), 400, "unigram", **ids, **pieces))
     specials = {"bos_token": "[CLS]", "eos_token": "[SEP]", "unk_token": "[UNK]", "sep_token": "[SEP]"}
     specials |= {"pad_token": "[PAD]", "cls_token": "[CLS]", "mask_token": "[MASK]"}
     config = {"tokenizer_class": "DebertaV2Tokenizer", "do_lower_case": False, "split_by_punct": False, **specials}
