@@ -40,6 +40,7 @@ class Item(NamedTuple):
     request: int
     size: int
     key: Hashable = None
+    items: int = 1  # its request's items, all
 
 
 def drain(waiting: list[Item], max_items: int, max_cost: int) -> list[list[Item]]:
@@ -390,13 +391,16 @@ def test_few_item_requests_batch_alone_while_a_large_one_waits() -> None:
     request behind a 256-document rerank waits for the batch running only, not also for a full
     batch of rerank items beside its own. Only while both kinds wait; the batcher allows it every
     other batch, so the large request goes on."""
-    waiting = [Item(0, 20) for _ in range(256)] + [Item(1, 20), Item(2, 20), Item(2, 20)]
+    waiting = [Item(0, 20, None, 256) for _ in range(256)] + [Item(1, 20), Item(2, 20, None, 2), Item(2, 20, None, 2)]
     assert express_applies(waiting, few=8) and not express_applies(waiting, few=0)
     assert sorted(next_batch(waiting, max_items=32, max_cost=512, few=8)) == [256, 257, 258]
     assert len(next_batch(waiting, max_items=32, max_cost=512)) == 25  # round-robin: 512 // 20 items
     alone = [Item(1, 20), Item(2, 20)]
     assert not express_applies(alone, few=8)  # nothing larger waits: one batch for all
-    assert not express_applies([Item(0, 5)] * 9, few=8)
+    assert not express_applies([Item(0, 5, None, 9)] * 9, few=8)
+    # a large request's last few items still make it large: the small one does not ride with them
+    tail = [Item(0, 80, None, 256)] * 3 + [Item(1, 18)]
+    assert express_applies(tail, few=8) and [tail[i] for i in next_batch(tail, 32, 512, few=8)] == [Item(1, 18)]
 
 
 def test_the_batcher_runs_few_item_batches_first_within_their_share() -> None:

@@ -34,7 +34,6 @@ import itertools
 import logging
 import time
 from bisect import bisect_left, bisect_right
-from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -78,14 +77,19 @@ class Waiting(Protocol):
     @property
     def size(self) -> int: ...  # its cost in a batch (tokens)
 
+    @property
+    def items(self) -> int: ...  # its request's items, all (the few-item rule: `express_applies`)
+
 
 def express_applies(waiting: Sequence[Waiting], few: int) -> bool:
     """Whether the next batch is the few-item requests' own: of the oldest item's key, some
-    requests have at most `few` items waiting and some more (`next_batch`)."""
+    waiting requests have at most `few` items in all and some more. In all, not waiting: a
+    large request's last few items are its longest, and a small one beside them rode a batch
+    of them (the slowest one-text requests beside reranks came in a rerank's last 100 ms)."""
     if not waiting or few < 1:
         return False
-    counts = Counter(w.request for w in waiting if w.key == waiting[0].key)
-    return min(counts.values()) <= few < max(counts.values())
+    sizes = [w.items for w in waiting if w.key == waiting[0].key]
+    return min(sizes) <= few < max(sizes)
 
 
 def next_batch(waiting: Sequence[Waiting], max_items: int, max_cost: int, few: int = 0) -> list[int]:
@@ -109,7 +113,7 @@ def next_batch(waiting: Sequence[Waiting], max_items: int, max_cost: int, few: i
         if w.key == key:
             lines.setdefault(w.request, []).append(i)
     if express_applies(waiting, few):  # the few-item requests' batch: theirs alone
-        lines = {r: line for r, line in lines.items() if len(line) <= few}
+        lines = {r: line for r, line in lines.items() if waiting[line[0]].items <= few}
     turns = [sorted(line, key=lambda i: waiting[i].size) for line in lines.values()]  # stable
     sizes = [[waiting[i].size for i in line] for line in turns]
     chosen: list[int] = []
@@ -142,6 +146,7 @@ class _Pending(Generic[T, R]):
     size: int
     enqueued: float  # time.monotonic()
     deadline: float | None
+    items: int = 1  # its request's items, all
     started: bool = field(default=False)
     ran: Ran | None = None  # its batch, once it ran
 
@@ -244,9 +249,9 @@ class DynamicBatcher(Generic[T, R]):
         if deadline is not None and deadline <= now:
             raise DeadlineExceeded("the request deadline passed before it was queued")
         loop = asyncio.get_running_loop()
-        request = next(self._requests)
+        request, n = next(self._requests), len(items)
         pending = [
-            _Pending(item, loop.create_future(), request, self._key(item), max(1, self._size(item)), now, deadline)
+            _Pending(item, loop.create_future(), request, self._key(item), max(1, self._size(item)), now, deadline, n)
             for item in items
         ]
         size = sum(p.size for p in pending)
