@@ -78,6 +78,13 @@ class Settings(BaseSettings):
     # batching
     max_batch_size: int = Field(default=32, ge=1, le=1024, description="items (texts) per batch")
     max_batch_tokens: int = Field(default=512, ge=1, description="padded tokens per batch (rows x longest row)")
+    max_batch_tokens_shared: int = Field(
+        default=128,
+        ge=0,
+        description="classification: padded tokens per batch of a larger request while requests of at most "
+        "SERVE_BATCH_EXPRESS_ITEMS come and go (one waited beside it within 2 s): what such a request may wait for "
+        "(the batch running when it arrives) against the larger one's throughput; 0: SERVE_MAX_BATCH_TOKENS",
+    )
     batch_express_items: int = Field(
         default=8,
         ge=0,

@@ -427,9 +427,38 @@ def test_the_batcher_runs_few_item_batches_first_within_their_share() -> None:
     first = next(i for i, batch in enumerate(batches) if any(x >= 1000 for x in batch))
     assert sorted(batches[first]) == [1000, 1001, 1002]  # theirs alone
     assert all(x < 1000 for x in batches[first + 1]) and len(batches[first + 1]) == 8
-    for bad in ({"express_items": -1}, {"express_share": 1.0}):
+    for bad in ({"express_items": -1}, {"express_share": 1.0}, {"shared_batch_cost": -1}):
         with pytest.raises(ValueError):
             BatchLimits(**bad)  # type: ignore[arg-type]
+
+
+def test_a_large_requests_batches_shrink_while_few_item_ones_come_and_go() -> None:
+    """What a one-text request waits for is the batch running when it arrives: while few-item
+    requests have waited beside a large one (within `SHARED_WINDOW_S`), the large one's batches
+    keep to `shared_batch_cost`; before any came, to `max_batch_cost`."""
+    model = Model()
+    model.gate.clear()
+    size = lambda x: abs(x) % 100 + 1  # noqa: E731 (make's)
+
+    async def main() -> list[list[int]]:
+        b = make(model, max_batch_size=8, max_wait_s=0.001, express_items=1, shared_batch_cost=40)
+        b.start()
+        large = asyncio.ensure_future(b.submit_many(list(range(1, 65))))
+        await asyncio.sleep(0.05)
+        small = asyncio.ensure_future(b.submit(1000))
+        await asyncio.sleep(0.05)
+        model.gate.set()
+        await small
+        await large
+        await b.close(1)
+        return model.batches
+
+    batches = run(main())
+    cost = [len(batch) * max(size(x) for x in batch) for batch in batches]
+    assert cost[0] > 40  # formed before the small one came: the whole budget
+    after = next(i for i, batch in enumerate(batches) if 1000 in batch) + 1
+    assert len(batches) > after
+    assert all(c <= 40 or len(batch) == 1 for c, batch in zip(cost[after:], batches[after:], strict=True))
 
 
 def test_only_the_oldest_items_key_and_a_full_batch_stops_at_max_items() -> None:

@@ -161,6 +161,11 @@ class Ran:
     padded: int  # items x the longest item's size (tokens)
 
 
+SHARED_WINDOW_S = 2.0
+"""Few-item requests waited beside a larger one this recently: its batches keep to `shared_batch_cost`
+(at 5 small requests a second, a gap this long comes once in e^10)."""
+
+
 @dataclass(frozen=True)
 class BatchLimits:
     max_batch_size: int = 32
@@ -170,11 +175,12 @@ class BatchLimits:
     admit_share: float = 0.5  # admit when the admitted work fits in this share of the time left
     express_items: int = 0  # requests of at most this many waiting items batch alone while a larger one waits,
     express_share: float = 0.5  # for up to this share of the time (`policy.express_turn`): the larger one goes on
+    shared_batch_cost: int = 0  # a larger request's batches while few-item ones come and go (0: max_batch_cost)
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1 or self.max_queue < 1 or self.max_batch_cost < 1 or self.max_wait_s < 0:
             raise ValueError(f"invalid batch limits {self}")
-        if self.express_items < 0 or not 0 <= self.express_share < 1:
+        if self.express_items < 0 or not 0 <= self.express_share < 1 or self.shared_batch_cost < 0:
             raise ValueError(f"invalid batch limits {self}")
         if not 0 < self.admit_share <= 1:
             raise ValueError(f"invalid batch limits {self}")
@@ -203,6 +209,7 @@ class DynamicBatcher(Generic[T, R]):
         self._express = False  # the batch running is the few-item requests' own
         self._express_s = 0.0  # their batches' time since the last other batch
         self._normal_s = 0.0  # the last other batch's time
+        self._small_at = -SHARED_WINDOW_S  # when few-item requests last waited beside a larger one
         self._current: list[_Pending[T, R]] = []  # the batch now running
         self._admitted = 0  # the sizes of the items admitted and not finished: what a newcomer waits behind
         self.admission = Admission(name, limits.max_queue, limits.admit_share, "items")  # rate: size units/s
@@ -365,7 +372,13 @@ class DynamicBatcher(Generic[T, R]):
         turn = express_turn(self._express_s, self._normal_s, self.limits.express_share)
         few = self.limits.express_items if turn else 0
         self._express = express_applies(self._waiting, few)
-        picked = next_batch(self._waiting, self.limits.max_batch_size, self.limits.max_batch_cost, few)
+        now = time.monotonic()
+        if self._express or express_applies(self._waiting, self.limits.express_items):
+            self._small_at = now
+        cost = self.limits.max_batch_cost
+        if not self._express and now - self._small_at < SHARED_WINDOW_S:
+            cost = min(cost, self.limits.shared_batch_cost or cost)
+        picked = next_batch(self._waiting, self.limits.max_batch_size, cost, few)
         taken = set(picked)
         chosen = [self._waiting[i] for i in picked]
         self._waiting = [p for i, p in enumerate(self._waiting) if i not in taken]

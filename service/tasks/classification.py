@@ -134,7 +134,12 @@ class ClassificationTask(Task[PredictRequest, Classified]):
         self.engine = engine
         s = context.settings
         limits = BatchLimits(
-            s.max_batch_size, s.max_wait_ms / 1000, s.max_queue, s.max_batch_tokens, express_items=s.batch_express_items
+            s.max_batch_size,
+            s.max_wait_ms / 1000,
+            s.max_queue,
+            s.max_batch_tokens,
+            express_items=s.batch_express_items,
+            shared_batch_cost=s.max_batch_tokens_shared,
         )
         self.executor = ThreadPoolExecutor(1, f"classify-{entry.name}", lower_priority)
         self.batcher: DynamicBatcher[Encoded, Scored] = DynamicBatcher(
