@@ -403,27 +403,36 @@ def test_few_item_requests_batch_alone_while_a_large_one_waits() -> None:
     assert express_applies(tail, few=8) and [tail[i] for i in next_batch(tail, 32, 512, few=8)] == [Item(1, 18)]
 
 
+def small_behind_large(model: Model, smalls: int, **limits: float) -> tuple[list[int], bool]:
+    """64 items submitted together while the worker holds the first batch, then `smalls` one-item
+    requests; the worker let go: the small requests' answers, and whether the large one was done by
+    then (`model.batches` holds the batches)."""
+    model.gate.clear()  # the first batch waits in the worker: everything is queued meanwhile
+
+    async def main() -> tuple[list[int], bool]:
+        b = make(model, max_batch_size=8, max_wait_s=0.001, **limits)
+        b.start()
+        large = asyncio.ensure_future(b.submit_many(list(range(1, 65))))
+        await asyncio.sleep(0.05)
+        small = [asyncio.ensure_future(b.submit(1000 + k)) for k in range(smalls)]
+        await asyncio.sleep(0.05)
+        model.gate.set()
+        out = [await s for s in small]
+        early = large.done()
+        await large
+        await b.close(1)
+        return out, early
+
+    return run(main())
+
+
 def test_the_batcher_runs_few_item_batches_first_within_their_share() -> None:
     """One-text requests queued behind a large one: the first batch after them is theirs alone
     (FCFS or round-robin: beside 7 of the large one's items), and the batch after it carries the
     large one's items again: few-item batches take at most `express_share` of the time."""
     model = Model()
-    model.gate.clear()  # the first batch waits in the worker: everything is queued meanwhile
-
-    async def main() -> list[list[int]]:
-        b = make(model, max_batch_size=8, max_wait_s=0.001, express_items=1)
-        b.start()
-        large = asyncio.ensure_future(b.submit_many(list(range(1, 65))))
-        await asyncio.sleep(0.05)
-        small = [asyncio.ensure_future(b.submit(1000 + k)) for k in range(3)]
-        await asyncio.sleep(0.05)
-        model.gate.set()
-        assert [await s for s in small] == [2001, 2003, 2005]
-        await large
-        await b.close(1)
-        return model.batches
-
-    batches = run(main())
+    assert small_behind_large(model, 3, express_items=1)[0] == [2001, 2003, 2005]
+    batches = model.batches
     first = next(i for i, batch in enumerate(batches) if any(x >= 1000 for x in batch))
     assert sorted(batches[first]) == [1000, 1001, 1002]  # theirs alone
     assert all(x < 1000 for x in batches[first + 1]) and len(batches[first + 1]) == 8
@@ -437,23 +446,9 @@ def test_a_large_requests_batches_shrink_while_few_item_ones_come_and_go() -> No
     requests have waited beside a large one (within `SHARED_WINDOW_S`), the large one's batches
     keep to `shared_batch_cost`; before any came, to `max_batch_cost`."""
     model = Model()
-    model.gate.clear()
     size = lambda x: abs(x) % 100 + 1  # noqa: E731 (make's)
-
-    async def main() -> list[list[int]]:
-        b = make(model, max_batch_size=8, max_wait_s=0.001, express_items=1, shared_batch_cost=40)
-        b.start()
-        large = asyncio.ensure_future(b.submit_many(list(range(1, 65))))
-        await asyncio.sleep(0.05)
-        small = asyncio.ensure_future(b.submit(1000))
-        await asyncio.sleep(0.05)
-        model.gate.set()
-        await small
-        await large
-        await b.close(1)
-        return model.batches
-
-    batches = run(main())
+    small_behind_large(model, 1, express_items=1, shared_batch_cost=40)
+    batches = model.batches
     cost = [len(batch) * max(size(x) for x in batch) for batch in batches]
     assert cost[0] > 40  # formed before the small one came: the whole budget
     after = next(i for i, batch in enumerate(batches) if 1000 in batch) + 1
@@ -487,22 +482,7 @@ def test_a_small_request_is_answered_before_a_large_one_queued_before_it() -> No
     """The batcher with the policy: 64 items submitted together, then one: the one is in the
     first batch that runs after it arrived, not behind all 64."""
     model = Model()
-    model.gate.clear()  # the first batch waits in the worker: both requests are queued meanwhile
-
-    async def main() -> tuple[list[int], int]:
-        b = make(model, max_batch_size=8, max_wait_s=0.001)
-        b.start()
-        large = asyncio.ensure_future(b.submit_many(list(range(1, 65))))
-        await asyncio.sleep(0.05)
-        small = asyncio.ensure_future(b.submit(1000))
-        await asyncio.sleep(0.05)
-        model.gate.set()
-        out = await small
-        assert not large.done()
-        await large
-        await b.close(1)
-        return [1000 in batch for batch in model.batches], out
-
-    where, out = run(main())
-    assert out == 2001
+    out, early = small_behind_large(model, 1)
+    where = [1000 in batch for batch in model.batches]
+    assert out == [2001] and not early
     assert where.index(True) <= 1  # FCFS: the ninth batch
