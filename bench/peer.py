@@ -35,7 +35,6 @@ import argparse
 import contextlib
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -89,22 +88,8 @@ def litserve(args: argparse.Namespace, log: Path) -> Iterator[str]:
     port = serverproc.free_port()
     cmd = ["taskset", "-c", args.server_cpus, sys.executable, "-m", "bench.peer_litserve", "--store", str(args.store)]
     cmd += ["--threads", str(args.threads), "--port", str(port)]
-    with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=out, start_new_session=True)
-    server = serverproc.ServerProcess(f"http://127.0.0.1:{port}", port, proc, log)
-    try:
-        serverproc.wait_ready(server, path="/health")
+    with serverproc.running_group(cmd, log, "/health") as server:
         yield server.url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived their parent
 
 
 START: dict[str, Callable[[argparse.Namespace, Path], contextlib.AbstractContextManager[str]]] = {

@@ -52,7 +52,6 @@ import contextlib
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -216,25 +215,9 @@ def group_cpu(pid: int, group: bool) -> float:
 def process_group(
     cmd: list[str], log: Path, health: str, env: dict[str, str] | None = None, cwd: Path = ROOT
 ) -> Iterator[Served]:
-    """A peer in its own session, pinned by `cmd`'s taskset; stopped as a whole group (LitServe's
-    and Infinity's workers outlive a SIGTERM to the main process)."""
-    port = int(cmd[cmd.index("--port") + 1])
-    with log.open("ab") as out:
-        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=out, env=env, start_new_session=True)
-    server = serverproc.ServerProcess(f"http://127.0.0.1:{port}", port, proc, log)
-    try:
-        serverproc.wait_ready(server, timeout=300, path=health)
-        yield Served(server.url, proc.pid, True)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived their parent
+    """A peer pinned by `cmd`'s taskset, stopped as a whole group (`serverproc.running_group`)."""
+    with serverproc.running_group(cmd, log, health, env, cwd) as server:
+        yield Served(server.url, server.pid, True)
 
 
 @contextlib.contextmanager

@@ -118,6 +118,32 @@ def running(
         stop(server)
 
 
+@contextlib.contextmanager
+def running_group(
+    cmd: list[str], log: Path, health: str, env: Mapping[str, str] | None = None, cwd: Path = ROOT
+) -> Iterator[ServerProcess]:
+    """Another server (a peer), started by `cmd` (which names its `--port`) in its own session and
+    stopped as a whole process group: LitServe's and Infinity's workers outlive a SIGTERM to the
+    main process."""
+    port = int(cmd[cmd.index("--port") + 1])
+    with log.open("ab") as out:
+        proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=out, env=env, start_new_session=True)
+    server = ServerProcess(f"http://127.0.0.1:{port}", port, proc, log)
+    try:
+        wait_ready(server, timeout=300, path=health)
+        yield server
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # workers that outlived their parent
+
+
 def pin_self(cpus: str) -> None:
     """This process (the load generator) on `cpus` ("1", "1,3"), those the machine has; '' or none: unpinned."""
     if not cpus or not hasattr(os, "sched_setaffinity"):

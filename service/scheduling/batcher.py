@@ -369,15 +369,16 @@ class DynamicBatcher(Generic[T, R]):
 
     def _select(self) -> list[_Pending[T, R]]:
         """Takes the next batch's items out of `_waiting` (`next_batch`)."""
-        turn = express_turn(self._express_s, self._normal_s, self.limits.express_share)
-        few = self.limits.express_items if turn else 0
-        self._express = express_applies(self._waiting, few)
         now = time.monotonic()
-        if self._express or express_applies(self._waiting, self.limits.express_items):
+        if express_applies(self._waiting, self.limits.express_items):  # few-item requests wait beside a larger one
             self._small_at = now
+            self._express = express_turn(self._express_s, self._normal_s, self.limits.express_share)
+        else:
+            self._express = False
         cost = self.limits.max_batch_cost
         if not self._express and now - self._small_at < SHARED_WINDOW_S:
             cost = min(cost, self.limits.shared_batch_cost or cost)
+        few = self.limits.express_items if self._express else 0
         picked = next_batch(self._waiting, self.limits.max_batch_size, cost, few)
         taken = set(picked)
         chosen = [self._waiting[i] for i in picked]
