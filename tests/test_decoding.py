@@ -642,3 +642,36 @@ def test_early_stopping_never_keeps_searching_for_a_better_hypothesis() -> None:
         found[stopping] = s.hypotheses()[0]
     assert found[True].tokens == () and found["never"].tokens == (2, 3)
     assert found["never"].score > found[True].score
+
+
+@pytest.mark.parametrize("vocab", [8000, 9001])
+def test_the_entries_passing_a_threshold_are_found_in_the_blocks_that_pass_it(vocab: int) -> None:
+    """Many rows (`_in_passing_blocks`): the same entries, ascending, as comparing every one with
+    its row's threshold, with ties, rows of -inf and entries past the blocks."""
+    rng = np.random.default_rng(vocab)
+    for rows, c in ((40, 8), (128, 16), (64, 2)):
+        logp = np.round(rng.normal(size=(rows, vocab)), 1).astype(np.float32)  # ties
+        logp[0, : vocab // 2] = -np.inf
+        logp[1] = -np.inf
+        logp[1, 7] = 0.0
+        logp[2, -3:] = 5.0  # the best entries past the blocks
+        assert rows * vocab >= decoding._SCAN_BLOCKS_FROM
+        flat, row, score = decoding._survivors(logp, np.zeros(rows), c)
+        assert np.array_equal(flat, np.flatnonzero(logp >= decoding._row_threshold(logp, c)[:, None]))
+        assert np.array_equal(row, flat // vocab) and np.array_equal(score, logp.reshape(-1)[flat])
+
+
+def test_rows_in_place_for_many_sentences_at_once_equal_each_sentences() -> None:
+    """`_in_place_all` against `_in_place`, sentence by sentence: every parent list of widths 1 to
+    4, 3000 random ones of widths 5 to 8 (dead candidates descend from row 0 like any other)."""
+    rng = np.random.default_rng(8)
+    for k in range(1, 9):
+        every = (
+            np.array(np.meshgrid(*[np.arange(k)] * k, indexing="ij")).reshape(k, -1).T  # all k^k lists
+            if k <= 4
+            else rng.integers(0, rng.integers(1, k + 1, size=(3000, 1)), size=(3000, k))  # few parents to many
+        )
+        got = decoding._in_place_all(every)
+        for parents, rows in zip(every.tolist(), got.tolist(), strict=True):
+            want = decoding._in_place(parents)
+            assert rows == (want if want is not None else list(range(k)))

@@ -25,7 +25,7 @@ from service.engine.classifier import ClassifierEngine, load_classifier
 from service.engine.decoding import DecodeParams, Hypothesis
 from service.engine.device import DeviceBuffers, DeviceOps
 from service.engine.lengths import length_groups
-from service.engine.running import DecoderBatch, RunningBatch, ShardedBatch, encode_sources
+from service.engine.running import DecoderBatch, RunningBatch, ShardedBatch, _Buffers, encode_sources
 from service.engine.runtime import LoadOptions
 from service.engine.seq2seq import SourceOptions
 from service.engine.translator import TranslatorEngine, load_translator
@@ -163,6 +163,26 @@ def test_sentences_joining_a_running_batch_decode_as_alone(entries: dict[str, St
     out = arrive_at_random(engine, batch, seqs, params, rng)
     for i, want in enumerate(alone):
         same(out[i], want)
+
+
+def test_a_beam_steps_cache_reorder_copies_each_rows_slots_row_by_row_or_all_at_once() -> None:
+    """`_Buffers.reorder` with each moved row's slot count: rows at different steps copied row by
+    row equal the one fancy-indexed copy of the written slots; a parent that moves too (not a beam
+    step's order) takes the copy through a temporary, as before."""
+    rng = np.random.default_rng(3)
+    buf = _Buffers()
+    buf.resize_rows(0, 8, 32, 2, 3, 2)
+    for c in buf.cache:
+        c[:] = rng.normal(size=c.shape)
+    slots_of_row = np.array([20, 20, 20, 20, 12, 12, 30, 30])  # three sentences, each at its own step
+    for parents in (np.array([0, 0, 0, 3, 4, 4, 6, 6]), np.array([1, 0, 2, 3, 5, 4, 7, 6])):  # a beam step; swaps
+        before = [c.copy() for c in buf.cache]
+        moved = np.flatnonzero(parents != np.arange(8))
+        buf.reorder(moved, parents, 30, slots_of_row[moved])
+        for got, old in zip(buf.cache, before, strict=True):
+            for row in range(8):  # the slots a row reads: its parent's from before (a swap too), the rest kept
+                n = slots_of_row[row]
+                assert np.array_equal(got[row, :, :n], old[parents[row], :, :n])
 
 
 def test_device_buffer_operations_equal_their_numpy_counterparts() -> None:

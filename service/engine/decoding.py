@@ -39,6 +39,10 @@ _THRESHOLD_BLOCKS = 512
 # it, sentence by sentence is quicker). Beam.step over 8000 tokens, beam 4, one vs vectorised: one
 # sentence 0.25 / 0.33 ms, 8 sentences 0.71 / 0.65 ms, 32 sentences 2.96 / 2.30 ms (2-vCPU EPYC VM).
 _VECTORISED_FROM = 8
+# From this many log-probabilities on (rows x V), the entries passing the threshold are found in the
+# blocks that pass it (`_in_passing_blocks`) rather than by comparing them all: 32 rows of 8000
+# 0.10 against 0.11 ms, 4 rows 0.027 against 0.018 ms (one thread, measured).
+_SCAN_BLOCKS_FROM = 200_000
 # A draw sorts the tokens at least this likely relative to the likeliest, then the next floor's when
 # it reaches past them (0: the whole vocabulary).
 _DRAW_FLOORS = (1e-4, 0.0)
@@ -438,7 +442,7 @@ def _continue(s: Search, score: np.ndarray, row: np.ndarray, tok: np.ndarray) ->
     pick = np.argsort(is_eos, kind="stable")[:k]
     live_score, live_row, live_tok = score[pick], row[pick], tok[pick]
     live_score[is_eos[pick]] = -np.inf  # too few candidates: dead rows, fed EOS, never finalised
-    return _carry_on(s, live_score, live_row, live_tok, np.isfinite(live_score))
+    return _carry_on(s, live_score, live_row, live_tok, np.isfinite(live_score), _in_place(live_row.tolist()))
 
 
 def _continue_each(
@@ -470,13 +474,17 @@ def _continue_all(
     live_tok = np.take_along_axis(tok, pick, 1)
     live_score[np.take_along_axis(is_eos, pick, 1)] = -np.inf  # too few candidates: dead rows, fed EOS
     alive = np.isfinite(live_score)
+    # each sentence's rows in place (`_in_place`), for all at once when they are all as wide
+    order = _in_place_all(live_row) if int(k_of.min()) == k_max else None
+    kept = (order == np.arange(k_max)).all(axis=1).tolist() if order is not None else [False] * len(group)
     out: list[np.ndarray | None] = []
     for j, (s, k, has_end) in enumerate(zip(group, k_of.tolist(), ends.any(axis=1).tolist(), strict=True)):
         s.t += 1
         if has_end:
             _finalise_ends(s, score[j, :k], row[j, :k], np.flatnonzero(ends[j]))
         l_score, l_row, l_tok, l_alive = live_score[j, :k], live_row[j, :k], live_tok[j, :k], alive[j, :k]
-        out.append(_carry_on(s, l_score, l_row, l_tok, l_alive))
+        rows = _in_place(l_row.tolist()) if order is None else None if kept[j] else order[j]
+        out.append(_carry_on(s, l_score, l_row, l_tok, l_alive, rows))
     return out
 
 
@@ -492,9 +500,15 @@ def _finalise_ends(s: Search, score: np.ndarray, row: np.ndarray, at: np.ndarray
 
 
 def _carry_on(
-    s: Search, live_score: np.ndarray, live_row: np.ndarray, live_tok: np.ndarray, alive: np.ndarray
+    s: Search,
+    live_score: np.ndarray,
+    live_row: np.ndarray,
+    live_tok: np.ndarray,
+    alive: np.ndarray,
+    order: Sequence[int] | np.ndarray | None,
 ) -> np.ndarray | None:
-    """The K best non-EOS candidates (dead ones at -inf) continue; None when the sentence is done."""
+    """The K best non-EOS candidates (dead ones at -inf) continue; None when the sentence is done.
+    `order`: each row's candidate, so that parents keep their rows (`_in_place`; None: as ranked)."""
     k, t, lp = s.width, s.t, s.params.length_penalty
     if not alive.any() or (len(s.found) >= k and not _may_improve(s, float(live_score.max()))):
         s.done = True
@@ -505,13 +519,25 @@ def _carry_on(
             s.found.append(_hypothesis(prefix, live_score[j], t, False, lp))
         s.done = True
         return None
-    order = _in_place(live_row.tolist())
     if order is not None:
         live_score, live_row, live_tok = live_score[order], live_row[order], live_tok[order]
     s.hist = s.hist[live_row]
     s.hist[:, t - 1] = live_tok
     s.tokens, s.cum = live_tok, live_score
     return live_row
+
+
+def _in_place_all(parents: NDArray[np.int64]) -> NDArray[np.int64]:
+    """`_in_place` for sentences of one width at once, (A, K) parents within each sentence's rows:
+    each sentence's candidate for each row, (A, K) (an identity row: none moves). The parent's
+    best child is its first; the others take the rows no candidate descends from, in rank order."""
+    k = parents.shape[1]
+    first = ~((parents[:, :, None] == parents[:, None, :]) & np.tri(k, k, -1, dtype=bool)).any(axis=2)
+    held = (parents[:, :, None] == np.arange(k)).any(axis=1)  # (A, K): some candidate descends from row r
+    free = np.argsort(held, axis=1, kind="stable")  # the rows nobody descends from first, ascending
+    nth = np.maximum(np.cumsum(~first, axis=1) - 1, 0)
+    target = np.where(first, parents, np.take_along_axis(free, nth, axis=1))  # each candidate's row
+    return np.argsort(target, axis=1)
 
 
 def _in_place(parents: list[int]) -> list[int] | None:
@@ -705,9 +731,26 @@ def _survivors(
 ) -> tuple[NDArray[np.int64], NDArray[np.int64], NDArray[np.float64]]:
     """The entries at or above their row's threshold: indices into logp.ravel() (ascending),
     their rows, and their scores cum[row] + logp (float64)."""
-    flat = np.flatnonzero(logp >= _row_threshold(logp, c)[:, None])
-    rows = flat // logp.shape[1]
+    r, v = logp.shape
+    n = min(v, _THRESHOLD_BLOCKS)
+    if n < c:
+        flat = np.arange(r * v)  # tiny vocabulary: keep everything
+    else:
+        m = v // n
+        block_max = _block_max(logp, n, m)
+        threshold = np.partition(block_max, n - c, axis=1)[:, n - c]
+        if r * v < _SCAN_BLOCKS_FROM:
+            flat = np.flatnonzero(logp >= threshold[:, None])
+        else:
+            flat = _in_passing_blocks(logp, block_max, threshold, n, m)
+    rows = flat // v
     return flat, rows, cum[rows] + logp.reshape(-1)[flat]
+
+
+def _block_max(logp: NDArray[np.floating], n: int, m: int) -> NDArray[np.floating]:
+    """The maximum of each row's n strided blocks of m entries (block j: j, j+n, ..., of the
+    first n*m): a contiguous reduction, (R, n)."""
+    return logp[:, : n * m].reshape(logp.shape[0], m, n).max(axis=1)
 
 
 def _row_threshold(logp: NDArray[np.floating], c: int) -> NDArray[np.floating]:
@@ -722,9 +765,24 @@ def _row_threshold(logp: NDArray[np.floating], c: int) -> NDArray[np.floating]:
     n = min(v, _THRESHOLD_BLOCKS)
     if n < c:
         return np.full(r, -np.inf, dtype=logp.dtype)  # tiny vocabulary: keep everything
-    m = v // n
-    block_max = logp[:, : n * m].reshape(r, m, n).max(axis=1)  # (R, n), block j: j, j+n, ...
-    return np.partition(block_max, n - c, axis=1)[:, n - c]
+    return np.partition(_block_max(logp, n, v // n), n - c, axis=1)[:, n - c]
+
+
+def _in_passing_blocks(
+    logp: NDArray[np.floating], block_max: NDArray[np.floating], threshold: NDArray[np.floating], n: int, m: int
+) -> NDArray[np.int64]:
+    """`flatnonzero(logp >= threshold[:, None])` without a second pass over every entry: an
+    entry at or above its row's threshold lies in a block whose maximum is too (about c of a
+    row's n), or past the blocks; only those are compared. The same indices (128 rows: 0.52
+    against 0.65 ms at V = 8000, 2.3 against 3.6 ms at V = 58101; one thread, measured)."""
+    r, v = logp.shape
+    rows, blocks = np.divmod(np.flatnonzero(block_max >= threshold[:, None]), n)
+    inside = ((rows * v + blocks)[:, None] + n * np.arange(m)).ravel()
+    inside = inside[logp.reshape(-1)[inside] >= np.repeat(threshold[rows], m)]
+    if n * m < v:  # the entries past the blocks
+        past = np.divmod(np.flatnonzero(logp[:, n * m :] >= threshold[:, None]), v - n * m)
+        inside = np.concatenate([inside, past[0] * v + n * m + past[1]])
+    return np.sort(inside)
 
 
 def _hypothesis(tokens: NDArray[np.integer], logprob: float, length: int, finished: bool, penalty: float) -> Hypothesis:

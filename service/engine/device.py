@@ -233,7 +233,7 @@ class DeviceBuffers(SourceSlots):
         self.ops.upload(rows, self.cross, slot)
         self._mark(slot, length)
 
-    def reorder(self, moved: np.ndarray, parents: np.ndarray, needed: int) -> None:
+    def reorder(self, moved: np.ndarray, parents: np.ndarray, needed: int, slots: np.ndarray | None = None) -> None:
         """Every row takes its parent's cache (rows that keep their own copy themselves: one gather)."""
         self.ops.permute(self.cache, parents, len(parents))
 

@@ -53,6 +53,10 @@ SOURCE_SLACK = 8  # shrink the source buffer once this many columns are padding 
 SOURCE_ALIGN = 8  # the source buffer's width is a multiple of this (see `_aligned`)
 SLOT_CHUNK = 8  # the fewest cache slots; they double when rows need more (each growth copies the cache)
 ENCODE_CALL_TOKENS = 8  # an encoder run's fixed cost in padded tokens' worth (`encode_sources`)
+# A beam step's moved rows copy their caches row by row from this many slots each on average (below,
+# one fancy-indexed copy of them all is quicker: 64 rows of 4 slots 0.27 against 0.36 ms, of 24 slots
+# 1.24 against 0.81 ms; one thread, measured)
+ROW_COPY_SLOTS = 8
 IDLE_SLOTS = 16  # an idle batch keeps the cache slots of sentences this long (below 4x: up to 32), releases more
 
 
@@ -165,11 +169,20 @@ class _Buffers(SourceSlots):
             buf[slot, :, length:] = 0.0
         self._mark(slot, length)
 
-    def reorder(self, moved: np.ndarray, parents: np.ndarray, needed: int) -> None:
+    def reorder(self, moved: np.ndarray, parents: np.ndarray, needed: int, slots: np.ndarray | None = None) -> None:
         """Rows `moved` take their parents' cache, slots below `needed` (the rest is never read;
-        a copy: a parent may move too)."""
+        a copy: a parent may move too). With `slots`, each moved row's own count (its sentence's
+        tokens so far): when the rows are at different steps, or many slots deep, and no parent
+        moves (a beam step's: each parent keeps its row), row by row, each its own slots and no
+        temporary (4 requests' rows at 4 different steps: 0.56 against 1.09 ms; measured)."""
+        src = parents[moved]
+        if slots is not None and slots.size and slots.mean() >= ROW_COPY_SLOTS and not np.isin(src, moved).any():
+            for buf in self.cache:
+                for dst, parent, n in zip(moved.tolist(), src.tolist(), slots.tolist(), strict=True):
+                    buf[dst, :, :n] = buf[parent, :, :n]
+            return
         for buf in self.cache:
-            buf[moved, :, :needed] = buf[parents[moved], :, :needed]
+            buf[moved, :, :needed] = buf[src, :, :needed]
 
     def store_new(self, positions: np.ndarray, new_kv: Sequence[np.ndarray]) -> None:
         """Each row's new key and value into its slot `positions[row]` (a graph that did not write them)."""
@@ -315,8 +328,8 @@ class RunningBatch(Generic[T]):
                     parents[b.start : b.start + b.rows] = b.start + chosen
         finished.sort(key=lambda b: b.start)
         moved = np.flatnonzero(parents != every)
-        if moved.size:  # beam rows that continue another row take its cache
-            self.buf.reorder(moved, parents, needed)
+        if moved.size:  # beam rows that continue another row take its cache: the slots written so far
+            self.buf.reorder(moved, parents, needed, positions[moved] + 1)
         if widened:
             self._widen(widened, needed)
         self._remove(finished)
