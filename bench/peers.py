@@ -39,9 +39,10 @@ overload: `bench.loadgen` in this process) pinned to `--client-cpus`. The cells:
 
 Beside each translation cell, the engine-alone ratio on the same checkpoint: the project's engine
 ÷ CTranslate2 at the same precision, tokens/s, each in a fresh process pinned to the server CPUs
-(`bench.same_model`'s runners), at the batch the cell's load makes (1, 8, 32). Beside each server,
-its CPU seconds per answered request (the whole process group), which tells time spent from time
-waited. Writes bench/results/peers.json and prints markdown tables.
+(`bench.same_model`'s runners), on the cells' own sentences at the batch the cell's load makes (1,
+8, 32; 8-32 for the think mix). Beside each server, its CPU seconds per answered request (the
+whole process group), which tells time spent from time waited. Writes bench/results/peers.json
+and prints markdown tables.
 """
 
 from __future__ import annotations
@@ -410,9 +411,9 @@ def rerank_cells(s: Served, server: str, args: argparse.Namespace) -> dict[str, 
 
 def cell_sources(work: Path, batches: Sequence[int]) -> dict[int, list[list[int]]]:
     """Per batch size, the cells' own sentences (`SHORT`, in turn) as the checkpoint's tokenizer
-    gives them: the engines alone see the lengths, and so the padding, that the servers see (on
-    32 of them, 10 to 39 tokens, the project's engine ran at 0.87-0.92 of CTranslate2's, beam 4,
-    where sentences of 24 random ids gave 0.98)."""
+    gives them: the engines alone see the lengths, and so the padding, that the servers see (10
+    to 39 tokens: beam 4 at 32 ran at 0.87-0.92 of CTranslate2 on them where 24 random ids gave
+    0.98, before a beam step's cache copies went row by row; measured)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(work / "hf"))
@@ -566,11 +567,11 @@ def ratio(a: float, b: float) -> str:
     return f"{a / b:.2f}" if b else "–"
 
 
-def _latency_row(what: str, a: dict[str, Any], b: dict[str, Any], engine_ratio: float) -> str:
+def _latency_row(what: str, a: dict[str, Any], b: dict[str, Any], engine_ratio: str) -> str:
     """A closed-loop cell: each side's requests/s, p50 and p99, project ÷ peer, the engines alone."""
     sides = " | ".join(f"{x['per_s']:,.1f}; {x['p50_ms']:.0f}; {x['p99_ms']:.0f}" for x in (a, b))
     ratios = "; ".join(ratio(a[k], b[k]) for k in ("per_s", "p50_ms", "p99_ms"))
-    return f"| {what}: req/s; p50; p99 ms | {sides} | {ratios} | {engine_ratio:.2f} |"
+    return f"| {what}: req/s; p50; p99 ms | {sides} | {ratios} | {engine_ratio} |"
 
 
 def translation_table(r: dict[str, Any], precision: str, engine: dict[str, float], conns: Sequence[int]) -> list[str]:
@@ -587,7 +588,7 @@ def translation_table(r: dict[str, Any], precision: str, engine: dict[str, float
             a, b = p[f"{decode}_{c}"], q[f"{decode}_{c}"]
             e = engine.get(f"ratio_{precision}_{decode}_{min(c, 32)}", float("nan"))
             what = "greedy" if decode == "greedy" else "beam 4"
-            lines.append(_latency_row(f"{what}, {c} conn.", a, b, e))
+            lines.append(_latency_row(f"{what}, {c} conn.", a, b, f"{e:.2f}"))
     a, b = p["mixed"], q["mixed"]
     e32 = engine.get(f"ratio_{precision}_beam_32", float("nan"))  # 4 heavy clients' 8 sentences
     lines.append(
@@ -601,8 +602,9 @@ def translation_table(r: dict[str, Any], precision: str, engine: dict[str, float
         f"{ratio(a['heavy_sentences_per_s'], b['heavy_sentences_per_s'])} | {e32:.2f} |"
     )
     a, b = p["think"], q["think"]
-    g32 = engine.get(f"ratio_{precision}_greedy_32", float("nan"))
-    lines.append(_latency_row("64 clients, 0.2 s think", a, b, g32))
+    # at 0.2 s think about 25 requests are in flight, in two lanes: greedy steps of 8 to 32 rows
+    g8, g32 = (engine.get(f"ratio_{precision}_greedy_{n}", float("nan")) for n in (8, 32))
+    lines.append(_latency_row("64 clients, 0.2 s think", a, b, f"{g8:.2f}-{g32:.2f}"))
     for side, o in (("project", p["overload"]), ("peer", q["overload"])):
         lines.append(
             f"| overload, {side}: {o['rate_per_s']:.0f} req/s for the run | answered {o['answered']} of {o['sent']} "
