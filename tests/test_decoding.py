@@ -645,9 +645,11 @@ def test_early_stopping_never_keeps_searching_for_a_better_hypothesis() -> None:
 
 
 @pytest.mark.parametrize("vocab", [8000, 9001])
-def test_the_entries_passing_a_threshold_are_found_in_the_blocks_that_pass_it(vocab: int) -> None:
+def test_the_entries_passing_a_threshold_are_found_in_the_blocks_that_pass_it(
+    vocab: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Many rows (`_in_passing_blocks`): the same entries, ascending, as comparing every one with
-    its row's threshold, with ties, rows of -inf and entries past the blocks."""
+    its row's threshold (the scan turned off), with ties, rows of -inf and entries past the blocks."""
     rng = np.random.default_rng(vocab)
     for rows, c in ((40, 8), (128, 16), (64, 2)):
         logp = np.round(rng.normal(size=(rows, vocab)), 1).astype(np.float32)  # ties
@@ -655,10 +657,13 @@ def test_the_entries_passing_a_threshold_are_found_in_the_blocks_that_pass_it(vo
         logp[1] = -np.inf
         logp[1, 7] = 0.0
         logp[2, -3:] = 5.0  # the best entries past the blocks
+        cum = rng.normal(size=rows)
         assert rows * vocab >= decoding._SCAN_BLOCKS_FROM
-        flat, row, score = decoding._survivors(logp, np.zeros(rows), c)
-        assert np.array_equal(flat, np.flatnonzero(logp >= decoding._row_threshold(logp, c)[:, None]))
-        assert np.array_equal(row, flat // vocab) and np.array_equal(score, logp.reshape(-1)[flat])
+        scanned = decoding._survivors(logp, cum, c)
+        with monkeypatch.context() as m:
+            m.setattr(decoding, "_SCAN_BLOCKS_FROM", rows * vocab + 1)
+            compared = decoding._survivors(logp, cum, c)
+        assert all(np.array_equal(a, b) for a, b in zip(scanned, compared, strict=True))
 
 
 def test_rows_in_place_for_many_sentences_at_once_equal_each_sentences() -> None:
